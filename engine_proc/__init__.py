@@ -1,0 +1,1 @@
+"""The engine process: EngineCore (scheduler, KV cache, model runner, sampler) and its socket threads."""

@@ -1,0 +1,1 @@
+"""The wire between the gateway and its engines: typed messages, codec, sockets."""

@@ -1,0 +1,115 @@
+"""EngineCore: scheduler + model runner, stepped by whoever owns it (a process or a client)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from engine_proc.config import EngineConfig
+from engine_proc.kv_cache_manager import KVCacheManager
+from engine_proc.model_runner import ModelRunner
+from engine_proc.request import Request
+from engine_proc.scheduler import Scheduler, SchedulerConfig
+from proto.engine_input import EngineCoreRequest, UtilityCall
+from proto.engine_output import EngineCoreOutput, EngineCoreOutputs, FinishReason, UtilityResult
+from proto.handshake import EngineReady
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    """Admits requests, steps the batch, and reports new tokens."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        started = time.monotonic()
+        self.model_runner = ModelRunner(config)
+        model_config = self.model_runner.model_config
+        self.eos_token_ids = tuple(model_config.eos_token_ids)
+        num_blocks = self.model_runner.num_kv_blocks
+        self.max_model_len = config.max_model_len or model_config.max_position_embeddings
+        num_cache_tokens = num_blocks * config.block_size
+        if self.max_model_len > num_cache_tokens:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the KV cache's {num_cache_tokens} "
+                "tokens: raise the KV cache memory or lower max_model_len"
+            )
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len),
+            KVCacheManager(num_blocks, config.block_size),
+        )
+        self._rejected: list[EngineCoreOutput] = []
+        self._utilities: dict[str, Callable[..., Any]] = {
+            "ping": lambda: "pong",
+            "get_stats": self.get_stats,
+        }
+        logger.info(
+            "engine %d ready in %.1fs: %d KV blocks of %d tokens, max_model_len %d",
+            config.engine_index, time.monotonic() - started, num_blocks, config.block_size,
+            self.max_model_len,
+        )
+
+    def ready_message(self) -> EngineReady:
+        return EngineReady(
+            engine_index=self.config.engine_index,
+            model_name=self.config.model_name,
+            max_model_len=self.max_model_len,
+            num_kv_blocks=self.scheduler.kv_cache_manager.num_blocks,
+            block_size=self.config.block_size,
+            vocab_size=self.model_runner.model_config.vocab_size,
+            eos_token_ids=list(self.eos_token_ids),
+        )
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_unfinished_requests or bool(self._rejected)
+
+    def add_request(self, core_request: EngineCoreRequest) -> None:
+        num_prompt = len(core_request.prompt_token_ids)
+        if num_prompt == 0 or num_prompt >= self.max_model_len:
+            # NOTE: the gateway validates first; this guards the engine against any client.
+            logger.warning("rejecting request %s: %d prompt tokens", core_request.request_id, num_prompt)
+            self._rejected.append(
+                EngineCoreOutput(core_request.request_id, [], FinishReason.ERROR, "invalid prompt length")
+            )
+            return
+        self.scheduler.add_request(Request(core_request, self.eos_token_ids))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for request in self.scheduler.abort_requests(request_ids):
+            self.model_runner.free_request(request.request_id)
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule → run → update; returns this step's new tokens."""
+        outputs, self._rejected = self._rejected, []
+        scheduler_output = self.scheduler.schedule()
+        if not scheduler_output.is_empty:
+            sampled_token_ids = self.model_runner.execute_model(scheduler_output)
+            outputs += self.scheduler.update_from_output(scheduler_output, sampled_token_ids)
+        for output in outputs:
+            if output.is_finished:
+                self.model_runner.free_request(output.request_id)
+        return EngineCoreOutputs(
+            engine_index=self.config.engine_index, outputs=outputs, timestamp=time.time()
+        )
+
+    def call_utility(self, call: UtilityCall) -> UtilityResult:
+        method = self._utilities.get(call.method)
+        if method is None:
+            return UtilityResult(call.call_id, error=f"unknown utility method {call.method!r}")
+        try:
+            return UtilityResult(call.call_id, result=method(*call.args))
+        except Exception as exc:  # noqa: BLE001 - the error goes back to the caller
+            return UtilityResult(call.call_id, error=f"{type(exc).__name__}: {exc}")
+
+    def get_stats(self) -> dict[str, Any]:
+        scheduler = self.scheduler
+        return {
+            "num_running": len(scheduler.running),
+            "num_waiting": len(scheduler.waiting),
+            "kv_cache_usage": scheduler.kv_cache_manager.usage,
+            "num_free_blocks": scheduler.kv_cache_manager.num_free_blocks,
+            "num_preemptions": scheduler.num_preemptions,
+        }

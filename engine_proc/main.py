@@ -1,0 +1,62 @@
+"""Engine process entry: `python -m engine_proc --model PATH --input-address ... --output-address ...`."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import signal
+import sys
+
+from engine_proc.config import EngineConfig
+
+
+def parse_args(argv: list[str] | None = None) -> EngineConfig:
+    parser = argparse.ArgumentParser(prog="python -m engine_proc", description=__doc__)
+    parser.add_argument("--model", required=True, help="a .gguf file or a Hugging Face model directory")
+    parser.add_argument("--model-name", default="")
+    parser.add_argument("--engine-index", type=int, default=0)
+    parser.add_argument("--input-address", required=True, help="the gateway's ROUTER address")
+    parser.add_argument("--output-address", required=True, help="the gateway's PULL address")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--kv-cache-memory", type=float, default=1.0, help="GiB for the KV cache")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--num-threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    return EngineConfig(
+        model_path=args.model,
+        model_name=args.model_name,
+        engine_index=args.engine_index,
+        input_address=args.input_address,
+        output_address=args.output_address,
+        dtype=args.dtype,
+        device=args.device,
+        block_size=args.block_size,
+        kv_cache_memory_gib=args.kv_cache_memory,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_threads=args.num_threads,
+    )
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel sends SIGKILL to this process when the gateway dies."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    _die_with_parent()
+    config = parse_args(argv)
+    from engine_proc.core import EngineCore
+    from engine_proc.core_proc import EngineCoreProc
+
+    engine_core = EngineCore(config)
+    return EngineCoreProc(engine_core, config.input_address, config.output_address).run()

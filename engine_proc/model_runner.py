@@ -1,0 +1,147 @@
+"""Runs one forward over a step's flat batch and samples the next tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan
+from engine_proc.config import EngineConfig
+from engine_proc.loader import load_model
+from engine_proc.request import Request
+from engine_proc.sampler import Sampler
+from engine_proc.scheduler import ScheduledRequest, SchedulerOutput
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    """Owns the model, its KV cache and the sampler; turns a SchedulerOutput into token ids."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = torch.device(config.device)
+        self.dtype = _DTYPES[config.dtype]
+        self.block_size = config.block_size
+        self.model = load_model(config.model_path, dtype=self.dtype, device=self.device)
+        self.model_config = self.model.config
+        mc = self.model_config
+        bytes_per_block = (
+            2 * mc.num_hidden_layers * config.block_size * mc.num_key_value_heads * mc.head_dim
+            * self.dtype.itemsize
+        )
+        self.num_kv_blocks = max(1, int(config.kv_cache_memory_gib * 2**30) // bytes_per_block)
+        self.attention = PagedAttention(
+            mc.num_hidden_layers,
+            self.num_kv_blocks * config.block_size,
+            mc.num_key_value_heads,
+            mc.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.sampler = Sampler()
+        self._generators: dict[str, torch.Generator] = {}
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> list[int]:
+        """Returns one sampled token id per sampling request, in scheduler order."""
+        # NOTE: single-token sequences first, so decode attention is one batched call.
+        order = sorted(scheduler_output.scheduled, key=lambda s: s.num_new_tokens != 1)
+        input_ids, positions, metadata = self._prepare_inputs(order)
+        self.attention.metadata = metadata
+        hidden = self.model(input_ids, positions, self.attention)
+        self.attention.metadata = None
+
+        last_index, sampling = 0, {}
+        for scheduled in order:
+            last_index += scheduled.num_new_tokens
+            if scheduled.is_sampling:
+                sampling[id(scheduled)] = last_index - 1
+        sampling_order = [s for s in scheduler_output.scheduled if s.is_sampling]
+        if not sampling_order:
+            return []
+        rows = torch.tensor([sampling[id(s)] for s in sampling_order], device=self.device)
+        logits = self.model.compute_logits(hidden[rows])
+        requests = [s.request for s in sampling_order]
+        token_ids = self.sampler(
+            logits,
+            [r.sampling_params for r in requests],
+            [self._generator_for(r) for r in requests],
+        )
+        return token_ids.tolist()
+
+    def free_request(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def _generator_for(self, request: Request) -> torch.Generator | None:
+        seed = request.sampling_params.seed
+        if seed is None or request.sampling_params.is_greedy:
+            return None
+        generator = self._generators.get(request.request_id)
+        if generator is None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+            self._generators[request.request_id] = generator
+        return generator
+
+    def _prepare_inputs(
+        self, order: list[ScheduledRequest]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        token_ids: list[int] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        decode_contexts: list[np.ndarray] = []
+        prefills: list[PrefillSpan] = []
+        for request, num_new in order:
+            start = request.num_computed_tokens
+            end = start + num_new
+            context_slots = self._slots(request, end)
+            token_ids.extend(request.all_token_ids[start:end])
+            positions.append(np.arange(start, end))
+            slots.append(context_slots[start:end])
+            if num_new == 1:
+                decode_contexts.append(context_slots)
+                continue
+            mask = None
+            if start > 0:
+                query_pos = np.arange(start, end)[:, None]
+                mask = torch.from_numpy(np.arange(end)[None, :] <= query_pos).to(self.device)
+            span_start = len(token_ids) - num_new
+            prefills.append(
+                PrefillSpan(span_start, num_new, self._to_device(context_slots), mask)
+            )
+        decode_slots, decode_mask = self._pad_decodes(decode_contexts)
+        metadata = AttentionMetadata(
+            slot_mapping=self._to_device(np.concatenate(slots)),
+            num_decodes=len(decode_contexts),
+            decode_slots=decode_slots,
+            decode_mask=decode_mask,
+            prefills=prefills,
+        )
+        input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        return input_ids, self._to_device(np.concatenate(positions)), metadata
+
+    def _slots(self, request: Request, num_tokens: int) -> np.ndarray:
+        """Cache slots of the request's first `num_tokens` tokens."""
+        positions = np.arange(num_tokens)
+        block_ids = np.asarray(request.block_ids, dtype=np.int64)
+        return block_ids[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def _pad_decodes(
+        self, contexts: list[np.ndarray]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if not contexts:
+            return None, None
+        max_len = max(len(c) for c in contexts)
+        padded = np.zeros((len(contexts), max_len), dtype=np.int64)
+        lengths = np.array([len(c) for c in contexts])
+        for row, context in enumerate(contexts):
+            padded[row, : len(context)] = context
+        mask = None
+        if (lengths != max_len).any():
+            is_valid = np.arange(max_len)[None, :] < lengths[:, None]
+            mask = self._to_device(is_valid)[:, None, None, :]
+        return self._to_device(padded), mask
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)

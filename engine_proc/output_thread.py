@@ -1,0 +1,70 @@
+"""Output socket IO thread: the busy loop's outputs → encoded → PUSH to the gateway."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from typing import Any
+
+import zmq
+
+from proto.codec import MsgpackEncoder
+from proto.engine_output import ENGINE_CORE_DEAD, EngineCoreOutputs
+from proto.sockets import make_zmq_socket
+
+logger = logging.getLogger(__name__)
+
+# NOTE: how long a closing socket keeps trying to deliver ENGINE_CORE_DEAD and the last outputs.
+_LINGER_MS = 4000
+
+
+class Shutdown:
+    """Queue sentinel: flush and stop; `is_dead` also tells the gateway the engine died."""
+
+    def __init__(self, is_dead: bool) -> None:
+        self.is_dead = is_dead
+
+
+OutputItem = EngineCoreOutputs | Shutdown
+
+
+class OutputThread(threading.Thread):
+    """PUSH connected to the gateway's PULL; zero-copy, tracked sends with reused buffers."""
+
+    def __init__(
+        self, ctx: zmq.Context[Any], address: str, output_queue: queue.Queue[OutputItem]
+    ) -> None:
+        super().__init__(name="engine-output", daemon=True)
+        self.ctx = ctx
+        self.address = address
+        self.output_queue = output_queue
+        self.free_buffers: list[bytearray] = []
+
+    def run(self) -> None:
+        sock = make_zmq_socket(self.ctx, self.address, zmq.PUSH, bind=False, linger=_LINGER_MS)
+        encoder = MsgpackEncoder()
+        # (tracker, outputs, buffer): outputs are kept alive until zmq is done with their memory.
+        pending: deque[tuple[zmq.MessageTracker, EngineCoreOutputs, bytearray]] = deque()
+        try:
+            while True:
+                item = self.output_queue.get()
+                if isinstance(item, Shutdown):
+                    if item.is_dead:
+                        sock.send(ENGINE_CORE_DEAD)
+                    return
+                self._reclaim(pending)
+                buffer = self.free_buffers.pop() if self.free_buffers else bytearray()
+                frames = encoder.encode_into(item, buffer)
+                tracker = sock.send_multipart(frames, copy=False, track=True)
+                if tracker.done:
+                    self.free_buffers.append(buffer)
+                else:
+                    pending.appendleft((tracker, item, buffer))
+        finally:
+            sock.close()
+
+    def _reclaim(self, pending: deque[tuple[zmq.MessageTracker, EngineCoreOutputs, bytearray]]) -> None:
+        while pending and pending[-1][0].done:
+            self.free_buffers.append(pending.pop()[2])

@@ -1,0 +1,69 @@
+"""The engine's state for one request."""
+
+from __future__ import annotations
+
+import enum
+
+from proto.engine_input import EngineCoreRequest, SamplingParams
+from proto.engine_output import FinishReason
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in the scheduler."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
+
+
+class Request:
+    """One sequence: its tokens, how many have K/V in the cache, and its blocks."""
+
+    def __init__(self, core_request: EngineCoreRequest, eos_token_ids: tuple[int, ...]) -> None:
+        self.request_id = core_request.request_id
+        self.prompt_token_ids = list(core_request.prompt_token_ids)
+        self.sampling_params: SamplingParams = core_request.sampling_params
+        self.arrival_time = core_request.arrival_time
+        self.priority = core_request.priority
+        self.client_index = core_request.client_index
+        self.eos_token_ids = eos_token_ids
+        self.output_token_ids: list[int] = []
+        self.all_token_ids = list(self.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.status = RequestStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+        self.num_preemptions = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def check_stop(self, max_model_len: int) -> bool:
+        """Sets the finish reason if the last token ends the request."""
+        params = self.sampling_params
+        last = self.output_token_ids[-1]
+        if not params.ignore_eos and last in self.eos_token_ids:
+            self.finish_reason = FinishReason.STOP
+        elif last in params.stop_token_ids:
+            self.finish_reason, self.stop_reason = FinishReason.STOP, last
+        elif self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_model_len:
+            self.finish_reason = FinishReason.LENGTH
+        return self.finish_reason is not None

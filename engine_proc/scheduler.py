@@ -1,0 +1,170 @@
+"""Continuous-batching scheduler: who runs this step, and how many tokens each.
+
+There is no prefill or decode phase. Every request has `num_tokens` (prompt plus
+outputs so far) and `num_computed_tokens` (those with K/V in the cache); each step moves
+`num_computed_tokens` toward `num_tokens` within a token budget. A request whose step
+reaches its last known token samples one new token. A prompt longer than the budget is
+split across steps (chunked prefill) while decodes keep flowing.
+
+Order: running requests first (oldest first), then waiting ones (FCFS). When blocks run
+out for a running request, the newest running request is preempted: its blocks are
+freed and it goes back to the front of the waiting queue to be recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from engine_proc.kv_cache_manager import KVCacheManager
+from engine_proc.request import Request, RequestStatus
+from proto.engine_output import EngineCoreOutput, FinishReason
+
+
+class ScheduledRequest(NamedTuple):
+    """One request's share of a step."""
+
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def is_sampling(self) -> bool:
+        """True when this step computes the request's last known token, so it samples."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """The batch of one step."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of one step and of the model's context."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+
+class Scheduler:
+    """Decides each step's batch and turns sampled tokens into outputs."""
+
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+        self.config = config
+        self.kv_cache_manager = kv_cache_manager
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return self.num_unfinished_requests > 0
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_requests(self, request_ids: list[str]) -> list[Request]:
+        """Removes requests at once and frees their blocks; unknown ids are ignored."""
+        aborted = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            request.finish_reason = FinishReason.ABORT
+            self._finish(request)
+            aborted.append(request)
+        return aborted
+
+    def schedule(self) -> SchedulerOutput:
+        output = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        # 1) Running requests, oldest first; preempt the newest when blocks run out.
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv_cache_manager.can_allocate(request, num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                break
+            self.kv_cache_manager.allocate(request, num_new)
+            output.scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+            index += 1
+        # 2) Waiting requests, in order, while the budget, the cap and the blocks allow.
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self.kv_cache_manager.can_allocate(request, num_new):
+                break
+            self.waiting.popleft()
+            self.kv_cache_manager.allocate(request, num_new)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            output.scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+        return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, sampled_token_ids: list[int]
+    ) -> list[EngineCoreOutput]:
+        """Advances each scheduled request; `sampled_token_ids` has one id per sampling request."""
+        outputs = []
+        sampled = iter(sampled_token_ids)
+        for scheduled in scheduler_output.scheduled:
+            request = scheduled.request
+            is_sampling = scheduled.is_sampling
+            request.num_computed_tokens += scheduled.num_new_tokens
+            if not is_sampling:
+                continue
+            token_id = next(sampled)
+            if request.is_finished:
+                continue  # NOTE: aborted while its step ran; its token is dropped.
+            request.append_output_token(token_id)
+            if request.check_stop(self.config.max_model_len):
+                self._finish(request)
+            outputs.append(
+                EngineCoreOutput(
+                    request.request_id, [token_id], request.finish_reason, request.stop_reason
+                )
+            )
+        return outputs
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv_cache_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _finish(self, request: Request) -> None:
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]

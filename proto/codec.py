@@ -1,0 +1,148 @@
+"""msgpack codec (ormsgpack) with typed decoding and out-of-band array frames.
+
+Wire layout of one message: frame 0 is msgpack; a numpy array (or a CPU torch tensor)
+of at least `inline_threshold` bytes is replaced in it by an extension that names a later
+frame, and its memory goes out as that frame without a copy. Smaller arrays travel inline.
+Decoding rebuilds the target type's dataclasses, enums and containers from the msgpack
+maps; out-of-band arrays come back as read-only views of the received frames.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import ormsgpack
+
+T = TypeVar("T")
+Buffer = bytes | bytearray | memoryview
+
+INLINE_ARRAY_EXT = 1
+OOB_ARRAY_EXT = 2
+DEFAULT_INLINE_THRESHOLD = 256
+
+
+def _as_ndarray(obj: Any) -> np.ndarray | None:
+    if isinstance(obj, np.ndarray):
+        return obj
+    # NOTE: duck-typed so that proto never imports torch.
+    if type(obj).__name__ == "Tensor" and hasattr(obj, "numpy"):
+        return obj.detach().cpu().numpy()
+    return None
+
+
+class MsgpackEncoder:
+    """Encodes messages into frames; big arrays become extra frames, not copies."""
+
+    def __init__(self, inline_threshold: int = DEFAULT_INLINE_THRESHOLD) -> None:
+        self.inline_threshold = inline_threshold
+        self._aux_buffers: list[Buffer] = []
+
+    def encode(self, obj: Any) -> list[Buffer]:
+        return self.encode_into(obj, bytearray())
+
+    def encode_into(self, obj: Any, buf: bytearray) -> list[Buffer]:
+        """Encodes `obj` into the caller's reusable `buf`; returns `[buf, *aux_frames]`."""
+        self._aux_buffers = aux = [buf]
+        try:
+            packed = ormsgpack.packb(obj, default=self._default)
+            buf[:] = packed
+            return aux
+        finally:
+            self._aux_buffers = []
+
+    def _default(self, obj: Any) -> Any:
+        arr = _as_ndarray(obj)
+        if arr is None:
+            raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
+        if arr.dtype.hasobject:
+            raise TypeError("object arrays cannot be encoded on the wire")
+        arr = np.ascontiguousarray(arr)
+        header = (arr.dtype.str, list(arr.shape))
+        if arr.nbytes < self.inline_threshold:
+            return ormsgpack.Ext(INLINE_ARRAY_EXT, ormsgpack.packb((*header, arr.tobytes())))
+        index = len(self._aux_buffers)
+        self._aux_buffers.append(memoryview(arr).cast("B"))
+        return ormsgpack.Ext(OOB_ARRAY_EXT, ormsgpack.packb((*header, index)))
+
+
+class MsgpackDecoder(Generic[T]):
+    """Decodes frames into one fixed message type (one decoder per socket and type)."""
+
+    def __init__(self, target: type[T] | Any) -> None:
+        self.target = target
+        self._convert = _converter(target)
+
+    def decode(self, frames: Buffer | Sequence[Any]) -> T:
+        if isinstance(frames, (bytes, bytearray, memoryview)):
+            frames = [frames]
+        buffers = [_buffer_of(f) for f in frames]
+
+        def ext_hook(code: int, data: bytes) -> np.ndarray:
+            dtype, shape, payload = ormsgpack.unpackb(data)
+            if code == INLINE_ARRAY_EXT:
+                return np.frombuffer(payload, dtype=dtype).reshape(shape)
+            if code == OOB_ARRAY_EXT:
+                return np.frombuffer(buffers[payload], dtype=dtype).reshape(shape)
+            raise ValueError(f"unknown msgpack extension {code}")
+
+        raw = ormsgpack.unpackb(buffers[0], ext_hook=ext_hook)
+        return self._convert(raw)
+
+
+def _buffer_of(frame: Any) -> Buffer:
+    # zmq.Frame (received with copy=False) exposes its memory as `.buffer`.
+    buffer = getattr(frame, "buffer", None)
+    return buffer if buffer is not None else frame
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+_PLAIN = (int, float, str, bytes, bool, type(None), np.ndarray)
+
+
+def _converter(tp: Any) -> Callable[[Any], Any]:
+    """Builds a function turning decoded msgpack data into an instance of `tp`."""
+    if tp is Any or tp in _PLAIN:
+        return _identity
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _dataclass_converter(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in args if a is not type(None)]
+        if all(a in _PLAIN or a is Any for a in members):
+            return _identity
+        if len(members) != 1:
+            raise TypeError(f"ambiguous union on the wire: {tp}")
+        inner = _converter(members[0])
+        return lambda v: None if v is None else inner(v)
+    if origin in (list, tuple, Sequence) or origin is typing.Sequence:
+        inner = _converter(args[0]) if args else _identity
+        if inner is _identity:
+            return list if origin is not tuple else tuple
+        return lambda v: [inner(x) for x in v]
+    if origin is dict:
+        inner = _converter(args[1]) if args else _identity
+        return lambda v: {k: inner(x) for k, x in v.items()}
+    raise TypeError(f"no wire conversion for {tp!r}")
+
+
+def _dataclass_converter(cls: type) -> Callable[[Any], Any]:
+    hints = typing.get_type_hints(cls)
+    fields = [(f.name, _converter(hints[f.name])) for f in dataclasses.fields(cls)]
+
+    def convert(value: dict[str, Any]) -> Any:
+        # NOTE: unknown keys are dropped, missing ones take defaults: peers may differ by
+        # a field within one protocol version.
+        return cls(**{name: conv(value[name]) for name, conv in fields if name in value})
+
+    return convert

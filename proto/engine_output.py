@@ -1,0 +1,56 @@
+"""Messages an engine pushes to the gateway: per-step deltas and utility results."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+# NOTE: a single raw frame, never msgpack, so the gateway can test for it before decoding.
+ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request finished; `str()` is the OpenAI `finish_reason` value."""
+
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """The new tokens of one request in one step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class UtilityResult:
+    """The answer to one `UtilityCall`."""
+
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class EngineCoreOutputs:
+    """Everything one engine step produced for one client."""
+
+    engine_index: int = 0
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    timestamp: float = 0.0
+    utility_output: UtilityResult | None = None

@@ -1,0 +1,60 @@
+"""ZeroMQ socket construction and addresses (`ipc://` and `tcp://`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import uuid
+from typing import Any
+
+import zmq
+
+
+def new_ipc_address(directory: str | None = None) -> str:
+    """A fresh `ipc://` address in a private directory."""
+    directory = directory or tempfile.mkdtemp(prefix="zeroserve-")
+    os.chmod(directory, 0o700)
+    return f"ipc://{directory}/{uuid.uuid4().hex[:12]}"
+
+
+def new_tcp_address(host: str = "127.0.0.1") -> str:
+    """A `tcp://` address on a port that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+    return f"tcp://{host}:{port}"
+
+
+def make_zmq_socket(
+    ctx: zmq.Context[Any],
+    address: str,
+    socket_type: int,
+    *,
+    bind: bool,
+    identity: bytes | None = None,
+    linger: int | None = None,
+) -> zmq.Socket[Any]:
+    """Makes a socket with no message limits and binds or connects it to `address`."""
+    if not address.startswith(("ipc://", "tcp://", "inproc://")):
+        raise ValueError(f"unsupported ZeroMQ address {address!r}: use ipc://, tcp:// or inproc://")
+    sock = ctx.socket(socket_type)
+    # NOTE: no high-water marks: backpressure is the scheduler's job, not the socket's.
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    if linger is not None:
+        sock.setsockopt(zmq.LINGER, linger)
+    if socket_type == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if bind:
+        sock.bind(address)
+    else:
+        sock.connect(address)
+    return sock
+
+
+def engine_identity(engine_index: int) -> bytes:
+    """The ROUTER identity of engine `engine_index`."""
+    return engine_index.to_bytes(2, "little")
