@@ -20,7 +20,8 @@ _TEXTS = ["hello the world  123456789", "it's   done\n\n\tok", "naïve café 你
 def _byte_alphabet_metadata(**overrides: Any) -> dict[str, Any]:
     """Metadata of a byte-level BPE whose vocabulary is just the 256 byte characters."""
     printable = [chr(b) for b in range(ord("!"), ord("~") + 1)]
-    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": printable, "tokenizer.ggml.merges": [], **overrides}
+    metadata = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": printable, "tokenizer.ggml.merges": []}
+    return {**metadata, **overrides}
 
 
 def test_other_tokenizer_models_are_refused_by_name() -> None:

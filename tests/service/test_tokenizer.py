@@ -101,7 +101,12 @@ SIMPLE_TEMPLATE = (
 
 
 def test_hf_folder_tokenizer(tmp_path: Path) -> None:
-    config = {"bos_token": "<s>", "eos_token": {"content": "</s>"}, "add_bos_token": True, "chat_template": SIMPLE_TEMPLATE}
+    config = {
+        "bos_token": "<s>",
+        "eos_token": {"content": "</s>"},
+        "add_bos_token": True,
+        "chat_template": SIMPLE_TEMPLATE,
+    }
     _write_hf_folder(tmp_path / "model", config)
     tokenizer = Tokenizer.from_model(tmp_path / "model")
 
