@@ -1,0 +1,176 @@
+"""Load a GGUF file: config from its metadata, tensors dequantized to float32 under Hugging Face names."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from tqdm import tqdm
+
+from engine_proc.models.config import ModelConfig
+from engine_proc.models.llama import inverse_frequencies
+
+_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# NOTE: llama.cpp stores Llama 3.x rope scaling as per-frequency divisors in this tensor.
+_ROPE_FREQS = "rope_freqs.weight"
+
+
+def load_gguf_config(path: str | Path) -> ModelConfig:
+    """Read the model config from a GGUF file's metadata (no dequantization)."""
+    return _config_from_reader(GGUFReader(path))
+
+
+def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Config and float32 tensors, named as in Hugging Face checkpoints, of a GGUF file."""
+    reader = GGUFReader(path)
+    config = _config_from_reader(reader)
+    # NOTE: convert_hf_to_gguf.py permutes Q/K rows of llama-architecture models only.
+    is_permuted = _metadata(reader, "general.architecture") == "llama"
+    weights: dict[str, torch.Tensor] = {}
+    for tensor in tqdm(reader.tensors, desc=f"Dequantizing {Path(path).name}", unit="tensor"):
+        if tensor.name == _ROPE_FREQS:
+            continue
+        name = _hf_name(tensor.name)
+        array = dequantize(tensor.data, tensor.tensor_type)
+        array = array.reshape(tuple(int(dim) for dim in reversed(tensor.shape)))
+        if is_permuted and name.endswith("q_proj.weight"):
+            array = _unpermute(array, config.num_attention_heads)
+        elif is_permuted and name.endswith("k_proj.weight"):
+            array = _unpermute(array, config.num_key_value_heads)
+        weights[name] = _to_tensor(array)
+    return config, weights
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES and parts[1].isdigit():
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
+
+
+def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's rotary permutation of Q/K rows (pairs interleaved -> halves)."""
+    rows_per_half = weight.shape[0] // num_heads // 2
+    return weight.reshape(num_heads, rows_per_half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _to_tensor(array: np.ndarray) -> torch.Tensor:
+    # NOTE: unquantized tensors come back as read-only views of the memory-mapped file.
+    if not array.flags.writeable or not array.flags.c_contiguous:
+        array = np.array(array, dtype=np.float32, order="C")
+    return torch.from_numpy(array.astype(np.float32, copy=False))
+
+
+def _config_from_reader(reader: GGUFReader) -> ModelConfig:
+    arch = _metadata(reader, "general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(_ARCHITECTURES)}")
+    hidden_size = int(_metadata(reader, f"{arch}.embedding_length"))
+    num_heads = int(_metadata(reader, f"{arch}.attention.head_count"))
+    head_dim = int(_metadata(reader, f"{arch}.attention.key_length", hidden_size // num_heads))
+    rotary_dim = int(_metadata(reader, f"{arch}.rope.dimension_count", head_dim))
+    if rotary_dim != head_dim:
+        raise ValueError(f"partial rotary embeddings ({rotary_dim} of {head_dim} dims) are not supported")
+    eos_token_ids = tuple(
+        int(token_id)
+        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+        if (token_id := _metadata(reader, key, None)) is not None
+    )
+    bos_token_id = _metadata(reader, "tokenizer.ggml.bos_token_id", None)
+    tensor_names = {tensor.name for tensor in reader.tensors}
+    config = ModelConfig(
+        architecture=arch,
+        vocab_size=_vocab_size(reader),
+        hidden_size=hidden_size,
+        intermediate_size=int(_metadata(reader, f"{arch}.feed_forward_length")),
+        num_hidden_layers=int(_metadata(reader, f"{arch}.block_count")),
+        num_attention_heads=num_heads,
+        num_key_value_heads=int(_metadata(reader, f"{arch}.attention.head_count_kv", num_heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(_metadata(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(_metadata(reader, f"{arch}.rope.freq_base", 10000.0)),
+        max_position_embeddings=int(_metadata(reader, f"{arch}.context_length")),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+        eos_token_ids=tuple(dict.fromkeys(eos_token_ids)),
+        bos_token_id=None if bos_token_id is None else int(bos_token_id),
+    )
+    if _ROPE_FREQS in tensor_names:
+        config = _with_llama3_rope_scaling(reader, config)
+    return config
+
+
+def _with_llama3_rope_scaling(reader: GGUFReader, config: ModelConfig) -> ModelConfig:
+    """Recover llama3 rope scaling parameters from the frequency divisors llama.cpp stores.
+
+    The divisors are `factor` for long wavelengths, 1 for short ones and a smooth blend between;
+    `factor` is their maximum, and the other parameters are Llama 3.x's, checked against the table.
+    """
+    tensor = next(tensor for tensor in reader.tensors if tensor.name == _ROPE_FREQS)
+    divisors = torch.from_numpy(
+        np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    ).flatten()
+    factor = float(divisors.max())
+    if factor == 1.0:
+        return config
+    original = int(_metadata(reader, f"{config.architecture}.rope.scaling.original_context_length", 8192))
+    scaling: tuple[tuple[str, float | str], ...] = (
+        ("factor", factor),
+        ("high_freq_factor", 4.0),
+        ("low_freq_factor", 1.0),
+        ("original_max_position_embeddings", float(original)),
+        ("rope_type", "llama3"),
+    )
+    scaled = dataclasses.replace(config, rope_scaling=scaling)
+    expected = inverse_frequencies(config) / inverse_frequencies(scaled)
+    if expected.shape != divisors.shape or not torch.allclose(expected, divisors, rtol=1e-3):
+        raise ValueError(
+            f"{_ROPE_FREQS} does not match llama3 rope scaling; this rope scaling is not supported"
+        )
+    return scaled
+
+
+def _vocab_size(reader: GGUFReader) -> int:
+    # NOTE: counted without decoding the token strings, which takes a while for large vocabularies.
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise ValueError("GGUF metadata lacks 'tokenizer.ggml.tokens'")
+    return len(tokens.data)
+
+
+_REQUIRED = object()
+
+
+def _metadata(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        if default is _REQUIRED:
+            raise ValueError(f"GGUF metadata lacks {key!r}")
+        return default
+    return field.contents()

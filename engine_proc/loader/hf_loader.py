@@ -1,0 +1,111 @@
+"""Load a Hugging Face model directory: config.json, generation_config.json and *.safetensors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file
+from torch import Tensor
+
+from engine_proc.models.config import ModelConfig
+
+_DEFAULT_ROPE_TYPES = (None, "default")
+
+
+def load_hf_config(path: str | Path) -> ModelConfig:
+    """Read the model config (and EOS ids from generation_config.json) of a Hugging Face directory."""
+    root = Path(path)
+    raw = _read_json(root / "config.json")
+    if raw is None:
+        raise FileNotFoundError(f"{root} has no config.json")
+    generation = _read_json(root / "generation_config.json") or {}
+    return config_from_hf(raw, generation)
+
+
+def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """Config and all safetensors tensors (sharded or not) of a Hugging Face directory."""
+    root = Path(path)
+    config = load_hf_config(root)
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{root} has no *.safetensors files")
+    weights: dict[str, Tensor] = {}
+    for file in files:
+        shard = load_file(file)
+        duplicated = weights.keys() & shard.keys()
+        if duplicated:
+            raise ValueError(f"{file.name} repeats tensors already loaded: {sorted(duplicated)[:5]}")
+        weights.update(shard)
+    return config, weights
+
+
+def config_from_hf(raw: dict[str, Any], generation: dict[str, Any]) -> ModelConfig:
+    """Build a ModelConfig from parsed config.json and generation_config.json contents."""
+    architecture = raw.get("model_type", "")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; only 'silu' is supported")
+    if raw.get("mlp_bias", False):
+        raise ValueError("MLP biases are not supported")
+    num_heads = raw["num_attention_heads"]
+    max_positions = raw.get("max_position_embeddings", 2048)
+    window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+    if window is not None and window < max_positions:
+        # NOTE: we attend over the whole sequence; within the window that is exactly sliding-window
+        # attention, so cap the context instead of serving wrong answers past it.
+        max_positions = window
+    rope_theta, rope_scaling = _rope(raw)
+    eos = generation.get("eos_token_id", raw.get("eos_token_id"))
+    bos = generation.get("bos_token_id", raw.get("bos_token_id"))
+    return ModelConfig(
+        architecture=architecture,
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"],
+        num_attention_heads=num_heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=architecture == "qwen2" or bool(raw.get("attention_bias", False)),
+        qk_norm=architecture == "qwen3",
+        rope_scaling=rope_scaling,
+        eos_token_ids=_token_ids(eos),
+        bos_token_id=bos,
+    )
+
+
+def _rope(raw: dict[str, Any]) -> tuple[float, tuple[tuple[str, float | str], ...] | None]:
+    """rope_theta and rope scaling, from the old (`rope_scaling`) or new (`rope_parameters`) format."""
+    params: dict[str, Any] = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    rope_theta = float(raw.get("rope_theta") or params.pop("rope_theta", None) or 10000.0)
+    params.pop("rope_theta", None)
+    rope_type = params.pop("rope_type", None)
+    legacy_type = params.pop("type", None)
+    rope_type = rope_type or legacy_type
+    if rope_type in _DEFAULT_ROPE_TYPES:
+        return rope_theta, None
+    scaling = {"rope_type": rope_type, **params}
+    return rope_theta, tuple(
+        sorted((key, value) for key, value in scaling.items() if isinstance(value, (int, float, str)))
+    )
+
+
+def _token_ids(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(dict.fromkeys(value))
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    with path.open(encoding="utf-8") as file:
+        data: dict[str, Any] = json.load(file)
+    return data

@@ -1,0 +1,91 @@
+"""The shape of a decoder-only transformer, as the engine's model code needs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyperparameters of a Llama-family model, validated on construction."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: tuple[tuple[str, float | str], ...] | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            supported = ", ".join(SUPPORTED_ARCHITECTURES)
+            raise ValueError(f"unsupported architecture {self.architecture!r}; supported: {supported}")
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
+            raise ValueError("rms_norm_eps and rope_theta must be positive")
+        if any(token_id < 0 for token_id in self.eos_token_ids):
+            raise ValueError(f"negative eos token id in {self.eos_token_ids}")
+        if self.rope_scaling is not None:
+            self._validate_rope_scaling(dict(self.rope_scaling))
+
+    @staticmethod
+    def _validate_rope_scaling(params: dict[str, float | str]) -> None:
+        rope_type = params.get("rope_type")
+        if rope_type != "llama3":
+            raise ValueError(f"unsupported rope scaling type {rope_type!r}; only 'llama3' is supported")
+        missing = [key for key in LLAMA3_ROPE_KEYS if not isinstance(params.get(key), (int, float))]
+        if missing:
+            raise ValueError(f"llama3 rope scaling is missing numeric {', '.join(missing)}")
+        if float(params["high_freq_factor"]) <= float(params["low_freq_factor"]):
+            raise ValueError("llama3 rope scaling needs high_freq_factor > low_freq_factor")
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection's output."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the key (and of the value) projection's output."""
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def rope_scaling_params(self) -> dict[str, float | str]:
+        """The rope scaling parameters as a dict, empty when there is no scaling."""
+        return dict(self.rope_scaling) if self.rope_scaling is not None else {}

@@ -1,0 +1,242 @@
+"""Llama-family decoder (Llama, Mistral, SmolLM2, Qwen2, Qwen3) over a flat batch of tokens."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine_proc.models.attention_api import AttentionBackend
+from engine_proc.models.config import ModelConfig
+
+# Hugging Face projections that we store fused, as (fused name, its shards in order).
+_FUSED_PROJECTIONS = (
+    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("gate_up_proj", ("gate_proj", "up_proj")),
+)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in float32 like Hugging Face's."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        x_float = x.float()
+        variance = x_float.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x_float * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+
+def inverse_frequencies(config: ModelConfig) -> Tensor:
+    """Rotary inverse frequencies (float32, [head_dim // 2]), with llama3 scaling if configured."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    params = config.rope_scaling_params
+    if not params:
+        return inv_freq
+    # NOTE: llama3 scaling, as in transformers' _compute_llama3_parameters: long wavelengths are
+    # divided by `factor`, short ones kept, the band between interpolated smoothly.
+    factor = float(params["factor"])
+    low_freq_factor = float(params["low_freq_factor"])
+    high_freq_factor = float(params["high_freq_factor"])
+    old_context_len = float(params["original_max_position_embeddings"])
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """A cos/sin table for every position, looked up once per forward ("rotate_half" layout)."""
+
+    cos_sin_cache: Tensor
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        cache = torch.empty(config.max_position_embeddings, config.head_dim)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+        self.reset_cache()
+
+    @torch.no_grad()
+    def reset_cache(self) -> None:
+        """Fill the table (in float32, then cast to the buffer's dtype)."""
+        if self.cos_sin_cache.is_meta:
+            return
+        inv_freq = inverse_frequencies(self.config).to(self.cos_sin_cache.device)
+        positions = torch.arange(self.config.max_position_embeddings, device=inv_freq.device).float()
+        freqs = torch.outer(positions, inv_freq)
+        self.cos_sin_cache.copy_(torch.cat((freqs.cos(), freqs.sin()), dim=-1))
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin, each [num_tokens, 1, head_dim // 2] to broadcast over heads."""
+        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        return cos, sin
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x [num_tokens, num_heads, head_dim]: the first and second halves form the pairs."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    """Fused QKV projection, optional per-head q/k norm, rotary, backend attention, output projection."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        qkv_size = config.q_size + 2 * config.kv_size
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attn: AttentionBackend) -> Tensor:
+        config = self.config
+        num_tokens = hidden.shape[0]
+        query, key, value = self.qkv_proj(hidden).split(
+            [config.q_size, config.kv_size, config.kv_size], dim=-1
+        )
+        query = query.view(num_tokens, config.num_attention_heads, config.head_dim)
+        key = key.view(num_tokens, config.num_key_value_heads, config.head_dim)
+        value = value.view(num_tokens, config.num_key_value_heads, config.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            query, key = self.q_norm(query), self.k_norm(key)
+        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+        out = attn.forward(self.layer_idx, query, key, value)
+        return self.o_proj(out.reshape(num_tokens, config.q_size))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward with the gate and up projections fused."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention block then pre-norm MLP block, each with a residual."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attn: AttentionBackend) -> Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attn)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm (Hugging Face's `model.` prefix)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary_emb = RotaryEmbedding(config)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """A Llama-family causal LM: hidden states for a flat batch, then logits for chosen rows."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        # NOTE: no module at all when tied, so moving the model (e.g. `to_empty`) cannot untie it.
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+
+    def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
+        """Final-normed hidden states [num_tokens, hidden_size] for the tokens of several sequences."""
+        hidden = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary_emb(positions)
+        for layer in self.model.layers:
+            hidden = layer(hidden, cos, sin, attn)
+        return self.model.norm(hidden)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """Float32 logits [n, vocab_size] for hidden states [n, hidden_size]."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: dict[str, Tensor]) -> None:
+        """Copy Hugging Face-named tensors into the parameters; every parameter must be covered exactly.
+
+        Converts dtype and device as needed and rebuilds the rotary table, so a model created
+        on the meta device and materialised with `to_empty` is ready afterwards.
+        """
+        targets = self._hf_targets()
+        ignored = {name for name in weights if name.endswith("rotary_emb.inv_freq")}
+        if self.lm_head is None:
+            ignored.add("lm_head.weight")
+        missing = sorted(targets.keys() - weights.keys())
+        unexpected = sorted(weights.keys() - targets.keys() - ignored)
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint does not match the {self.config.architecture} model: "
+                f"missing {_first(missing)}, unexpected {_first(unexpected)}"
+            )
+        for name, (param, start, num_rows) in targets.items():
+            tensor = weights[name]
+            target = param.narrow(0, start, num_rows)
+            if tensor.shape != target.shape:
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+        self.model.rotary_emb.reset_cache()
+
+    def _hf_targets(self) -> dict[str, tuple[Tensor, int, int]]:
+        """Each Hugging Face name mapped to (parameter, first row, number of rows) it fills."""
+        config = self.config
+        shard_rows = {
+            "q_proj": config.q_size,
+            "k_proj": config.kv_size,
+            "v_proj": config.kv_size,
+            "gate_proj": config.intermediate_size,
+            "up_proj": config.intermediate_size,
+        }
+        targets: dict[str, tuple[Tensor, int, int]] = {}
+        for name, param in self.named_parameters():
+            fused = next((item for item in _FUSED_PROJECTIONS if f".{item[0]}." in name), None)
+            if fused is None:
+                targets[name] = (param, 0, param.shape[0])
+                continue
+            start = 0
+            for shard in fused[1]:
+                targets[name.replace(fused[0], shard)] = (param, start, shard_rows[shard])
+                start += shard_rows[shard]
+        return targets
+
+
+def _first(names: list[str], limit: int = 5) -> str:
+    if not names:
+        return "none"
+    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more

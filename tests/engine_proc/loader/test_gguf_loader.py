@@ -1,0 +1,143 @@
+"""GGUF loading: tiny hand-written GGUFs and the real default model, against Hugging Face."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from engine_proc.loader import load_model, load_model_config
+from engine_proc.models.llama import inverse_frequencies
+from tests.engine_proc.models.test_llama import TINY, run, save_tiny_checkpoint
+
+GGUF_LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Reorder Q/K rows the way llama.cpp's convert_hf_to_gguf.py does for llama models."""
+    return (
+        weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def gguf_name(hf_name: str) -> str:
+    globals_ = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    if hf_name in globals_:
+        return globals_[hf_name]
+    if hf_name == "lm_head.weight":
+        return "output.weight"
+    _, _, layer, rest = hf_name.split(".", 3)
+    module, suffix = rest.rsplit(".", 1)
+    return f"blk.{layer}.{GGUF_LAYER_NAMES[module]}.{suffix}"
+
+
+def write_tiny_gguf(path: Path, hf_model: transformers.PreTrainedModel) -> None:
+    """Write the tiny HF llama as an F32 llama-architecture GGUF, as llama.cpp would."""
+    config = hf_model.config
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_token_list([f"<t{i}>" for i in range(config.vocab_size)])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    if config.rope_parameters["rope_type"] == "llama3":
+        ours = load_model_config(path.parent)
+        unscaled = dataclasses.replace(ours, rope_scaling=None)
+        writer.add_rope_scaling_orig_ctx_len(config.rope_parameters["original_max_position_embeddings"])
+        writer.add_tensor(
+            "rope_freqs.weight", (inverse_frequencies(unscaled) / inverse_frequencies(ours)).numpy()
+        )
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        array = tensor.numpy().copy()
+        if name.endswith("q_proj.weight"):
+            array = permute(array, config.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            array = permute(array, config.num_key_value_heads)
+        writer.add_tensor(gguf_name(name), array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-tied-llama3-rope"])
+def test_tiny_gguf_logits_match_hugging_face(tmp_path: Path, kind: str) -> None:
+    hf_model = save_tiny_checkpoint(tmp_path, kind)
+    gguf_path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf_path, hf_model)
+    hf_config = load_model_config(tmp_path)
+    gguf_config = load_model_config(gguf_path)
+    for field in ("rope_scaling", "tie_word_embeddings", "head_dim", "num_key_value_heads", "rope_theta"):
+        assert getattr(gguf_config, field) == getattr(hf_config, field)
+
+    model = load_model(gguf_path)
+    prompt = torch.randint(0, TINY["vocab_size"], (40,))
+    with torch.no_grad():
+        expected = hf_model(prompt[None]).logits[0]
+    torch.testing.assert_close(run(model, [prompt]), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.real_model
+def test_default_model_matches_hugging_face_gguf_loader(default_model_path: Path) -> None:
+    model = load_model(default_model_path)
+    config = model.config
+    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
+    assert config.tie_word_embeddings and config.rope_theta == 100000.0
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        default_model_path.parent, gguf_file=default_model_path.name, dtype=torch.float32
+    ).eval()
+    prompt = torch.tensor(
+        [
+            1,
+            9690,
+            198,
+            2683,
+            359,
+            253,
+            5356,
+            5646,
+            11173,
+            3365,
+            3511,
+            308,
+            34519,
+            28,
+            7018,
+            411,
+            407,
+            19712,
+            8182,
+            2,
+        ]
+    )
+    with torch.no_grad():
+        expected = hf_model(prompt[None]).logits[0, -1]
+    logits = run(model, [prompt])[-1]
+    torch.testing.assert_close(logits, expected, atol=1e-3, rtol=0)
+    assert logits.argmax() == expected.argmax()

@@ -1,0 +1,121 @@
+"""Our Llama-family model against Hugging Face's, on tiny random checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from engine_proc.loader import load_model
+from engine_proc.models.llama import LlamaForCausalLM
+from tests.engine_proc.models.dense_attention import DenseCausalAttention
+
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=10000.0,
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=32,
+)
+CHECKPOINTS: dict[str, tuple[type[Any], dict[str, Any]]] = {
+    "llama": (transformers.LlamaConfig, {}),
+    "llama-tied-llama3-rope": (
+        transformers.LlamaConfig,
+        dict(tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE),
+    ),
+    "qwen2-qkv-bias": (transformers.Qwen2Config, {}),
+    "qwen3-qk-norm": (transformers.Qwen3Config, dict(head_dim=32)),
+}
+
+
+def save_tiny_checkpoint(path: Path, kind: str) -> transformers.PreTrainedModel:
+    """Save a tiny random Hugging Face model of this kind under path, and return it (eval, float32)."""
+    config_class, extra = CHECKPOINTS[kind]
+    config = config_class(**TINY, **extra, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        # NOTE: init leaves biases at 0 and norms at 1, which would hide loading mistakes.
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    model.save_pretrained(path)
+    return model.eval()
+
+
+def run(model: LlamaForCausalLM, seqs: list[torch.Tensor]) -> torch.Tensor:
+    """Logits for every token of the sequences, run as one flat batch."""
+    positions = torch.cat([torch.arange(len(seq)) for seq in seqs])
+    attn = DenseCausalAttention([len(seq) for seq in seqs])
+    return model.compute_logits(model(torch.cat(seqs), positions, attn))
+
+
+@pytest.mark.parametrize("kind", sorted(CHECKPOINTS))
+def test_logits_match_hugging_face(tmp_path: Path, kind: str) -> None:
+    hf_model = save_tiny_checkpoint(tmp_path, kind)
+    model = load_model(tmp_path)
+    prompt = torch.randint(0, TINY["vocab_size"], (40,))
+    with torch.no_grad():
+        expected = hf_model(prompt[None]).logits[0].float()
+    logits = run(model, [prompt])
+    assert logits.dtype == torch.float32
+    assert logits.shape == (40, TINY["vocab_size"])
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3-qk-norm"])
+def test_flat_batch_gives_each_sequence_its_own_logits(tmp_path: Path, kind: str) -> None:
+    save_tiny_checkpoint(tmp_path, kind)
+    model = load_model(tmp_path)
+    first, second = torch.randint(0, TINY["vocab_size"], (11,)), torch.randint(0, TINY["vocab_size"], (6,))
+    batched = run(model, [first, second])
+    torch.testing.assert_close(batched[:11], run(model, [first]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(batched[11:], run(model, [second]), atol=1e-5, rtol=0)
+
+
+def test_loads_in_bfloat16_and_still_returns_float32_logits(tmp_path: Path) -> None:
+    hf_model = save_tiny_checkpoint(tmp_path, "llama")
+    model = load_model(tmp_path, dtype=torch.bfloat16)
+    assert {param.dtype for param in model.parameters()} == {torch.bfloat16}
+    prompt = torch.randint(0, TINY["vocab_size"], (12,))
+    with torch.no_grad():
+        expected = hf_model(prompt[None]).logits[0]
+    logits = run(model, [prompt])
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, expected, atol=0.05, rtol=0)
+
+
+def test_checkpoint_missing_a_tensor_is_rejected_by_name(tmp_path: Path) -> None:
+    save_tiny_checkpoint(tmp_path, "llama")
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"missing model\.layers\.1\.mlp\.up_proj\.weight"):
+        load_model(tmp_path)
+
+
+def test_checkpoint_with_a_misshaped_tensor_is_rejected(tmp_path: Path) -> None:
+    save_tiny_checkpoint(tmp_path, "llama")
+    weights = load_file(tmp_path / "model.safetensors")
+    weights["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(8, 64)
+    weights["model.extra.weight"] = torch.zeros(1)
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"unexpected model\.extra\.weight"):
+        load_model(tmp_path)
+    del weights["model.extra.weight"]
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"k_proj\.weight: checkpoint shape \(8, 64\)"):
+        load_model(tmp_path)
