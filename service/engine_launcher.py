@@ -1,0 +1,87 @@
+"""Starts engine processes (`python -m engine_proc ...`) and watches them die."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """How the gateway asks for each engine process."""
+
+    model_path: str
+    model_name: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    kv_cache_memory_gib: float = 1.0
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    num_threads: int | None = None
+
+    def to_argv(self, engine_index: int, input_address: str, output_address: str) -> list[str]:
+        argv = [
+            "--model", self.model_path,
+            "--model-name", self.model_name,
+            "--engine-index", str(engine_index),
+            "--input-address", input_address,
+            "--output-address", output_address,
+            "--dtype", self.dtype,
+            "--device", self.device,
+            "--kv-cache-memory", str(self.kv_cache_memory_gib),
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+        ]
+        if self.max_model_len is not None:
+            argv += ["--max-model-len", str(self.max_model_len)]
+        if self.num_threads is not None:
+            argv += ["--num-threads", str(self.num_threads)]
+        return argv
+
+
+class EngineProcess:
+    """One engine process; `on_exit` runs (in a watcher thread) as soon as it ends."""
+
+    def __init__(
+        self,
+        args: EngineArgs,
+        engine_index: int,
+        input_address: str,
+        output_address: str,
+        on_exit: Callable[[int], None],
+    ) -> None:
+        self.engine_index = engine_index
+        argv = args.to_argv(engine_index, input_address, output_address)
+        self.proc = subprocess.Popen([sys.executable, "-m", "engine_proc", *argv])
+        self._is_shutting_down = False
+        self._watcher = threading.Thread(
+            target=self._watch, args=(on_exit,), name=f"engine-{engine_index}-watch", daemon=True
+        )
+        self._watcher.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def is_alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _watch(self, on_exit: Callable[[int], None]) -> None:
+        returncode = self.proc.wait()
+        if not self._is_shutting_down:
+            on_exit(returncode)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._is_shutting_down = True
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
