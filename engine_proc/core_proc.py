@@ -66,6 +66,7 @@ class EngineCoreProc:
             self.input_thread.stop_event.set()
             self.output_queue.put(Shutdown(is_dead=is_dead))
             self.output_thread.join(_OUTPUT_FLUSH_TIMEOUT_S)
+            self.input_thread.join(_OUTPUT_FLUSH_TIMEOUT_S)
             self.ctx.term()
         return 1 if is_dead else 0
 

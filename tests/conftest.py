@@ -46,3 +46,14 @@ def tiny_model_dir(default_model_path: Path, tmp_path_factory: pytest.TempPathFa
         json.dumps({**tokenizer.special_tokens, "chat_template": tokenizer.chat_template})
     )
     return path
+
+
+@pytest.fixture(scope="session")
+def hf_reference_model(default_model_path: Path) -> object:
+    """transformers' own model from the default GGUF: the reference our outputs are checked against."""
+    import torch
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        default_model_path.parent, gguf_file=default_model_path.name, dtype=torch.float32
+    ).eval()

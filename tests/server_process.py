@@ -38,7 +38,7 @@ def free_port() -> int:
 def running_server(model: str | Path, *args: str, timeout: float = 180.0) -> Iterator[ServerProcess]:
     port = free_port()
     command = [sys.executable, "-m", "service", "serve", str(model), "--port", str(port)]
-    command += ["--num-threads", "1", "--kv-cache-memory", "0.25", *args]
+    command += ["--num-threads", "1", "--kv-cache-memory", "0.25", "--max-model-len", "2048", *args]
     proc = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     server = ServerProcess(proc, f"http://127.0.0.1:{port}")
     try:

@@ -104,14 +104,14 @@ def test_tiny_gguf_logits_match_hugging_face(tmp_path: Path, kind: str) -> None:
 
 
 @pytest.mark.real_model
-def test_default_model_matches_hugging_face_gguf_loader(default_model_path: Path) -> None:
+def test_default_model_matches_hugging_face_gguf_loader(
+    default_model_path: Path, hf_reference_model: transformers.PreTrainedModel
+) -> None:
     model = load_model(default_model_path)
     config = model.config
     assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
     assert config.tie_word_embeddings and config.rope_theta == 100000.0
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-        default_model_path.parent, gguf_file=default_model_path.name, dtype=torch.float32
-    ).eval()
+    hf_model = hf_reference_model
     prompt = torch.tensor(
         [
             1,

@@ -1,0 +1,177 @@
+"""The engine's two socket threads and busy loop, against a fake core, over real ZeroMQ sockets."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from engine_proc.core_proc import EngineCoreProc
+from proto.codec import MsgpackDecoder, MsgpackEncoder
+from proto.engine_input import EngineCoreRequest, RequestType, SamplingParams, UtilityCall
+from proto.engine_output import ENGINE_CORE_DEAD, EngineCoreOutput, EngineCoreOutputs, FinishReason, UtilityResult
+from proto.handshake import PROTOCOL_VERSION, EngineReady
+from proto.sockets import engine_identity, make_zmq_socket, new_ipc_address
+
+
+class FakeCore:
+    """Emits one token per step per request: the prompt's tokens in reverse, then stops."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.pending: dict[str, list[int]] = {}
+        self.fail_on = fail_on
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.pending)
+
+    def ready_message(self) -> EngineReady:
+        return EngineReady(engine_index=3, model_name="fake", max_model_len=64)
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        if request.request_id == self.fail_on:
+            raise RuntimeError("the core broke")
+        self.pending[request.request_id] = list(reversed(request.prompt_token_ids))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.pending.pop(request_id, None)
+
+    def step(self) -> EngineCoreOutputs:
+        outputs = []
+        for request_id, tokens in list(self.pending.items()):
+            token = tokens.pop(0)
+            finish = FinishReason.LENGTH if not tokens else None
+            outputs.append(EngineCoreOutput(request_id, [token], finish))
+            if not tokens:
+                del self.pending[request_id]
+        return EngineCoreOutputs(engine_index=3, outputs=outputs)
+
+    def call_utility(self, call: UtilityCall) -> UtilityResult:
+        return UtilityResult(call.call_id, result=[call.method, *call.args])
+
+
+class Gateway:
+    """The gateway's side of the wire: ROUTER and PULL, bound."""
+
+    def __init__(self, directory: Path) -> None:
+        self.ctx = zmq.Context()
+        self.input_address = new_ipc_address(str(directory))
+        self.output_address = new_ipc_address(str(directory))
+        self.router = make_zmq_socket(self.ctx, self.input_address, zmq.ROUTER, bind=True, linger=0)
+        self.pull = make_zmq_socket(self.ctx, self.output_address, zmq.PULL, bind=True, linger=0)
+        self.encoder = MsgpackEncoder()
+        self.decoder = MsgpackDecoder(EngineCoreOutputs)
+
+    def send(self, request_type: RequestType, message: Any) -> None:
+        self.router.send_multipart([engine_identity(3), request_type.value, *self.encoder.encode(message)])
+
+    def recv(self) -> list[zmq.Frame]:
+        assert self.pull.poll(5000), "no output from the engine"
+        return self.pull.recv_multipart(copy=False)
+
+    def recv_outputs(self) -> EngineCoreOutputs:
+        return self.decoder.decode(self.recv())
+
+    def close(self) -> None:
+        self.router.close()
+        self.pull.close()
+        self.ctx.term()
+
+
+def start(core: FakeCore, gateway: Gateway) -> tuple[EngineCoreProc, threading.Thread, list[int]]:
+    proc = EngineCoreProc(core, gateway.input_address, gateway.output_address)
+    exit_codes: list[int] = []
+    thread = threading.Thread(target=lambda: exit_codes.append(proc.run()), daemon=True)
+    thread.start()
+    return proc, thread, exit_codes
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Gateway]:
+    gateway = Gateway(tmp_path)
+    yield gateway
+    gateway.close()
+
+
+def recv_ready(gateway: Gateway) -> EngineReady:
+    assert gateway.router.poll(5000)
+    identity, *frames = gateway.router.recv_multipart()
+    assert identity == engine_identity(3)
+    return MsgpackDecoder(EngineReady).decode(frames)
+
+
+def test_engine_registers_then_streams_outputs_and_answers_utilities(gateway: Gateway) -> None:
+    proc, thread, exit_codes = start(FakeCore(), gateway)
+    ready = recv_ready(gateway)
+    assert ready.protocol_version == PROTOCOL_VERSION and ready.model_name == "fake"
+
+    gateway.send(RequestType.ADD, EngineCoreRequest("a", [1, 2, 3], SamplingParams()))
+    tokens, finish = [], None
+    while finish is None:
+        for output in gateway.recv_outputs().outputs:
+            tokens += output.new_token_ids
+            finish = output.finish_reason
+    assert tokens == [3, 2, 1] and finish is FinishReason.LENGTH
+
+    gateway.send(RequestType.UTILITY, UtilityCall(7, "echo", [1, "x"]))
+    result = gateway.recv_outputs().utility_output
+    assert result is not None and result.call_id == 7 and result.result == ["echo", 1, "x"]
+
+    proc.is_running = False
+    thread.join(5)
+    assert exit_codes == [0]
+
+
+def test_abort_stops_a_request_between_steps(gateway: Gateway) -> None:
+    core = FakeCore()
+    proc, thread, _ = start(core, gateway)
+    recv_ready(gateway)
+    gateway.send(RequestType.ADD, EngineCoreRequest("long", list(range(100_000)), SamplingParams()))
+    gateway.recv_outputs()
+    gateway.send(RequestType.ABORT, ["long"])
+    # Outputs already in flight may arrive, then nothing more: the request is gone.
+    while gateway.pull.poll(300):
+        gateway.recv()
+    assert "long" not in core.pending
+    proc.is_running = False
+    thread.join(5)
+
+
+def test_undecodable_message_is_dropped_and_the_engine_keeps_going(gateway: Gateway) -> None:
+    proc, thread, _ = start(FakeCore(), gateway)
+    recv_ready(gateway)
+    gateway.router.send_multipart([engine_identity(3), b"\x09", b"garbage"])
+    gateway.router.send_multipart([engine_identity(3), RequestType.ADD.value, b"\xc1"])
+    gateway.send(RequestType.ADD, EngineCoreRequest("ok", [5], SamplingParams()))
+    assert gateway.recv_outputs().outputs[0].new_token_ids == [5]
+    proc.is_running = False
+    thread.join(5)
+
+
+def test_fatal_error_sends_engine_core_dead_and_exits_non_zero(gateway: Gateway) -> None:
+    _, thread, exit_codes = start(FakeCore(fail_on="boom"), gateway)
+    recv_ready(gateway)
+    gateway.send(RequestType.ADD, EngineCoreRequest("boom", [1], SamplingParams()))
+    frames = gateway.recv()
+    assert [f.bytes for f in frames] == [ENGINE_CORE_DEAD]
+    thread.join(10)
+    assert exit_codes == [1]
+
+
+def test_output_thread_reuses_buffers_once_sent(gateway: Gateway) -> None:
+    proc, thread, _ = start(FakeCore(), gateway)
+    recv_ready(gateway)
+    for i in range(20):
+        gateway.send(RequestType.ADD, EngineCoreRequest(f"r{i}", [1, 2], SamplingParams()))
+    num_outputs = 0
+    while num_outputs < 40:
+        num_outputs += len(gateway.recv_outputs().outputs)
+    proc.is_running = False
+    thread.join(5)
+    # Far fewer buffers than messages: each went back to the pool after its send completed.
+    assert 1 <= len(proc.output_thread.free_buffers) < 10

@@ -1,0 +1,49 @@
+"""The real default model: our greedy tokens equal transformers' greedy tokens from the same GGUF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine_proc.config import EngineConfig
+from engine_proc.core import EngineCore
+from proto.engine_input import EngineCoreRequest, SamplingParams
+from service.tokenizer import Tokenizer
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences why the sky is blue.",
+    "List three prime numbers.",
+]
+MAX_NEW_TOKENS = 40
+
+
+@pytest.mark.real_model
+def test_greedy_tokens_equal_transformers(default_model_path: Path, hf_reference_model: object) -> None:
+    tokenizer = Tokenizer.from_model(default_model_path)
+    prompts = [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS
+    ]
+    expected = []
+    for prompt in prompts:
+        with torch.no_grad():
+            generated = hf_reference_model.generate(  # type: ignore[attr-defined]
+                torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
+            )
+        expected.append(generated[0, len(prompt):].tolist())
+
+    # All prompts in one batch: continuous batching must not change a greedy token.
+    core = EngineCore(EngineConfig(model_path=str(default_model_path), kv_cache_memory_gib=0.25, max_model_len=2048))
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
+        core.add_request(EngineCoreRequest(str(i), prompt, params))
+    ours: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    while core.has_work:
+        for output in core.step().outputs:
+            ours[output.request_id] += output.new_token_ids
+    assert [ours[str(i)] for i in range(len(prompts))] == expected
+    assert "Paris" in tokenizer.decode(ours["0"])

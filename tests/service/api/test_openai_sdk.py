@@ -1,0 +1,67 @@
+"""The official OpenAI Python SDK against a real server running the real default model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from service.model_registry import DEFAULT_MODEL
+from tests.server_process import ServerProcess, running_server
+
+pytestmark = pytest.mark.real_model
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server(default_model_path: object) -> Iterator[ServerProcess]:
+    with running_server(DEFAULT_MODEL, "--num-threads", "2") as server:
+        yield server
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_models_list(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == [DEFAULT_MODEL]
+
+
+def test_chat_non_streamed(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(model=DEFAULT_MODEL, messages=QUESTION, max_tokens=32)
+    assert "Paris" in (completion.choices[0].message.content or "")
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.usage is not None and 0 < completion.usage.completion_tokens <= 32
+
+
+def test_chat_streamed(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=QUESTION, max_tokens=32, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text
+    finish_reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish_reasons == ["stop"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_completions_non_streamed_and_streamed_agree(client: openai.OpenAI) -> None:
+    kwargs = {"model": DEFAULT_MODEL, "prompt": "The capital of France is", "max_tokens": 8}
+    whole = client.completions.create(**kwargs)  # type: ignore[call-overload]
+    assert "Paris" in whole.choices[0].text
+    assert whole.usage.completion_tokens == 8
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kwargs, stream=True))
+    assert streamed == whole.choices[0].text
+
+
+def test_sdk_errors(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=QUESTION)
+    with pytest.raises(openai.BadRequestError) as excinfo:
+        client.chat.completions.create(model=DEFAULT_MODEL, messages=QUESTION, temperature=-0.5)
+    assert "temperature" in str(excinfo.value)
