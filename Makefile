@@ -15,6 +15,7 @@ serve: $(VENV)/.installed
 	$(PY) -m service serve $(MODEL) --host $(HOST) --port $(PORT) $(ARGS)
 
 test: $(VENV)/.installed-test
+	$(PY) -m mypy
 	$(PY) -m pytest $(ARGS)
 
 install: $(VENV)/.installed

@@ -32,7 +32,8 @@ def _as_ndarray(obj: Any) -> np.ndarray | None:
         return obj
     # NOTE: duck-typed so that proto never imports torch.
     if type(obj).__name__ == "Tensor" and hasattr(obj, "numpy"):
-        return obj.detach().cpu().numpy()
+        array: np.ndarray = obj.detach().cpu().numpy()
+        return array
     return None
 
 
@@ -48,7 +49,8 @@ class MsgpackEncoder:
 
     def encode_into(self, obj: Any, buf: bytearray) -> list[Buffer]:
         """Encodes `obj` into the caller's reusable `buf`; returns `[buf, *aux_frames]`."""
-        self._aux_buffers = aux = [buf]
+        aux: list[Buffer] = [buf]
+        self._aux_buffers = aux
         try:
             packed = ormsgpack.packb(obj, default=self._default)
             buf[:] = packed
@@ -67,7 +69,7 @@ class MsgpackEncoder:
         if arr.nbytes < self.inline_threshold:
             return ormsgpack.Ext(INLINE_ARRAY_EXT, ormsgpack.packb((*header, arr.tobytes())))
         index = len(self._aux_buffers)
-        self._aux_buffers.append(memoryview(arr).cast("B"))
+        self._aux_buffers.append(arr.data.cast("B"))
         return ormsgpack.Ext(OOB_ARRAY_EXT, ormsgpack.packb((*header, index)))
 
 
@@ -92,13 +94,16 @@ class MsgpackDecoder(Generic[T]):
             raise ValueError(f"unknown msgpack extension {code}")
 
         raw = ormsgpack.unpackb(buffers[0], ext_hook=ext_hook)
-        return self._convert(raw)
+        message: T = self._convert(raw)
+        return message
 
 
 def _buffer_of(frame: Any) -> Buffer:
     # zmq.Frame (received with copy=False) exposes its memory as `.buffer`.
-    buffer = getattr(frame, "buffer", None)
-    return buffer if buffer is not None else frame
+    buffer: Buffer | None = getattr(frame, "buffer", None)
+    if buffer is None:
+        buffer = frame
+    return buffer
 
 
 def _identity(value: Any) -> Any:

@@ -38,7 +38,7 @@ def make_zmq_socket(
     """Makes a socket with no message limits and binds or connects it to `address`."""
     if not address.startswith(("ipc://", "tcp://", "inproc://")):
         raise ValueError(f"unsupported ZeroMQ address {address!r}: use ipc://, tcp:// or inproc://")
-    sock = ctx.socket(socket_type)
+    sock: zmq.Socket[Any] = ctx.socket(socket_type)
     # NOTE: no high-water marks: backpressure is the scheduler's job, not the socket's.
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)

@@ -7,7 +7,7 @@ import itertools
 import logging
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -35,10 +35,16 @@ class AsyncMPClient:
         self.socket_dir = tempfile.mkdtemp(prefix="zeroserve-")
         self.input_address = new_ipc_address(self.socket_dir)
         self.output_address = new_ipc_address(self.socket_dir)
-        self.input_socket = make_zmq_socket(self.ctx, self.input_address, zmq.ROUTER, bind=True, linger=0)
-        self.output_socket = make_zmq_socket(self.ctx, self.output_address, zmq.PULL, bind=True, linger=0)
+        self.input_socket: zmq.asyncio.Socket = cast(
+            zmq.asyncio.Socket,
+            make_zmq_socket(self.ctx, self.input_address, zmq.ROUTER, bind=True, linger=0),
+        )
+        self.output_socket: zmq.asyncio.Socket = cast(
+            zmq.asyncio.Socket,
+            make_zmq_socket(self.ctx, self.output_address, zmq.PULL, bind=True, linger=0),
+        )
         self.encoder = MsgpackEncoder()
-        self.outputs_decoder = MsgpackDecoder(EngineCoreOutputs)
+        self.outputs_decoder: MsgpackDecoder[EngineCoreOutputs] = MsgpackDecoder(EngineCoreOutputs)
         self.outputs_queue: asyncio.Queue[EngineCoreOutputs | BaseException] = asyncio.Queue()
         self.ready: EngineReady | None = None
         self.engine_identity = b""
@@ -62,7 +68,7 @@ class AsyncMPClient:
             recv.cancel()
             raise EngineDeadError("the engine process did not start; see its log above")
         identity, *frames = recv.result()
-        ready = MsgpackDecoder(EngineReady).decode(frames)
+        ready: EngineReady = MsgpackDecoder(EngineReady).decode(frames)
         if ready.protocol_version != PROTOCOL_VERSION:
             raise EngineDeadError(
                 f"engine speaks protocol {ready.protocol_version}, gateway {PROTOCOL_VERSION}"
