@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from service.api.errors import APIError, parse_body
 from service.api.protocol import ChatCompletionRequest
-from service.api.server_state import ServerState, new_request_id, now, usage
+from service.api.server_state import ServerState, collect, new_request_id, now, usage
 from service.api.sse import sse_response
 from service.outputs import RequestOutput
 
@@ -60,16 +60,12 @@ def _choice(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
 async def _response(
     outputs: AsyncIterator[RequestOutput], header: dict[str, Any], num_prompt_tokens: int
 ) -> dict[str, Any]:
-    text, num_tokens, finish_reason = [], 0, None
-    async for output in outputs:
-        completion = output.outputs[0]
-        text.append(completion.text)
-        num_tokens += len(completion.token_ids)
-        finish_reason = completion.finish_reason
-    message = {"role": "assistant", "content": "".join(text)}
+    whole = await collect(outputs)
+    message = {"role": "assistant", "content": whole.text}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": whole.finish_reason}
     return {
         **header,
         "object": "chat.completion",
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage(num_prompt_tokens, num_tokens),
+        "choices": [choice],
+        "usage": usage(num_prompt_tokens, whole.num_tokens),
     }

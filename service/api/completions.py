@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from service.api.errors import APIError, parse_body
 from service.api.protocol import CompletionRequest
-from service.api.server_state import ServerState, new_request_id, now, usage
+from service.api.server_state import ServerState, collect, new_request_id, now, usage
 from service.api.sse import sse_response
 from service.outputs import RequestOutput
 
@@ -54,14 +54,9 @@ async def _chunks(
 async def _response(
     outputs: AsyncIterator[RequestOutput], header: dict[str, Any], num_prompt_tokens: int
 ) -> dict[str, Any]:
-    text, num_tokens, finish_reason = [], 0, None
-    async for output in outputs:
-        completion = output.outputs[0]
-        text.append(completion.text)
-        num_tokens += len(completion.token_ids)
-        finish_reason = completion.finish_reason
+    whole = await collect(outputs)
     return {
         **header,
-        "choices": [_choice("".join(text), finish_reason)],
-        "usage": usage(num_prompt_tokens, num_tokens),
+        "choices": [_choice(whole.text, whole.finish_reason)],
+        "usage": usage(num_prompt_tokens, whole.num_tokens),
     }

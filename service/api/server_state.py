@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from proto.engine_input import SamplingParams
 from service.api.errors import APIError
@@ -61,6 +61,25 @@ class ServerState:
         except ValueError as exc:
             raise APIError(str(exc), param="prompt") from exc
         return self.llm.generate(request)
+
+
+class Collected(NamedTuple):
+    """A whole, non-streamed generation."""
+
+    text: str
+    num_tokens: int
+    finish_reason: str | None
+
+
+async def collect(outputs: AsyncIterator[RequestOutput]) -> Collected:
+    """Drains a request's deltas into its whole output."""
+    texts, num_tokens, finish_reason = [], 0, None
+    async for output in outputs:
+        completion = output.outputs[0]
+        texts.append(completion.text)
+        num_tokens += len(completion.token_ids)
+        finish_reason = completion.finish_reason
+    return Collected("".join(texts), num_tokens, finish_reason)
 
 
 def new_request_id(prefix: str) -> str:
