@@ -37,13 +37,17 @@ class EngineCore:
                 "tokens: raise the KV cache memory or lower max_model_len"
             )
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len),
-            KVCacheManager(num_blocks, config.block_size),
+            SchedulerConfig(
+                config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
+                config.scheduling_policy,
+            ),
+            KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching),
         )
         self._rejected: list[EngineCoreOutput] = []
         self._utilities: dict[str, Callable[..., Any]] = {
             "ping": lambda: "pong",
             "get_stats": self.get_stats,
+            "reset_prefix_cache": self.reset_prefix_cache,
         }
         logger.info(
             "engine %d ready in %.1fs: %d KV blocks of %d tokens, max_model_len %d",
@@ -104,6 +108,11 @@ class EngineCore:
         except Exception as exc:  # noqa: BLE001 - the error goes back to the caller
             return UtilityResult(call.call_id, error=f"{type(exc).__name__}: {exc}")
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets all cached prefixes (e.g. after new weights); running requests are unaffected."""
+        self.scheduler.kv_cache_manager.reset_prefix_cache()
+        return True
+
     def get_stats(self) -> dict[str, Any]:
         scheduler = self.scheduler
         return {
@@ -112,4 +121,5 @@ class EngineCore:
             "kv_cache_usage": scheduler.kv_cache_manager.usage,
             "num_free_blocks": scheduler.kv_cache_manager.num_free_blocks,
             "num_preemptions": scheduler.num_preemptions,
+            "prefix_cache_hit_rate": scheduler.kv_cache_manager.prefix_cache_hit_rate,
         }

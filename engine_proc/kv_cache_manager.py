@@ -1,53 +1,143 @@
-"""Paged KV cache bookkeeping: which blocks of the cache each request owns.
+"""Paged KV cache bookkeeping: which blocks of the cache each request owns, and which it shares.
 
-    cache (one tensor per layer)      request A: block_ids [3, 0]      request B: [1]
+    cache (one tensor per layer)      request A: block_ids [3, 0]      request B: [3, 1]
     ┌────────┬────────┬────────┬────────┬────────┐
     │ blk 0  │ blk 1  │ blk 2  │ blk 3  │ ...    │   token t of A lives in slot
-    │ A 16-31│ B 0-15 │ free   │ A 0-15 │        │   block_ids[t // 16] * 16 + t % 16
+    │ A 16-31│ B 16-31│ free   │ A,B 0-15│       │   block_ids[t // 16] * 16 + t % 16
     └────────┴────────┴────────┴────────┴────────┘
 
-Plain Python, no torch: the scheduler asks `can_allocate` then `allocate`, and `free`s
-finished requests' blocks at once.
+Prefix caching: every full block is indexed by a chained hash of the tokens up to its end
+(`block_hash`), so B, whose first 16 tokens equal A's, takes block 3 from the index (ref
+count 2) and computes only tokens 16 on. Freed blocks keep their hash until the pool hands
+them out again, least recently freed first.
+
+Plain Python, no torch: the scheduler asks `get_computed_blocks` for a new request's cached
+prefix, then `can_allocate` / `allocate`, and `free`s finished requests' blocks at once.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from typing import NamedTuple
 
+from engine_proc.block_hash import extend_block_hashes
+from engine_proc.block_pool import BlockPool, KVCacheBlock
 from engine_proc.request import Request
 
 
-class KVCacheManager:
-    """Hands out fixed-size cache blocks to requests."""
+class CachedPrefix(NamedTuple):
+    """The cached blocks a new request can reuse and how many of its tokens they hold."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.num_blocks = num_blocks
+    blocks: list[KVCacheBlock]
+    num_tokens: int
+
+
+NO_CACHED_PREFIX = CachedPrefix([], 0)
+
+
+class KVCacheManager:
+    """Hands out fixed-size cache blocks to requests, reusing cached prefixes."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         self.block_size = block_size
-        self._free_block_ids: deque[int] = deque(range(num_blocks))
+        self.enable_prefix_caching = enable_prefix_caching
+        self.block_pool = BlockPool(num_blocks)
+        # request id → how many of its blocks are indexed in the prefix cache.
+        self._num_hashed_blocks: dict[str, int] = {}
+        self.num_prefix_queries = 0
+        self.num_prefix_hits = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_pool.num_blocks
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_block_ids)
+        return self.block_pool.num_free_blocks
 
     @property
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks
 
-    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
-        num_tokens = request.num_computed_tokens + num_new_tokens
-        num_required = -(-num_tokens // self.block_size)
-        return max(0, num_required - len(request.block_ids))
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of queried prompt tokens found in the cache."""
+        return self.num_prefix_hits / self.num_prefix_queries if self.num_prefix_queries else 0.0
 
-    def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
-        return self.num_blocks_needed(request, num_new_tokens) <= self.num_free_blocks
+    def get_computed_blocks(self, request: Request) -> CachedPrefix:
+        """The longest run of cached full blocks that starts the request's tokens.
 
-    def allocate(self, request: Request, num_new_tokens: int) -> None:
-        """Gives `request` enough blocks to hold `num_new_tokens` more tokens."""
-        num_needed = self.num_blocks_needed(request, num_new_tokens)
-        if num_needed > self.num_free_blocks:
+        NOTE: at most `num_tokens - 1` tokens: the last one must be computed so it samples.
+        """
+        if not self.enable_prefix_caching:
+            return NO_CACHED_PREFIX
+        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        max_num_blocks = (request.num_tokens - 1) // self.block_size
+        blocks = []
+        for block_hash in request.block_hashes[:max_num_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return CachedPrefix(blocks, len(blocks) * self.block_size)
+
+    def num_blocks_needed(
+        self, request: Request, num_new_tokens: int, cached: CachedPrefix = NO_CACHED_PREFIX
+    ) -> int:
+        """Free-queue blocks that `allocate` would take, counting free cached blocks it revives."""
+        num_computed = request.num_computed_tokens + cached.num_tokens
+        num_required = -(-(num_computed + num_new_tokens) // self.block_size)
+        num_new_blocks = max(0, num_required - len(request.block_ids) - len(cached.blocks))
+        return num_new_blocks + sum(1 for block in cached.blocks if block.ref_cnt == 0)
+
+    def can_allocate(
+        self, request: Request, num_new_tokens: int, cached: CachedPrefix = NO_CACHED_PREFIX
+    ) -> bool:
+        return self.num_blocks_needed(request, num_new_tokens, cached) <= self.num_free_blocks
+
+    def allocate(
+        self, request: Request, num_new_tokens: int, cached: CachedPrefix = NO_CACHED_PREFIX
+    ) -> None:
+        """Gives `request` its cached prefix (if any) and enough blocks for `num_new_tokens` more.
+
+        The full blocks this step fills are indexed at once. NOTE: that is safe within the
+        step: the runner writes each layer's K/V for the whole batch before any attention reads.
+        """
+        if not self.can_allocate(request, num_new_tokens, cached):
             raise RuntimeError(f"out of KV cache blocks for request {request.request_id}")
-        request.block_ids.extend(self._free_block_ids.popleft() for _ in range(num_needed))
+        if not request.block_ids and self.enable_prefix_caching:
+            self.num_prefix_queries += request.num_tokens
+            self.num_prefix_hits += cached.num_tokens
+        if cached.blocks:
+            self.block_pool.touch(cached.blocks)
+            request.block_ids.extend(block.block_id for block in cached.blocks)
+            request.num_computed_tokens += cached.num_tokens
+            request.num_cached_tokens = cached.num_tokens
+        num_tokens = request.num_computed_tokens + num_new_tokens
+        num_new_blocks = -(-num_tokens // self.block_size) - len(request.block_ids)
+        if num_new_blocks > 0:
+            new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+            request.block_ids.extend(block.block_id for block in new_blocks)
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(request, num_tokens // self.block_size)
 
     def free(self, request: Request) -> None:
-        self._free_block_ids.extend(request.block_ids)
+        """Returns the request's blocks; the last ones go first in eviction order."""
+        blocks = self.block_pool.blocks
+        self.block_pool.free_blocks(blocks[block_id] for block_id in reversed(request.block_ids))
         request.block_ids = []
+        self._num_hashed_blocks.pop(request.request_id, None)
+
+    def reset_prefix_cache(self) -> None:
+        self.block_pool.reset_prefix_cache()
+        self.num_prefix_queries = self.num_prefix_hits = 0
+
+    def _cache_full_blocks(self, request: Request, num_full_blocks: int) -> None:
+        num_hashed = self._num_hashed_blocks.get(request.request_id, 0)
+        if num_full_blocks <= num_hashed:
+            return
+        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        num_full_blocks = min(num_full_blocks, len(request.block_hashes))
+        blocks = self.block_pool.blocks
+        for index in range(num_hashed, num_full_blocks):
+            self.block_pool.cache_block(blocks[request.block_ids[index]], request.block_hashes[index])
+        self._num_hashed_blocks[request.request_id] = num_full_blocks

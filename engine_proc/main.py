@@ -21,11 +21,19 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--kv-cache-memory", type=float, default=1.0, help="GiB for the KV cache")
+    parser.add_argument(
+        "--kv-cache-memory", type=float, default=None,
+        help="GiB for the KV cache (default: a share of free GPU memory, or of free RAM on the CPU)",
+    )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+        help="reuse the KV cache of shared prompt prefixes",
+    )
+    parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
     args = parser.parse_args(argv)
     return EngineConfig(
         model_path=args.model,
@@ -41,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_threads=args.num_threads,
+        enable_prefix_caching=args.enable_prefix_caching,
+        scheduling_policy=args.scheduling_policy,
     )
 
 

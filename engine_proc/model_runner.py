@@ -7,6 +7,7 @@ import torch
 
 from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan
 from engine_proc.config import EngineConfig
+from engine_proc.kv_cache_memory import num_kv_blocks
 from engine_proc.loader import load_model
 from engine_proc.request import Request
 from engine_proc.sampler import Sampler
@@ -31,7 +32,7 @@ class ModelRunner:
             2 * mc.num_hidden_layers * config.block_size * mc.num_key_value_heads * mc.head_dim
             * self.dtype.itemsize
         )
-        self.num_kv_blocks = max(1, int(config.kv_cache_memory_gib * 2**30) // bytes_per_block)
+        self.num_kv_blocks = num_kv_blocks(config.kv_cache_memory_gib, bytes_per_block, self.device)
         self.attention = PagedAttention(
             mc.num_hidden_layers,
             self.num_kv_blocks * config.block_size,

@@ -31,6 +31,9 @@ class Request:
         self.all_token_ids = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        # NOTE: chained hashes of the full blocks of `all_token_ids`, kept across preemptions.
+        self.block_hashes: list[bytes] = []
+        self.num_cached_tokens = 0
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
@@ -51,6 +54,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    @property
+    def sort_key(self) -> tuple[int, float]:
+        """Priority order: lower `priority` first, then earlier arrival."""
+        return self.priority, self.arrival_time
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

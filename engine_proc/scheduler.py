@@ -6,19 +6,21 @@ outputs so far) and `num_computed_tokens` (those with K/V in the cache); each st
 reaches its last known token samples one new token. A prompt longer than the budget is
 split across steps (chunked prefill) while decodes keep flowing.
 
-Order: running requests first (oldest first), then waiting ones (FCFS). When blocks run
-out for a running request, the newest running request is preempted: its blocks are
-freed and it goes back to the front of the waiting queue to be recomputed later.
+Order: running requests first, then waiting ones. Under the `fcfs` policy both go oldest
+first; under `priority` they go by (priority, arrival), lower values first. When blocks
+run out for a running request, the last running request in that order is preempted: its
+blocks are freed (they stay in the prefix cache) and it goes back to the waiting queue to
+be recomputed later. A newly admitted request starts from its cached prefix, if any.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from engine_proc.kv_cache_manager import KVCacheManager
 from engine_proc.request import Request, RequestStatus
+from engine_proc.request_queue import make_request_queue
 from proto.engine_output import EngineCoreOutput, FinishReason
 
 
@@ -56,6 +58,11 @@ class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    scheduling_policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
 
 
 class Scheduler:
@@ -65,7 +72,7 @@ class Scheduler:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.waiting = make_request_queue(config.scheduling_policy)
         self.running: list[Request] = []
         self.num_preemptions = 0
 
@@ -79,7 +86,7 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.add(request)
 
     def abort_requests(self, request_ids: list[str]) -> list[Request]:
         """Removes requests at once and frees their blocks; unknown ids are ignored."""
@@ -96,7 +103,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        # 1) Running requests, oldest first; preempt the newest when blocks run out.
+        # 1) Running requests in policy order; preempt the last when blocks run out.
+        if self.config.scheduling_policy == "priority":
+            self.running.sort(key=lambda request: request.sort_key)
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -114,12 +123,13 @@ class Scheduler:
             index += 1
         # 2) Waiting requests, in order, while the budget, the cap and the blocks allow.
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.kv_cache_manager.can_allocate(request, num_new):
+            request = self.waiting.peek()
+            cached = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = min(request.num_tokens - cached.num_tokens, budget)
+            if not self.kv_cache_manager.can_allocate(request, num_new, cached):
                 break
-            self.waiting.popleft()
-            self.kv_cache_manager.allocate(request, num_new)
+            self.waiting.pop()
+            self.kv_cache_manager.allocate(request, num_new, cached)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             output.scheduled.append(ScheduledRequest(request, num_new))
@@ -158,12 +168,12 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self.waiting.prepend(request)
 
     def _finish(self, request: Request) -> None:
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
-        elif request in self.waiting:
+        elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
         self.kv_cache_manager.free(request)

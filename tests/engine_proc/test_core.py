@@ -8,7 +8,7 @@ import pytest
 
 from engine_proc.config import EngineConfig
 from engine_proc.core import EngineCore
-from proto.engine_input import EngineCoreRequest, SamplingParams
+from proto.engine_input import EngineCoreRequest, SamplingParams, UtilityCall
 from proto.engine_output import FinishReason
 
 PROMPTS = [list(range(100 + i, 100 + i + n)) for i, n in enumerate([3, 17, 40, 5, 64, 1])]
@@ -58,3 +58,58 @@ def test_too_long_prompt_is_refused_without_stopping_the_engine(tiny_model_dir: 
     (output,) = core.step().outputs
     assert output.finish_reason is FinishReason.ERROR
     assert generate(core, [[1, 2, 3]], max_tokens=2)[0] != []
+
+
+def mixed_prompts(num_prompts: int, shared_prefix: list[int]) -> list[list[int]]:
+    """Prompts of 1 to ~90 tokens; every other one starts with `shared_prefix`."""
+    prompts = []
+    for i in range(num_prompts):
+        own = [(37 * i + 11 * j) % 4000 + 10 for j in range(1 + (i * 7) % 53)]
+        prompts.append(shared_prefix + own if i % 2 else own)
+    return prompts
+
+
+def generate_mixed(core: EngineCore, prompts: list[list[int]]) -> list[list[int]]:
+    """Greedy requests with output lengths of 1 to 24 tokens, all submitted at once."""
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(temperature=0.0, max_tokens=1 + (i * 5) % 24, ignore_eos=True)
+        core.add_request(EngineCoreRequest(str(i), prompt, params))
+    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    while core.has_work:
+        for output in core.step().outputs:
+            outputs[output.request_id] += output.new_token_ids
+    return [outputs[str(i)] for i in range(len(prompts))]
+
+
+def test_32_concurrent_mixed_requests_match_each_alone_with_and_without_prefix_caching(
+    tiny_model_dir: Path,
+) -> None:
+    prompts = mixed_prompts(32, shared_prefix=list(range(500, 540)))
+    solo_core = EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05,
+                                        enable_prefix_caching=False))
+    alone = []
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(temperature=0.0, max_tokens=1 + (i * 5) % 24, ignore_eos=True)
+        solo_core.add_request(EngineCoreRequest(str(i), prompt, params))
+        tokens: list[int] = []
+        while solo_core.has_work:
+            tokens += [t for output in solo_core.step().outputs for t in output.new_token_ids]
+        alone.append(tokens)
+    for is_caching in (False, True):
+        core = EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05,
+                                       max_num_batched_tokens=256, enable_prefix_caching=is_caching))
+        assert generate_mixed(core, prompts) == alone
+        manager = core.scheduler.kv_cache_manager
+        assert manager.num_free_blocks == manager.num_blocks
+        if is_caching:
+            assert manager.prefix_cache_hit_rate > 0
+            assert generate_mixed(core, prompts) == alone  # again, now mostly from the cache
+
+
+def test_reset_prefix_cache_utility(tiny_model_dir: Path) -> None:
+    core = EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05))
+    first = generate(core, [list(range(100, 150))], max_tokens=2)
+    assert core.scheduler.kv_cache_manager.block_pool.num_cached_blocks > 0
+    assert core.call_utility(UtilityCall(1, "reset_prefix_cache", [])).result is True
+    assert core.scheduler.kv_cache_manager.block_pool.num_cached_blocks == 0
+    assert generate(core, [list(range(100, 150))], max_tokens=2) == first

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 from engine_proc.kv_cache_manager import KVCacheManager
 from engine_proc.request import Request
-from engine_proc.scheduler import Scheduler, SchedulerConfig
+from engine_proc.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from proto.engine_output import FinishReason
 
@@ -12,14 +15,66 @@ EOS = 0
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 8,
-                   max_num_batched_tokens: int = 32, max_model_len: int = 128) -> Scheduler:
-    config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len)
-    return Scheduler(config, KVCacheManager(num_blocks, block_size))
+                   max_num_batched_tokens: int = 32, max_model_len: int = 128,
+                   scheduling_policy: str = "fcfs", enable_prefix_caching: bool = True) -> Scheduler:
+    config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, scheduling_policy)
+    return Scheduler(config, KVCacheManager(num_blocks, block_size, enable_prefix_caching))
 
 
-def make_request(request_id: str, num_prompt: int, max_tokens: int = 4) -> Request:
+def make_request(request_id: str, num_prompt: int | list[int], max_tokens: int = 4,
+                 priority: int = 0) -> Request:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=False)
-    return Request(EngineCoreRequest(request_id, list(range(1, num_prompt + 1)), params), (EOS,))
+    prompt = list(range(1, num_prompt + 1)) if isinstance(num_prompt, int) else num_prompt
+    return Request(EngineCoreRequest(request_id, prompt, params, priority=priority), (EOS,))
+
+
+class FakeModel:
+    """Stands in for the model: writes each token's K/V into its cache slot, checks that every
+    token a step attends to is in place, and samples a token determined by the whole context.
+
+    A slot holds a running hash of the tokens up to its position, which is what real K/V
+    depend on; so a wrong block table, a stale cached block or a bad recompute shows up as a
+    mismatch, and as different output tokens.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.slots: dict[int, int] = {}
+
+    def __call__(self, step: SchedulerOutput) -> list[int]:
+        spans = []
+        for request, num_new in step.scheduled:
+            prefix_hashes = list(itertools.accumulate(request.all_token_ids, lambda h, t: hash((h, t)), initial=0))[1:]
+            start = request.num_computed_tokens
+            spans.append((request, start + num_new, prefix_hashes))
+            for position in range(start, start + num_new):
+                self.slots[self._slot(request, position)] = prefix_hashes[position]
+        sampled = []
+        for request, end, prefix_hashes in spans:
+            for position in range(end):
+                assert self.slots[self._slot(request, position)] == prefix_hashes[position], request.request_id
+            if end == request.num_tokens:
+                sampled.append(prefix_hashes[end - 1] % 50 + 1)  # never EOS
+        return sampled
+
+    def _slot(self, request: Request, position: int) -> int:
+        return request.block_ids[position // self.block_size] * self.block_size + position % self.block_size
+
+
+def run_with_model(scheduler: Scheduler, model: FakeModel | None = None,
+                   max_steps: int = 10_000) -> dict[str, list[int]]:
+    """Steps with a FakeModel until every request is done; returns each request's outputs."""
+    model = model or FakeModel(scheduler.kv_cache_manager.block_size)
+    outputs: dict[str, list[int]] = {}
+    for _ in range(max_steps):
+        if not scheduler.has_unfinished_requests:
+            return outputs
+        step = scheduler.schedule()
+        assert step.num_scheduled_tokens <= scheduler.config.max_num_batched_tokens
+        assert len(step.scheduled) <= scheduler.config.max_num_seqs
+        for output in scheduler.update_from_output(step, model(step)):
+            outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
+    raise AssertionError("requests did not finish")
 
 
 def run_to_completion(scheduler: Scheduler, token: int = 7, max_steps: int = 1000) -> dict[str, list[int]]:
@@ -88,3 +143,103 @@ def test_preemption_when_blocks_run_out_and_everyone_still_finishes() -> None:
     assert outputs == {"a": [7] * 8, "b": [7] * 8}
     assert scheduler.num_preemptions >= 1
     assert scheduler.kv_cache_manager.num_free_blocks == 6
+
+
+def assert_no_block_leaked(scheduler: Scheduler) -> None:
+    manager = scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_blocks
+    assert all(block.ref_cnt == 0 for block in manager.block_pool.blocks)
+
+
+def test_second_request_with_a_cached_2000_token_prefix_computes_only_its_suffix() -> None:
+    scheduler = make_scheduler(num_blocks=512, block_size=16, max_num_batched_tokens=4096, max_model_len=4096)
+    model = FakeModel(block_size=16)
+    rng = random.Random(0)
+    prefix = [rng.randrange(1, 30_000) for _ in range(2000)]
+    scheduler.add_request(make_request("first", prefix + [11, 12, 13], max_tokens=3))
+    first_step = scheduler.schedule()
+    assert first_step.num_scheduled_tokens == 2003
+    scheduler.update_from_output(first_step, model(first_step))
+    run_with_model(scheduler, model)
+    scheduler.add_request(make_request("second", prefix + [21, 22, 23, 24, 25], max_tokens=3))
+    second_step = scheduler.schedule()
+    assert second_step.num_scheduled_tokens == 5  # 2000 = 125 full blocks of 16, all cached
+    assert second_step.scheduled[0].request.num_computed_tokens == 2000
+    scheduler.update_from_output(second_step, model(second_step))  # reads the cached prefix
+    run_with_model(scheduler, model)
+    assert_no_block_leaked(scheduler)
+
+
+def test_prefix_caching_does_not_change_outputs() -> None:
+    rng = random.Random(1)
+    shared = [rng.randrange(1, 1000) for _ in range(37)]
+    prompts = {f"r{i}": shared[: rng.randrange(10, 37)] + [rng.randrange(1, 1000) for _ in range(rng.randrange(1, 20))]
+               for i in range(12)}
+    results = []
+    for is_caching in (False, True):
+        scheduler = make_scheduler(num_blocks=200, max_num_batched_tokens=24, enable_prefix_caching=is_caching)
+        for request_id, prompt in prompts.items():
+            scheduler.add_request(make_request(request_id, prompt, max_tokens=6))
+        results.append(run_with_model(scheduler))
+        assert_no_block_leaked(scheduler)
+    assert results[0] == results[1]
+
+
+def test_preempted_requests_finish_later_with_the_outputs_they_get_alone() -> None:
+    rng = random.Random(2)
+    prompts = {f"r{i}": [rng.randrange(1, 1000) for _ in range(rng.randrange(3, 30))] for i in range(10)}
+    alone = {}
+    for request_id, prompt in prompts.items():
+        scheduler = make_scheduler(num_blocks=64)
+        scheduler.add_request(make_request(request_id, prompt, max_tokens=10))
+        alone.update(run_with_model(scheduler))
+    for is_caching in (False, True):
+        # 16 blocks of 4 tokens cannot hold ten requests of up to 40 tokens each.
+        scheduler = make_scheduler(num_blocks=16, max_num_batched_tokens=16, enable_prefix_caching=is_caching)
+        for request_id, prompt in prompts.items():
+            scheduler.add_request(make_request(request_id, prompt, max_tokens=10))
+        assert run_with_model(scheduler) == alone
+        assert scheduler.num_preemptions > 0
+        assert_no_block_leaked(scheduler)
+
+
+def test_priority_policy_serves_lower_values_first_and_ties_by_arrival() -> None:
+    scheduler = make_scheduler(max_num_seqs=1, scheduling_policy="priority")
+    for request_id, priority in [("late-low", 5), ("urgent", -1), ("normal-1", 0), ("normal-2", 0)]:
+        scheduler.add_request(make_request(request_id, 4, max_tokens=2, priority=priority))
+    finished = []
+    while scheduler.has_unfinished_requests:
+        step = scheduler.schedule()
+        outputs = scheduler.update_from_output(step, [7] * sum(s.is_sampling for s in step.scheduled))
+        finished += [output.request_id for output in outputs if output.is_finished]
+    assert finished == ["urgent", "normal-1", "normal-2", "late-low"]
+    assert_no_block_leaked(scheduler)
+
+
+def test_priority_policy_preempts_the_lowest_priority_request() -> None:
+    scheduler = make_scheduler(num_blocks=6, max_num_batched_tokens=64, scheduling_policy="priority")
+    scheduler.add_request(make_request("background", 8, max_tokens=8, priority=10))
+    scheduler.update_from_output(scheduler.schedule(), [7])
+    scheduler.add_request(make_request("interactive", 8, max_tokens=8, priority=0))
+    preempted = []
+    while scheduler.has_unfinished_requests:
+        step = scheduler.schedule()
+        preempted += [r.request_id for r in scheduler.waiting]
+        scheduler.update_from_output(step, [7] * sum(s.is_sampling for s in step.scheduled))
+    assert "background" in preempted and "interactive" not in preempted
+    assert_no_block_leaked(scheduler)
+
+
+def test_aborts_free_blocks_at_once() -> None:
+    scheduler = make_scheduler(num_blocks=10, max_num_seqs=2)
+    model = FakeModel(block_size=4)
+    for i in range(4):
+        scheduler.add_request(make_request(f"r{i}", 9, max_tokens=20))
+    step = scheduler.schedule()
+    scheduler.update_from_output(step, model(step))
+    assert scheduler.kv_cache_manager.num_free_blocks < 10
+    aborted = scheduler.abort_requests(["r0", "r1", "r3"])  # two running, one waiting
+    assert [r.finish_reason for r in aborted] == [FinishReason.ABORT] * 3
+    assert scheduler.kv_cache_manager.num_free_blocks == 10
+    assert run_with_model(scheduler, model).keys() == {"r2"}
+    assert_no_block_leaked(scheduler)

@@ -1,0 +1,46 @@
+"""How many KV cache blocks fit in the memory budget (given, or derived from free memory)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# NOTE: on a GPU the cache is the main tenant once the weights are loaded; on the CPU it
+# shares RAM with everything else, and zeroing many GiB slows start-up for little gain.
+_GPU_FREE_MEMORY_FRACTION = 0.9
+_CPU_FREE_MEMORY_FRACTION = 0.25
+_CPU_MAX_DEFAULT_BYTES = 4 * 2**30
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Free memory on `device`: the GPU's free memory, or the host's available RAM."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("MemAvailable missing from /proc/meminfo")
+
+
+def kv_cache_bytes(kv_cache_memory_gib: float | None, device: torch.device) -> int:
+    """The budget given in GiB, or a share of free memory when none is given."""
+    if kv_cache_memory_gib is not None:
+        return int(kv_cache_memory_gib * 2**30)
+    free = free_memory_bytes(device)
+    if device.type == "cuda":
+        return int(free * _GPU_FREE_MEMORY_FRACTION)
+    return min(int(free * _CPU_FREE_MEMORY_FRACTION), _CPU_MAX_DEFAULT_BYTES)
+
+
+def num_kv_blocks(kv_cache_memory_gib: float | None, bytes_per_block: int, device: torch.device) -> int:
+    budget = kv_cache_bytes(kv_cache_memory_gib, device)
+    num_blocks = budget // bytes_per_block
+    if num_blocks < 1:
+        raise ValueError(f"a KV cache budget of {budget} bytes holds no block of {bytes_per_block} bytes")
+    logger.info("KV cache: %.2f GiB, %d blocks", num_blocks * bytes_per_block / 2**30, num_blocks)
+    return num_blocks
