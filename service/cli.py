@@ -34,13 +34,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     serve.add_argument("--device", default="cpu", help="torch device of the engine (default: %(default)s)")
-    serve.add_argument("--kv-cache-memory", type=float, default=1.0, help="GiB for the KV cache (default: %(default)s)")
+    serve.add_argument(
+        "--kv-cache-memory", type=float, default=None,
+        help="GiB for the KV cache (default: a share of free GPU memory, or of free RAM on the CPU)",
+    )
     serve.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     serve.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one step (default: %(default)s)")
     serve.add_argument(
         "--max-num-batched-tokens", type=int, default=2048, help="token budget of one step (default: %(default)s)"
     )
     serve.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: all cores)")
+    serve.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+        help="reuse the KV cache of shared prompt prefixes (default: on)",
+    )
+    serve.add_argument(
+        "--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+        help="fcfs, or priority: lower `priority` values first, ties by arrival (default: %(default)s)",
+    )
     return parser
 
 
@@ -55,6 +66,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_threads=args.num_threads,
+        enable_prefix_caching=args.enable_prefix_caching,
+        scheduling_policy=args.scheduling_policy,
     )
     return GatewayConfig(
         model=args.model,

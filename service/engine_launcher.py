@@ -17,11 +17,13 @@ class EngineArgs:
     model_name: str
     dtype: str = "float32"
     device: str = "cpu"
-    kv_cache_memory_gib: float = 1.0
+    kv_cache_memory_gib: float | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     num_threads: int | None = None
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
 
     def to_argv(self, engine_index: int, input_address: str, output_address: str) -> list[str]:
         argv = [
@@ -32,10 +34,14 @@ class EngineArgs:
             "--output-address", output_address,
             "--dtype", self.dtype,
             "--device", self.device,
-            "--kv-cache-memory", str(self.kv_cache_memory_gib),
             "--max-num-seqs", str(self.max_num_seqs),
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--scheduling-policy", self.scheduling_policy,
         ]
+        if self.kv_cache_memory_gib is not None:
+            argv += ["--kv-cache-memory", str(self.kv_cache_memory_gib)]
+        if not self.enable_prefix_caching:
+            argv.append("--no-enable-prefix-caching")
         if self.max_model_len is not None:
             argv += ["--max-model-len", str(self.max_model_len)]
         if self.num_threads is not None:
