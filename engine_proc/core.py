@@ -9,7 +9,7 @@ from typing import Any
 
 from engine_proc.config import EngineConfig
 from engine_proc.kv_cache_manager import KVCacheManager
-from engine_proc.model_runner import ModelRunner
+from engine_proc.model_runner import ModelRunner, ModelRunnerOutput
 from engine_proc.request import Request
 from engine_proc.scheduler import Scheduler, SchedulerConfig
 from proto.engine_input import EngineCoreRequest, UtilityCall
@@ -89,12 +89,14 @@ class EngineCore:
         """Schedule → run → update; returns this step's new tokens."""
         outputs, self._rejected = self._rejected, []
         scheduler_output = self.scheduler.schedule()
+        runner_output = ModelRunnerOutput([], {})
         if not scheduler_output.is_empty:
-            sampled_token_ids = self.model_runner.execute_model(scheduler_output)
-            outputs += self.scheduler.update_from_output(scheduler_output, sampled_token_ids)
+            runner_output = self.model_runner.execute_model(scheduler_output)
+            outputs += self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids)
         for output in outputs:
             if output.is_finished:
                 self.model_runner.free_request(output.request_id)
+            output.new_logprobs = runner_output.logprobs.get(output.request_id)
         return EngineCoreOutputs(
             engine_index=self.config.engine_index, outputs=outputs, timestamp=time.time()
         )

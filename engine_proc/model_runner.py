@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -10,10 +12,19 @@ from engine_proc.config import EngineConfig
 from engine_proc.kv_cache_memory import num_kv_blocks
 from engine_proc.loader import load_model
 from engine_proc.request import Request
-from engine_proc.sampler import Sampler
+from engine_proc.sampler import Sampler, SamplerOutput
+from engine_proc.sampling_metadata import SamplingMetadata
 from engine_proc.scheduler import ScheduledRequest, SchedulerOutput
+from proto.engine_output import Logprobs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunnerOutput(NamedTuple):
+    """One token id per sampling request, in scheduler order, and the logprobs of those that asked."""
+
+    sampled_token_ids: list[int]
+    logprobs: dict[str, Logprobs]
 
 
 class ModelRunner:
@@ -45,8 +56,8 @@ class ModelRunner:
         self._generators: dict[str, torch.Generator] = {}
 
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput) -> list[int]:
-        """Returns one sampled token id per sampling request, in scheduler order."""
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Runs the step's forward and samples a token for each request that reached its end."""
         # NOTE: single-token sequences first, so decode attention is one batched call.
         order = sorted(scheduler_output.scheduled, key=lambda s: s.num_new_tokens != 1)
         input_ids, positions, metadata = self._prepare_inputs(order)
@@ -61,16 +72,30 @@ class ModelRunner:
                 sampling[id(scheduled)] = last_index - 1
         sampling_order = [s for s in scheduler_output.scheduled if s.is_sampling]
         if not sampling_order:
-            return []
+            return ModelRunnerOutput([], {})
         rows = torch.tensor([sampling[id(s)] for s in sampling_order], device=self.device)
         logits = self.model.compute_logits(hidden[rows])
         requests = [s.request for s in sampling_order]
-        token_ids = self.sampler(
-            logits,
-            [r.sampling_params for r in requests],
-            [self._generator_for(r) for r in requests],
+        sampler_output = self.sampler(logits, self._sampling_metadata(requests, logits.shape[-1]))
+        return ModelRunnerOutput(
+            sampler_output.token_ids.tolist(), _logprobs_by_request(requests, sampler_output)
         )
-        return token_ids.tolist()
+
+    def _sampling_metadata(self, requests: list[Request], vocab_size: int) -> SamplingMetadata:
+        generators = {}
+        for row, request in enumerate(requests):
+            generator = self._generator_for(request)
+            if generator is not None:
+                generators[row] = generator
+        return SamplingMetadata.build(
+            [r.sampling_params for r in requests],
+            [r.prompt_token_ids for r in requests],
+            [r.output_token_ids for r in requests],
+            [_banned_ids(r) for r in requests],
+            generators,
+            vocab_size,
+            self.device,
+        )
 
     def free_request(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
@@ -146,3 +171,27 @@ class ModelRunner:
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)
+
+
+def _banned_ids(request: Request) -> list[int]:
+    """The ids that would end the request before its min_tokens."""
+    params = request.sampling_params
+    if request.num_output_tokens >= params.min_tokens:
+        return []
+    eos_ids = [] if params.ignore_eos else list(request.eos_token_ids)
+    return eos_ids + list(params.stop_token_ids)
+
+
+def _logprobs_by_request(requests: list[Request], output: SamplerOutput) -> dict[str, Logprobs]:
+    if output.logprobs is None:
+        return {}
+    assert output.logprob_token_ids is not None and output.ranks is not None
+    token_ids, logprobs, ranks = output.logprob_token_ids.tolist(), output.logprobs.tolist(), output.ranks.tolist()
+    by_request = {}
+    for row, request in enumerate(requests):
+        num_top = request.sampling_params.num_logprobs
+        if num_top is not None:
+            by_request[request.request_id] = Logprobs(
+                [token_ids[row][: 1 + num_top]], [logprobs[row][: 1 + num_top]], [ranks[row]]
+            )
+    return by_request

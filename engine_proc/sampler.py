@@ -1,58 +1,112 @@
-"""Picks each sequence's next token from its logits, vectorized over the batch."""
+"""Picks each sequence's next token from its logits, vectorized over the batch.
+
+Order: logprobs of the raw logits (as vLLM reports them) → logit bias → bans (EOS and stop ids
+before min_tokens) → penalties → greedy argmax, or temperature → min_p → top_k → top_p → draw.
+"""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from proto.engine_input import SamplingParams
+from engine_proc.penalties import apply_penalties
+from engine_proc.sampling_metadata import SamplingMetadata
+
+
+class SamplerOutput(NamedTuple):
+    """The sampled ids and, when asked, each row's logprobs (sampled token first, then the top ones)."""
+
+    token_ids: torch.Tensor  # [num_seqs]
+    logprob_token_ids: torch.Tensor | None  # [num_seqs, 1 + max_num_logprobs]
+    logprobs: torch.Tensor | None  # [num_seqs, 1 + max_num_logprobs]
+    ranks: torch.Tensor | None  # [num_seqs], 1 for the most likely token
 
 
 class Sampler:
-    """Greedy, temperature, top-k and top-p sampling; seeded requests use their own generator."""
+    """Greedy and random sampling with every OpenAI/vLLM knob; seeded rows use their own generator."""
 
-    def __call__(
-        self,
-        logits: torch.Tensor,
-        params: list[SamplingParams],
-        generators: list[torch.Generator | None],
-    ) -> torch.Tensor:
-        """logits [num_seqs, vocab] float32 → token ids [num_seqs]."""
-        greedy_ids = logits.argmax(dim=-1)
-        if all(p.is_greedy for p in params):
-            return greedy_ids
-        device = logits.device
-        temperature = torch.tensor(
-            [p.temperature if not p.is_greedy else 1.0 for p in params], device=device
-        )
-        logits = logits / temperature.unsqueeze(1)
-        if any(p.top_k is not None for p in params):
-            logits = _apply_top_k(logits, [p.top_k for p in params])
-        if any(p.top_p < 1.0 for p in params):
-            top_p = torch.tensor([p.top_p for p in params], device=device)
-            logits = _apply_top_p(logits, top_p)
-        probs = logits.softmax(dim=-1)
-        # NOTE: argmax(p / E) with E ~ Exp(1) draws from p (the exponential race), which lets
-        # each seeded row draw its noise from its own generator.
-        noise = torch.empty_like(probs).exponential_()
-        for row, generator in enumerate(generators):
-            if generator is not None:
-                noise[row].exponential_(generator=generator)
-        sampled_ids = (probs / noise).argmax(dim=-1)
-        is_greedy = torch.tensor([p.is_greedy for p in params], device=device)
-        return torch.where(is_greedy, greedy_ids, sampled_ids)
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """logits [num_seqs, vocab] float32 → one token id per row."""
+        logits = logits.float()
+        raw_logprobs = logits.log_softmax(dim=-1) if metadata.max_num_logprobs is not None else None
+        logits = _apply_bias_and_bans(logits, metadata)
+        if metadata.output_token_ids is not None:
+            assert metadata.presence_penalty is not None and metadata.frequency_penalty is not None
+            assert metadata.repetition_penalty is not None
+            logits = apply_penalties(
+                logits, metadata.output_token_ids, metadata.prompt_token_ids,
+                metadata.presence_penalty, metadata.frequency_penalty, metadata.repetition_penalty,
+            )
+        token_ids = logits.argmax(dim=-1)
+        if not metadata.is_all_greedy:
+            sampled_ids = _sample(logits, metadata)
+            token_ids = torch.where(metadata.is_greedy, token_ids, sampled_ids)
+        if raw_logprobs is None:
+            return SamplerOutput(token_ids, None, None, None)
+        assert metadata.max_num_logprobs is not None
+        return _gather_logprobs(raw_logprobs, token_ids, metadata.max_num_logprobs)
 
 
-def _apply_top_k(logits: torch.Tensor, top_ks: list[int | None]) -> torch.Tensor:
-    vocab_size = logits.shape[-1]
-    k = torch.tensor([min(k or vocab_size, vocab_size) for k in top_ks], device=logits.device)
-    kth_largest = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
+def _apply_bias_and_bans(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    if metadata.logit_bias is not None:
+        rows, token_ids, biases = metadata.logit_bias
+        logits = logits.index_put((rows, token_ids), biases, accumulate=True)
+    if metadata.banned is not None:
+        rows, token_ids = metadata.banned
+        logits = logits.index_put((rows, token_ids), torch.tensor(float("-inf"), device=logits.device))
+    return logits
+
+
+def _sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    logits = logits / metadata.temperature.unsqueeze(1)
+    if metadata.min_p is not None:
+        logits = apply_min_p(logits, metadata.min_p)
+    if metadata.top_k is not None:
+        logits = apply_top_k(logits, metadata.top_k)
+    if metadata.top_p is not None:
+        logits = apply_top_p(logits, metadata.top_p)
+    probs = logits.softmax(dim=-1)
+    # NOTE: argmax(p / E) with E ~ Exp(1) draws from p (the exponential race), which lets
+    # each seeded row draw its noise from its own generator.
+    noise = torch.empty_like(probs).exponential_()
+    for row, generator in metadata.generators.items():
+        noise[row].exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drops tokens less likely than min_p times the most likely one."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Keeps each row's top_k highest logits (ties at the k-th value stay)."""
+    max_k = int(top_k.max())
+    top_values = logits.topk(max_k, dim=-1).values
+    kth_largest = top_values.gather(1, (top_k - 1).unsqueeze(1))
     return logits.masked_fill(logits < kth_largest, float("-inf"))
 
 
-def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keeps the smallest set of most likely tokens whose mass reaches top_p."""
     sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True)
     sorted_probs = sorted_logits.softmax(dim=-1)
     # Drop a token when the tokens ranked above it already reach top_p.
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     sorted_logits = sorted_logits.masked_fill(mass_before >= top_p.unsqueeze(1), float("-inf"))
     return torch.empty_like(logits).scatter_(1, sorted_ids, sorted_logits)
+
+
+def _gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> SamplerOutput:
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1))
+    ranks = (logprobs > chosen).sum(dim=-1) + 1
+    top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (chosen[:, :0], token_ids[:, None][:, :0])
+    return SamplerOutput(
+        token_ids,
+        torch.cat([token_ids.unsqueeze(1), top_ids], dim=1),
+        torch.cat([chosen, top_values], dim=1),
+        ranks,
+    )

@@ -23,6 +23,20 @@ class FinishReason(enum.IntEnum):
 
 
 @dataclass(slots=True)
+class Logprobs:
+    """Per position: the chosen token first, then the top ones; `ranks` is the chosen token's rank."""
+
+    token_ids: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+
+    def extend(self, later: Logprobs) -> None:
+        self.token_ids.extend(later.token_ids)
+        self.logprobs.extend(later.logprobs)
+        self.ranks.extend(later.ranks)
+
+
+@dataclass(slots=True)
 class EngineCoreOutput:
     """The new tokens of one request in one step."""
 
@@ -31,6 +45,8 @@ class EngineCoreOutput:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    new_logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
 
     @property
     def is_finished(self) -> bool:
