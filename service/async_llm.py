@@ -13,6 +13,7 @@ from service.engine_launcher import EngineArgs
 from service.input_processor import InputProcessor
 from service.output_processor import OutputProcessor, RequestOutputCollector
 from service.outputs import RequestOutput
+from service.stop_checker import StopChecker
 from service.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -46,14 +47,14 @@ class AsyncLLM:
         return self.engine_client.is_dead
 
     async def add_request(
-        self, request: EngineCoreRequest, prompt: str | None = None
+        self, request: EngineCoreRequest, prompt: str | None = None, stop_checker: StopChecker | None = None
     ) -> RequestOutputCollector:
         """Registers the request's collector, then sends it to the engine."""
         if self.is_dead:
             raise EngineDeadError("engine is dead")
         collector = RequestOutputCollector()
         self.output_processor.add_request(
-            request.request_id, prompt, request.prompt_token_ids, collector
+            request.request_id, prompt, request.prompt_token_ids, collector, stop_checker
         )
         try:
             await self.engine_client.add_request_async(request)
@@ -63,10 +64,10 @@ class AsyncLLM:
         return collector
 
     async def generate(
-        self, request: EngineCoreRequest, prompt: str | None = None
+        self, request: EngineCoreRequest, prompt: str | None = None, stop_checker: StopChecker | None = None
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yields the request's output deltas; cancelling it aborts the request in the engine."""
-        collector = await self.add_request(request, prompt)
+        collector = await self.add_request(request, prompt, stop_checker)
         try:
             finished = False
             while not finished:
@@ -88,7 +89,9 @@ class AsyncLLM:
         try:
             while True:
                 outputs = await self.engine_client.get_output_async()
-                self.output_processor.process_outputs(outputs.outputs)
+                request_ids_to_abort = self.output_processor.process_outputs(outputs.outputs)
+                if request_ids_to_abort:
+                    await self.engine_client.abort_requests_async(request_ids_to_abort)
         except EngineDeadError as error:
             self.output_processor.propagate_error(error)
         except Exception as error:  # noqa: BLE001 - a bug here must not hang every stream

@@ -21,8 +21,19 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
 
-    def render_chat(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> str:
-        return self.tokenizer.apply_chat_template(messages, **template_kwargs)
+    def render_chat(
+        self, messages: list[dict[str, Any]], continue_final_message: bool = False, **template_kwargs: Any
+    ) -> str:
+        """The chat's prompt text; `continue_final_message` cuts it right after the last message's
+        content, so generation continues that message (as transformers does)."""
+        prompt = self.tokenizer.apply_chat_template(messages, **template_kwargs)
+        if continue_final_message:
+            final = str(messages[-1]["content"]).strip()
+            end = prompt.rfind(final)
+            if not final or end == -1:
+                raise ValueError("the final message's content is not in the rendered prompt")
+            prompt = prompt[: end + len(final)]
+        return prompt
 
     def tokenize(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=True)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-
-from proto.engine_output import EngineCoreOutput
+from proto.engine_output import EngineCoreOutput, FinishReason
 from service.detokenizer import IncrementalDetokenizer
 from service.outputs import CompletionOutput, RequestOutput
+from service.stop_checker import StopChecker
 from service.tokenizer import Tokenizer
 
 
@@ -50,25 +50,34 @@ class RequestState:
         prompt: str | None,
         prompt_token_ids: list[int],
         detokenizer: IncrementalDetokenizer,
+        stop_checker: StopChecker,
         collector: RequestOutputCollector,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.detokenizer = detokenizer
+        self.stop_checker = stop_checker
         self.collector = collector
         self.num_output_tokens = 0
 
     def make_output(self, engine_output: EngineCoreOutput) -> RequestOutput:
-        text = self.detokenizer.update(engine_output.new_token_ids)
+        check = self.stop_checker.update(self.detokenizer.update(engine_output.new_token_ids))
+        text = check.text
         self.num_output_tokens += len(engine_output.new_token_ids)
-        finish_reason = engine_output.finish_reason
+        finish_reason: FinishReason | None = engine_output.finish_reason
+        stop_reason = engine_output.stop_reason
+        if check.stop_str is not None:
+            finish_reason, stop_reason = FinishReason.STOP, check.stop_str
+        elif finish_reason is not None:
+            text += self.stop_checker.flush()
         completion = CompletionOutput(
             index=0,
             text=text,
             token_ids=list(engine_output.new_token_ids),
             finish_reason=None if finish_reason is None else str(finish_reason),
-            stop_reason=engine_output.stop_reason,
+            stop_reason=stop_reason,
+            logprobs=engine_output.new_logprobs,
         )
         return RequestOutput(
             self.request_id,
@@ -97,19 +106,23 @@ class OutputProcessor:
         prompt: str | None,
         prompt_token_ids: list[int],
         collector: RequestOutputCollector,
+        stop_checker: StopChecker | None = None,
     ) -> None:
         if request_id in self.request_states:
             raise ValueError(f"request id {request_id!r} is already in flight")
         detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
         self.request_states[request_id] = RequestState(
-            request_id, prompt, prompt_token_ids, detokenizer, collector
+            request_id, prompt, prompt_token_ids, detokenizer, stop_checker or StopChecker(()), collector
         )
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             self.request_states.pop(request_id, None)
 
-    def process_outputs(self, engine_outputs: list[EngineCoreOutput]) -> None:
+    def process_outputs(self, engine_outputs: list[EngineCoreOutput]) -> list[str]:
+        """Routes the outputs; returns the ids of requests a stop string ended here, which the
+        engine is still running and must abort."""
+        request_ids_to_abort = []
         for engine_output in engine_outputs:
             state = self.request_states.get(engine_output.request_id)
             if state is None:
@@ -117,7 +130,10 @@ class OutputProcessor:
             output = state.make_output(engine_output)
             if output.finished:
                 del self.request_states[state.request_id]
+                if not engine_output.is_finished:
+                    request_ids_to_abort.append(state.request_id)
             state.collector.put(output)
+        return request_ids_to_abort
 
     def propagate_error(self, error: BaseException) -> None:
         """Ends every request in flight with `error` (the engine is gone)."""

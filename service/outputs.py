@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from proto.engine_output import Logprobs
+
 
 @dataclass
 class CompletionOutput:
@@ -14,6 +16,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    logprobs: Logprobs | None = None
 
 
 @dataclass
@@ -34,4 +37,6 @@ class RequestOutput:
             mine.token_ids.extend(theirs.token_ids)
             mine.finish_reason = theirs.finish_reason
             mine.stop_reason = theirs.stop_reason
+            if mine.logprobs is not None and theirs.logprobs is not None:
+                mine.logprobs.extend(theirs.logprobs)
         self.finished = later.finished

@@ -14,6 +14,7 @@ from service.api.chat_completions import create_chat_completion
 from service.api.completions import create_completion
 from service.api.errors import APIError, error_response
 from service.api.server_state import ServerState, now
+from service.api.tokenize import detokenize, tokenize
 from service.core_client import EngineDeadError
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ def create_app(state: ServerState) -> Starlette:
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
             Route("/v1/completions", create_completion, methods=["POST"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
         ],
         exception_handlers={
             APIError: _api_error,

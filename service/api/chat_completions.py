@@ -8,64 +8,105 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from service.api.choice_accumulator import collect
 from service.api.errors import APIError, parse_body
+from service.api.logprobs_format import chat_logprobs
 from service.api.protocol import ChatCompletionRequest
-from service.api.server_state import ServerState, collect, new_request_id, now, usage
+from service.api.server_state import ServerState, new_request_id, now, usage
 from service.api.sse import sse_response
 from service.outputs import RequestOutput
+from service.tokenizer import Tokenizer
 
 
 async def create_chat_completion(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    body = await parse_body(request, ChatCompletionRequest)
-    model = state.model_name(body)
+    body = await parse_body(request, ChatCompletionRequest, state.max_request_body_bytes)
+    model = state.model_name(body.model)
+    body.check_supported()
+    template_kwargs = {**(body.chat_template_kwargs or {})}
+    if body.tools and body.tool_choice != "none":
+        template_kwargs.setdefault("tools", body.tools)
     try:
         prompt = state.llm.input_processor.render_chat(
             [m.to_template_dict() for m in body.messages],
             add_generation_prompt=body.add_generation_prompt,
-            **(body.chat_template_kwargs or {}),
+            continue_final_message=body.continue_final_message,
+            **template_kwargs,
         )
     except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
         raise APIError(f"The messages could not be rendered by the chat template: {exc}", param="messages") from exc
     prompt_token_ids = state.llm.tokenizer.encode(prompt)
     params = state.sampling_params(body, prompt_token_ids, body.requested_max_tokens)
     request_id = new_request_id("chatcmpl")
-    outputs = state.generate(request_id, prompt_token_ids, params, body.priority)
+    outputs = state.generate(request_id, [prompt_token_ids], params, body)
     header = {"id": request_id, "created": now(), "model": model}
+    tokenizer = state.llm.tokenizer
     if body.stream:
-        return sse_response(_chunks(outputs, header, len(prompt_token_ids), body.include_usage))
-    return JSONResponse(await _response(outputs, header, len(prompt_token_ids)))
+        return sse_response(_chunks(outputs, header, tokenizer, len(prompt_token_ids), body))
+    return JSONResponse(await _response(outputs, header, tokenizer, len(prompt_token_ids), body.n))
 
 
 async def _chunks(
-    outputs: AsyncIterator[RequestOutput], header: dict[str, Any], num_prompt_tokens: int, include_usage: bool
+    outputs: AsyncIterator[tuple[int, RequestOutput]],
+    header: dict[str, Any],
+    tokenizer: Tokenizer,
+    num_prompt_tokens: int,
+    body: ChatCompletionRequest,
 ) -> AsyncIterator[dict[str, Any]]:
     header = {**header, "object": "chat.completion.chunk"}
-    yield {**header, "choices": [_choice({"role": "assistant", "content": ""}, None)]}
     num_tokens = 0
-    async for output in outputs:
+
+    def chunk(choice: dict[str, Any]) -> dict[str, Any]:
+        if body.continuous_usage_stats:
+            return {**header, "choices": [choice], "usage": usage(num_prompt_tokens, num_tokens)}
+        return {**header, "choices": [choice]}
+
+    for index in range(body.n):
+        yield chunk(_choice(index, {"role": "assistant", "content": ""}))
+    async for index, output in outputs:
         completion = output.outputs[0]
         num_tokens += len(completion.token_ids)
-        if completion.text or completion.finish_reason is not None:
+        if completion.text or completion.finish_reason is not None or completion.logprobs is not None:
             delta = {"content": completion.text} if completion.text else {}
-            yield {**header, "choices": [_choice(delta, completion.finish_reason)]}
-    if include_usage:
+            logprobs = chat_logprobs(tokenizer, completion.logprobs)
+            yield chunk(_choice(index, delta, logprobs, completion.finish_reason, completion.stop_reason))
+    if body.include_usage:
         yield {**header, "choices": [], "usage": usage(num_prompt_tokens, num_tokens)}
 
 
-def _choice(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def _choice(
+    index: int,
+    delta: dict[str, Any],
+    logprobs: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
+    stop_reason: int | str | None = None,
+) -> dict[str, Any]:
+    return {
+        "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
+    }
 
 
 async def _response(
-    outputs: AsyncIterator[RequestOutput], header: dict[str, Any], num_prompt_tokens: int
+    outputs: AsyncIterator[tuple[int, RequestOutput]],
+    header: dict[str, Any],
+    tokenizer: Tokenizer,
+    num_prompt_tokens: int,
+    num_choices: int,
 ) -> dict[str, Any]:
-    whole = await collect(outputs)
-    message = {"role": "assistant", "content": whole.text}
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": whole.finish_reason}
+    choices = await collect(outputs, num_choices)
     return {
         **header,
         "object": "chat.completion",
-        "choices": [choice],
-        "usage": usage(num_prompt_tokens, whole.num_tokens),
+        "choices": [
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": choice.text},
+                "logprobs": chat_logprobs(tokenizer, choice.logprobs),
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
+            }
+            for index, choice in enumerate(choices)
+        ],
+        "usage": usage(num_prompt_tokens, sum(c.num_tokens for c in choices)),
     }

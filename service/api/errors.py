@@ -45,9 +45,27 @@ def error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.to_dict(), status_code=error.status_code)
 
 
-async def parse_body(request: Request, model: type[M]) -> M:
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The raw body, or a 413 as soon as it is known to exceed `max_bytes` (before parsing)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(max_bytes)
+    chunks, num_bytes = [], 0
+    async for chunk in request.stream():
+        num_bytes += len(chunk)
+        if num_bytes > max_bytes:
+            raise _too_large(max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(max_bytes: int) -> APIError:
+    return APIError(f"The request body is larger than {max_bytes} bytes.", 413, code="request_too_large")
+
+
+async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
     """Reads and validates a JSON body; every problem is a 400 naming the parameter."""
-    raw = await request.body()
+    raw = await read_body(request, max_bytes)
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -58,5 +76,13 @@ async def parse_body(request: Request, model: type[M]) -> M:
         return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
+        param = ".".join(str(part) for part in first["loc"] if not _is_type_tag(part)) or None
         raise APIError(f"Invalid value for '{param}': {first['msg']}", param=param) from exc
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_type_tag(part: int | str) -> bool:
+    """True for the union-member names pydantic puts in an error's location (`stop.list[str]`)."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "(" in part)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proto.engine_input import SamplingParams
 from service.api.errors import APIError
+
+MAX_LOGPROBS = 20
+_INT64 = 2**63
 
 
 class OpenAIModel(BaseModel):
@@ -17,15 +20,22 @@ class OpenAIModel(BaseModel):
 
 
 class StreamOptions(OpenAIModel):
+    """What a stream carries besides the choices."""
+
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class TextPart(OpenAIModel):
+    """A text part of a message's content."""
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(OpenAIModel):
+    """One chat message; extra fields (tool_call_id, tool_calls, name) reach the template."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
 
@@ -33,7 +43,8 @@ class ChatMessage(OpenAIModel):
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        role = "system" if self.role == "developer" else self.role
+        return {**(self.model_extra or {}), "role": role, "content": content or ""}
 
 
 class SamplingRequest(OpenAIModel):
@@ -45,75 +56,128 @@ class SamplingRequest(OpenAIModel):
     temperature: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
-    seed: int | None = None
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(default=None, ge=-_INT64, lt=_INT64)
     n: int = Field(default=1, ge=1)
+    best_of: int | None = None
+    min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     priority: int = 0
 
-    def unsupported_params(self) -> list[str]:
-        """Parameters given with a value this server cannot honour yet."""
-        names = []
-        if self.n != 1:
-            names.append("n")
-        if self.stop:
-            names.append("stop")
-        if self.presence_penalty:
-            names.append("presence_penalty")
-        if self.frequency_penalty:
-            names.append("frequency_penalty")
-        if self.logit_bias:
-            names.append("logit_bias")
-        return names
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.lstrip("-").isdigit() or int(key) < 0:
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must be in [-100, 100], got {bias}")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _check_stop_token_ids(cls, value: list[int] | None) -> list[int] | None:
+        if any(token_id < 0 for token_id in value or []):
+            raise ValueError("token ids must be >= 0")
+        return value
 
     def check_supported(self) -> None:
-        names = self.unsupported_params()
-        if names:
-            raise APIError(f"'{names[0]}' is not supported by this server yet.", param=names[0])
+        """Raises a 400 naming the first parameter given with a value this server cannot honour."""
+        if self.best_of is not None and self.best_of > 1:
+            raise APIError("'best_of' is not supported by this server; use 'n'.", param="best_of")
+        if self.prompt_logprobs is not None:
+            raise APIError("'prompt_logprobs' is not supported by this server yet.", param="prompt_logprobs")
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return None
 
     def to_sampling_params(self, max_tokens: int, defaults: dict[str, float]) -> SamplingParams:
         """The request's values, else the model's generation defaults, else OpenAI's."""
         temperature = self.temperature if self.temperature is not None else defaults.get("temperature", 1.0)
         top_p = self.top_p if self.top_p is not None else defaults.get("top_p", 1.0)
         top_k = self.top_k if self.top_k is not None else int(defaults.get("top_k", -1))
+        min_p = self.min_p if self.min_p is not None else defaults.get("min_p", 0.0)
         return SamplingParams(
             temperature=temperature,
             top_p=top_p,
             top_k=None if top_k in (-1, 0) else top_k,
+            min_p=min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=[(int(k), v) for k, v in (self.logit_bias or {}).items()],
             seed=self.seed,
             max_tokens=max_tokens,
+            min_tokens=min(self.min_tokens, max_tokens),
             ignore_eos=self.ignore_eos,
             stop_token_ids=list(self.stop_token_ids or []),
+            num_logprobs=self.num_logprobs,
         )
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def continuous_usage_stats(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
 
 class ChatCompletionRequest(SamplingRequest):
+    """POST /v1/chat/completions."""
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
-    def unsupported_params(self) -> list[str]:
-        names = super().unsupported_params()
-        if self.logprobs:
-            names.append("logprobs")
-        if self.tools:
-            names.append("tools")
-        if self.response_format and self.response_format.get("type") != "text":
-            names.append("response_format")
-        return names
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tools and self.tool_choice not in (None, "auto", "none"):
+            raise APIError(
+                "'tool_choice' other than 'auto' or 'none' is not supported: this server does not "
+                "force tool calls.", param="tool_choice",
+            )
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise APIError(
+                "Only 'response_format' {\"type\": \"text\"} is supported.", param="response_format"
+            )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError("'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise APIError(
+                "'continue_final_message' needs 'add_generation_prompt' set to false.",
+                param="continue_final_message",
+            )
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise APIError(
+                "'continue_final_message' needs the last message to be the assistant's.",
+                param="continue_final_message",
+            )
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -121,16 +185,34 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[int] = Field(min_length=1)
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
-    best_of: int | None = None
 
-    def unsupported_params(self) -> list[str]:
-        names = super().unsupported_params()
-        for name in ("echo", "logprobs", "suffix", "best_of"):
-            if getattr(self, name) not in (None, False) and not (name == "best_of" and self.best_of == 1):
-                names.append(name)
-        return names
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.suffix:
+            raise APIError("'suffix' is not supported by this server.", param="suffix")
+        if self.echo and self.logprobs is not None:
+            raise APIError(
+                "'echo' with 'logprobs' needs prompt logprobs, not supported by this server yet.",
+                param="echo",
+            )
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: its text or its token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if prompt and all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]

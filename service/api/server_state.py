@@ -1,11 +1,11 @@
-"""What every route needs: the engine client and the names the model is served under."""
+"""What every route needs: the engine client, the served names, and request fan-out."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from proto.engine_input import SamplingParams
 from service.api.errors import APIError
@@ -13,6 +13,11 @@ from service.api.protocol import SamplingRequest
 from service.async_llm import AsyncLLM
 from service.input_processor import PromptTooLongError
 from service.outputs import RequestOutput
+from service.parallel_sampling import ParentRequest, merge_streams
+from service.stop_checker import StopChecker
+
+DEFAULT_MAX_N = 16
+DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
 
 
 class ServerState:
@@ -23,26 +28,39 @@ class ServerState:
         llm: AsyncLLM,
         served_model_names: list[str],
         generation_defaults: dict[str, float] | None = None,
+        max_n: int = DEFAULT_MAX_N,
+        max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     ) -> None:
         self.llm = llm
         self.served_model_names = served_model_names
         self.generation_defaults = generation_defaults or {}
+        self.max_n = max_n
+        self.max_request_body_bytes = max_request_body_bytes
 
-    def model_name(self, body: SamplingRequest) -> str:
+    def model_name(self, model: str | None) -> str:
         """The served name the request asks for (the first one when it names none)."""
-        if body.model is None or body.model == "":
+        if model is None or model == "":
             return self.served_model_names[0]
-        if body.model not in self.served_model_names:
+        if model not in self.served_model_names:
             raise APIError(
-                f"The model '{body.model}' does not exist. Served: {', '.join(self.served_model_names)}.",
+                f"The model '{model}' does not exist. Served: {', '.join(self.served_model_names)}.",
                 status_code=404,
                 param="model",
                 code="model_not_found",
             )
-        return body.model
+        return model
 
-    def sampling_params(self, body: SamplingRequest, prompt_token_ids: list[int], max_tokens: int | None) -> SamplingParams:
+    def sampling_params(
+        self, body: SamplingRequest, prompt_token_ids: list[int], max_tokens: int | None
+    ) -> SamplingParams:
         body.check_supported()
+        if body.n > self.max_n:
+            raise APIError(f"'n' must be at most {self.max_n}, got {body.n}.", param="n")
+        vocab_size = self.llm.input_processor.vocab_size
+        if any(not int(k) < vocab_size for k in body.logit_bias or {}):
+            raise APIError(f"'logit_bias' keys must be token ids below {vocab_size}.", param="logit_bias")
+        if any(not t < vocab_size for t in body.stop_token_ids or []):
+            raise APIError(f"'stop_token_ids' must be below {vocab_size}.", param="stop_token_ids")
         if max_tokens is None:
             max_tokens = self.llm.input_processor.default_max_tokens(prompt_token_ids)
         try:
@@ -51,35 +69,30 @@ class ServerState:
             raise APIError(str(exc)) from exc
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, priority: int
-    ) -> AsyncIterator[RequestOutput]:
-        """Validates the request now (a 400 before any streaming), then streams its outputs."""
-        try:
-            request = self.llm.input_processor.process(request_id, prompt_token_ids, params, priority)
-        except PromptTooLongError as exc:
-            raise APIError(str(exc), param="max_tokens") from exc
-        except ValueError as exc:
-            raise APIError(str(exc), param="prompt") from exc
-        return self.llm.generate(request)
-
-
-class Collected(NamedTuple):
-    """A whole, non-streamed generation."""
-
-    text: str
-    num_tokens: int
-    finish_reason: str | None
-
-
-async def collect(outputs: AsyncIterator[RequestOutput]) -> Collected:
-    """Drains a request's deltas into its whole output."""
-    texts, num_tokens, finish_reason = [], 0, None
-    async for output in outputs:
-        completion = output.outputs[0]
-        texts.append(completion.text)
-        num_tokens += len(completion.token_ids)
-        finish_reason = completion.finish_reason
-    return Collected("".join(texts), num_tokens, finish_reason)
+        self,
+        request_id: str,
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        body: SamplingRequest,
+    ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Validates every child now (a 400 before any streaming), then streams their outputs as
+        (choice index, delta); choice `i * n + j` is sample j of prompt i."""
+        streams = []
+        for prompt_index, prompt_token_ids in enumerate(prompts):
+            parent = ParentRequest(request_id if len(prompts) == 1 else f"{request_id}-p{prompt_index}", params, body.n)
+            for index in range(body.n):
+                try:
+                    request = self.llm.input_processor.process(
+                        parent.child_request_id(index), prompt_token_ids,
+                        parent.child_sampling_params(index), body.priority,
+                    )
+                except PromptTooLongError as exc:
+                    raise APIError(str(exc), param="max_tokens") from exc
+                except ValueError as exc:
+                    raise APIError(str(exc), param="prompt") from exc
+                stop_checker = StopChecker(body.stop_strings, body.include_stop_str_in_output)
+                streams.append(self.llm.generate(request, stop_checker=stop_checker))
+        return merge_streams(streams)
 
 
 def new_request_id(prefix: str) -> str:

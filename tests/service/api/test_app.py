@@ -19,10 +19,9 @@ COMPLETIONS = "/v1/completions"
 MESSAGES = [{"role": "user", "content": "Hello there"}]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
-    with running_server(tiny_model_dir, "--served-model-name", "tiny", "tiny-alias") as server:
-        yield server
+@pytest.fixture
+def server(tiny_server: ServerProcess) -> ServerProcess:
+    return tiny_server
 
 
 @pytest.fixture
@@ -96,17 +95,51 @@ BAD_REQUESTS: list[tuple[str, Any, int, str | None]] = [
     (CHAT, b"[1, 2]", 400, None),
     (CHAT, {"model": "tiny"}, 400, "messages"),
     (CHAT, {"messages": []}, 400, "messages"),
-    (CHAT, {"messages": MESSAGES, "temperature": -1}, 400, "temperature"),
-    (CHAT, {"messages": MESSAGES, "top_p": 0}, 400, "top_p"),
-    (CHAT, {"messages": MESSAGES, "max_tokens": 0}, 400, "max_tokens"),
-    (CHAT, {"messages": MESSAGES, "max_tokens": 100_000}, 400, "max_tokens"),
-    (CHAT, {"messages": MESSAGES, "n": 2}, 400, "n"),
-    (CHAT, {"messages": MESSAGES, "stop": ["x"]}, 400, "stop"),
     (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
     (CHAT, {"model": "nope", "messages": MESSAGES}, 404, "model"),
+    (CHAT, {"messages": MESSAGES, "temperature": -1}, 400, "temperature"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, "temperature"),
+    (CHAT, {"messages": MESSAGES, "temperature": "hot"}, 400, "temperature"),
+    (CHAT, {"messages": MESSAGES, "top_p": 0}, 400, "top_p"),
+    (CHAT, {"messages": MESSAGES, "top_p": 1.5}, 400, "top_p"),
+    (CHAT, {"messages": MESSAGES, "top_k": -2}, 400, "top_k"),
+    (CHAT, {"messages": MESSAGES, "min_p": 2}, 400, "min_p"),
+    (CHAT, {"messages": MESSAGES, "presence_penalty": 3}, 400, "presence_penalty"),
+    (CHAT, {"messages": MESSAGES, "frequency_penalty": -3}, 400, "frequency_penalty"),
+    (CHAT, {"messages": MESSAGES, "repetition_penalty": 0}, 400, "repetition_penalty"),
+    (CHAT, {"messages": MESSAGES, "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    (CHAT, {"messages": MESSAGES, "logit_bias": {"5": 200}}, 400, "logit_bias"),
+    (CHAT, {"messages": MESSAGES, "logit_bias": {"99999999": 1}}, 400, "logit_bias"),
+    (CHAT, {"messages": MESSAGES, "seed": 2**70}, 400, "seed"),
+    (CHAT, {"messages": MESSAGES, "n": 0}, 400, "n"),
+    (CHAT, {"messages": MESSAGES, "n": 17}, 400, "n"),
+    (CHAT, {"messages": MESSAGES, "best_of": 2}, 400, "best_of"),
+    (CHAT, {"messages": MESSAGES, "max_tokens": 0}, 400, "max_tokens"),
+    (CHAT, {"messages": MESSAGES, "max_tokens": 100_000}, 400, "max_tokens"),
+    (CHAT, {"messages": MESSAGES, "min_tokens": -1}, 400, "min_tokens"),
+    (CHAT, {"messages": MESSAGES, "stop": 5}, 400, "stop"),
+    (CHAT, {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    (CHAT, {"messages": MESSAGES, "top_logprobs": 2}, 400, "top_logprobs"),
+    (CHAT, {"messages": MESSAGES, "prompt_logprobs": 1}, 400, "prompt_logprobs"),
+    (CHAT, {"messages": MESSAGES, "stream_options": {"include_usage": "maybe"}}, 400,
+     "stream_options.include_usage"),
+    (CHAT, {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": "required"}, 400, "tool_choice"),
+    (CHAT, {"messages": MESSAGES, "response_format": {"type": "json_schema"}}, 400, "response_format"),
+    (CHAT, {"messages": MESSAGES, "continue_final_message": True}, 400, "continue_final_message"),
+    (COMPLETIONS, {"max_tokens": 3}, 400, "prompt"),
     (COMPLETIONS, {"prompt": ""}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": []}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": ["ok", ""]}, 400, "prompt"),
     (COMPLETIONS, {"prompt": [10**9]}, 400, "prompt"),
-    (COMPLETIONS, {"prompt": "hi", "echo": True}, 400, "echo"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 3000}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "hi", "suffix": "x"}, 400, "suffix"),
+    (COMPLETIONS, {"prompt": "hi", "best_of": 3}, 400, "best_of"),
+    (COMPLETIONS, {"prompt": "hi", "logprobs": 30}, 400, "logprobs"),
+    (COMPLETIONS, {"prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo"),
+    (COMPLETIONS, {"prompt": "hi", "stop_token_ids": [-1]}, 400, "stop_token_ids"),
+    ("/tokenize", {}, 400, "prompt"),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
 ]
 
 
@@ -125,6 +158,14 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
     assert error["param"] == param
     ok = client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 1})
     assert ok.status_code == 200
+
+
+def test_oversized_body_is_413_before_parsing(client: httpx.Client) -> None:
+    body = b'{"prompt": "' + b"x" * (8 * 2**20) + b'"}'
+    response = client.post(COMPLETIONS, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 1}).status_code == 200
 
 
 def test_unknown_route_is_an_openai_404(client: httpx.Client) -> None:
