@@ -1,0 +1,174 @@
+"""/v1/completions through the official OpenAI SDK, on the tiny random model: every sampling knob."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import torch
+
+from tests.server_process import ServerProcess
+
+PROMPT = "The quick brown fox"
+EOS_ID = 2
+FORCED_ID = 19556  # "Hello"
+
+
+VLLM_EXTRAS = {"ignore_eos", "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
+               "include_stop_str_in_output"}
+
+
+def complete(sdk: openai.OpenAI, **kwargs: Any) -> Any:
+    """A completion; the fields OpenAI lacks (vLLM's extensions) travel in `extra_body`."""
+    extra_body = {**kwargs.pop("extra_body", {}), **{k: kwargs.pop(k) for k in VLLM_EXTRAS & kwargs.keys()}}
+    return sdk.completions.create(
+        model="tiny", **{"prompt": PROMPT, "max_tokens": 8, **kwargs}, extra_body=extra_body
+    )
+
+
+def streamed(sdk: openai.OpenAI, **kwargs: Any) -> tuple[dict[int, str], list[Any]]:
+    """Per-choice text and the chunks of a streamed completion."""
+    chunks = list(complete(sdk, stream=True, **kwargs))
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    return texts, chunks
+
+
+def greedy_tokens(sdk: openai.OpenAI, num_tokens: int) -> list[str]:
+    """The greedy continuation of PROMPT, one string per token."""
+    whole = complete(sdk, temperature=0, max_tokens=num_tokens, ignore_eos=True, logprobs=0)
+    return list(whole.choices[0].logprobs.tokens)
+
+
+def test_usage_on_every_non_streamed_response(sdk: openai.OpenAI) -> None:
+    whole = complete(sdk, ignore_eos=True)
+    assert whole.usage.prompt_tokens > 0 and whole.usage.completion_tokens == 8
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 8
+
+
+def test_include_usage_and_continuous_usage_stats(sdk: openai.OpenAI) -> None:
+    _, chunks = streamed(sdk, ignore_eos=True, stream_options={"include_usage": True})
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+    assert all(c.usage is None for c in chunks[:-1])
+    _, chunks = streamed(sdk, ignore_eos=True, extra_body={"stream_options": {"continuous_usage_stats": True}})
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 8
+
+
+def test_greedy_equivalents_top_k_1_tiny_top_p_and_min_p_1(sdk: openai.OpenAI) -> None:
+    greedy = complete(sdk, temperature=0, ignore_eos=True).choices[0].text
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        assert complete(sdk, temperature=1.0, ignore_eos=True, **extra).choices[0].text == greedy
+    assert complete(sdk, temperature=1.0, top_p=1e-6, ignore_eos=True).choices[0].text == greedy
+
+
+def test_logit_bias_forces_a_token(sdk: openai.OpenAI) -> None:
+    whole = complete(sdk, temperature=0, max_tokens=3, logit_bias={str(FORCED_ID): 100}, ignore_eos=True)
+    assert whole.choices[0].text == "Hello" * 3
+
+
+def test_stop_token_ids_min_tokens_and_ignore_eos(sdk: openai.OpenAI) -> None:
+    forced = {"logit_bias": {str(FORCED_ID): 100}, "temperature": 0}
+    first = complete(sdk, **forced, stop_token_ids=[FORCED_ID])
+    assert first.choices[0].finish_reason == "stop" and first.usage.completion_tokens == 1
+    assert first.choices[0].model_extra["stop_reason"] == FORCED_ID
+    later = complete(sdk, **forced, stop_token_ids=[FORCED_ID], min_tokens=3)
+    assert later.choices[0].finish_reason == "stop" and later.usage.completion_tokens == 4
+    eos = {"logit_bias": {str(EOS_ID): 100}, "temperature": 0}
+    assert complete(sdk, **eos).usage.completion_tokens == 1
+    ignored = complete(sdk, **eos, max_tokens=3, ignore_eos=True)
+    assert ignored.choices[0].finish_reason == "length" and ignored.usage.completion_tokens == 3
+
+
+def test_penalties_discourage_repeats(sdk: openai.OpenAI) -> None:
+    plain = greedy_tokens(sdk, 24)
+    assert len(set(plain)) < len(plain)  # a random model loops
+    for penalty in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0}):
+        whole = complete(sdk, temperature=0, max_tokens=24, ignore_eos=True, logprobs=0, **penalty)
+        assert len(set(whole.choices[0].logprobs.tokens)) > len(set(plain))
+    whole = complete(sdk, temperature=0, max_tokens=24, ignore_eos=True, logprobs=0,
+                     repetition_penalty=1e6)
+    assert len(set(whole.choices[0].logprobs.tokens)) > len(set(plain))
+
+
+def test_stop_string_spanning_tokens_is_cut_streamed_or_not(sdk: openai.OpenAI) -> None:
+    tokens = [t for t in greedy_tokens(sdk, 12)]
+    text = "".join(tokens)
+    boundary = len("".join(tokens[:4]))
+    stop = text[boundary - 2 : boundary + 2]  # two characters either side of a token boundary
+    assert len(stop) == 4
+    expected = text[: text.index(stop)]
+    whole = complete(sdk, temperature=0, max_tokens=12, ignore_eos=True, stop=[stop, "never-seen"])
+    assert whole.choices[0].text == expected
+    assert whole.choices[0].finish_reason == "stop" and whole.choices[0].model_extra["stop_reason"] == stop
+    texts, chunks = streamed(sdk, temperature=0, max_tokens=12, ignore_eos=True, stop=stop)
+    assert texts[0] == expected
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]
+    kept = complete(sdk, temperature=0, max_tokens=12, ignore_eos=True, stop=stop,
+                    include_stop_str_in_output=True)
+    assert kept.choices[0].text == expected + stop
+
+
+def test_n_with_seed_is_reproducible_streamed_or_not(sdk: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {"n": 3, "seed": 1234, "temperature": 1.0, "ignore_eos": True}
+    first = complete(sdk, **kwargs)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    texts = [c.text for c in first.choices]
+    assert len(set(texts)) == 3
+    assert [c.text for c in complete(sdk, **kwargs).choices] == texts
+    assert first.usage.completion_tokens == 24
+    streamed_texts, _ = streamed(sdk, **kwargs)
+    assert [streamed_texts[i] for i in range(3)] == texts
+
+
+def test_prompt_forms_and_echo(sdk: openai.OpenAI) -> None:
+    ids = sdk.post("/../tokenize", body={"prompt": PROMPT}, cast_to=object)["tokens"]
+    by_text = complete(sdk, temperature=0, ignore_eos=True).choices[0].text
+    assert complete(sdk, prompt=ids, temperature=0, ignore_eos=True).choices[0].text == by_text
+    many = complete(sdk, prompt=[PROMPT, "Another prompt"], n=2, temperature=0, ignore_eos=True)
+    assert [c.index for c in many.choices] == [0, 1, 2, 3]
+    assert many.choices[0].text == many.choices[1].text == by_text
+    assert complete(sdk, prompt=[ids, ids], temperature=0, ignore_eos=True).choices[1].text == by_text
+    echoed = complete(sdk, temperature=0, ignore_eos=True, echo=True)
+    assert echoed.choices[0].text == PROMPT + by_text
+    texts, _ = streamed(sdk, temperature=0, ignore_eos=True, echo=True)
+    assert texts[0] == PROMPT + by_text
+
+
+def test_logprobs_are_log_softmax_over_the_whole_vocab(sdk: openai.OpenAI, tiny_model_dir: Path) -> None:
+    from transformers import LlamaForCausalLM
+
+    ids = sdk.post("/../tokenize", body={"prompt": PROMPT}, cast_to=object)["tokens"]
+    whole = complete(sdk, prompt=ids, temperature=0, max_tokens=1, logprobs=5)
+    logprobs = whole.choices[0].logprobs
+    top = logprobs.top_logprobs[0]
+    assert len(top) == 5 and logprobs.tokens[0] in top
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0, -1].log_softmax(dim=-1)
+    assert math.isclose(float(reference.exp().sum()), 1.0, abs_tol=1e-3)
+    assert sorted(top.values(), reverse=True) == pytest.approx(reference.topk(5).values.tolist(), abs=1e-3)
+    assert logprobs.token_logprobs[0] == pytest.approx(float(reference.max()), abs=1e-3)
+
+
+def test_seeded_request_is_the_same_alone_or_among_15_others(sdk: openai.OpenAI, tiny_server: ServerProcess) -> None:
+    seeded = {"prompt": PROMPT, "temperature": 0.8, "top_p": 0.9, "seed": 77, "max_tokens": 12, "ignore_eos": True}
+    alone = complete(sdk, **seeded).choices[0].text
+
+    def run(index: int) -> str:
+        client = openai.OpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="unused", max_retries=0)
+        if index == 0:
+            return str(complete(client, **seeded).choices[0].text)
+        noise = {"prompt": f"Other request {index} " * index, "temperature": 1.0, "max_tokens": 12 + index,
+                 "ignore_eos": True, "top_k": 5 + index}
+        return str(complete(client, **noise).choices[0].text)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        together = list(pool.map(run, range(16)))
+    assert together[0] == alone
