@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-num-batched-tokens", type=int, default=2048, help="token budget of one step (default: %(default)s)"
     )
     serve.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: all cores)")
+    serve.add_argument("--max-n", type=int, default=16, help="most choices one request may ask for (default: %(default)s)")
+    serve.add_argument(
+        "--max-request-body-bytes", type=int, default=8 * 2**20,
+        help="larger request bodies get 413 before parsing (default: %(default)s)",
+    )
     serve.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
         help="reuse the KV cache of shared prompt prefixes (default: on)",
@@ -76,6 +81,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         served_model_names=tuple(args.served_model_name or ()),
         generation_config=tuple((args.override_generation_config or {}).items()),
         engine=engine,
+        max_n=args.max_n,
+        max_request_body_bytes=args.max_request_body_bytes,
     )
 
 
@@ -103,7 +110,9 @@ async def serve(config: GatewayConfig) -> None:
         raise
     llm = AsyncLLM(client, tokenizer, ready)
     generation_defaults = {**resolved.generation_defaults, **dict(config.generation_config)}
-    app = create_app(ServerState(llm, names, generation_defaults))
+    app = create_app(
+        ServerState(llm, names, generation_defaults, config.max_n, config.max_request_body_bytes)
+    )
     hypercorn_config = hypercorn.config.Config()
     hypercorn_config.bind = [f"{config.host}:{config.port}"]
     hypercorn_config.graceful_timeout = 3.0

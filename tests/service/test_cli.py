@@ -27,3 +27,11 @@ def test_cache_and_scheduling_flags_pass_through() -> None:
     assert config.kv_cache_memory_gib == 0.5
     assert config.enable_prefix_caching is False
     assert config.scheduling_policy == "priority"
+
+
+def test_request_limits_default_and_override() -> None:
+    parser = build_parser()
+    defaults = config_from_args(parser.parse_args(["serve"]))
+    assert (defaults.max_n, defaults.max_request_body_bytes) == (16, 8 * 2**20)
+    custom = config_from_args(parser.parse_args(["serve", "--max-n", "4", "--max-request-body-bytes", "1000"]))
+    assert (custom.max_n, custom.max_request_body_bytes) == (4, 1000)
