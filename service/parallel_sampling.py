@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import replace
 
 from proto.engine_input import SamplingParams
@@ -34,7 +34,7 @@ class ParentRequest:
 
 async def merge_streams(
     streams: Sequence[AsyncIterator[RequestOutput]],
-) -> AsyncIterator[tuple[int, RequestOutput]]:
+) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """Yields (stream index, output) as each stream produces them; closing it closes them all
     (which aborts their requests in the engine)."""
     if len(streams) == 1:

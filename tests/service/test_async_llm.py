@@ -12,6 +12,7 @@ from proto.engine_input import SamplingParams
 from service.async_llm import AsyncLLM
 from service.core_client import AsyncMPClient
 from service.engine_launcher import EngineArgs
+from service.stop_checker import StopChecker
 from service.tokenizer import Tokenizer
 
 
@@ -39,6 +40,25 @@ async def test_generate_streams_deltas_until_max_tokens(llm: AsyncLLM) -> None:
     assert outputs[-1].finished and outputs[-1].outputs[0].finish_reason == "length"
     assert not any(o.finished for o in outputs[:-1])
     assert llm.output_processor.num_unfinished_requests == 0
+
+
+async def test_stop_string_ends_the_request_and_aborts_it_in_the_engine(llm: AsyncLLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prompt_ids = llm.input_processor.tokenize("The quick brown fox")
+    request = llm.input_processor.process("probe", prompt_ids, params)
+    text = "".join([o.outputs[0].text async for o in llm.generate(request)])
+    stop = text[2:4]
+    long_params = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
+    request = llm.input_processor.process("stopped", prompt_ids, long_params)
+    outputs = [o async for o in llm.generate(request, stop_checker=StopChecker([stop]))]
+    assert "".join(o.outputs[0].text for o in outputs) == text[: text.index(stop)]
+    assert outputs[-1].outputs[0].finish_reason == "stop" and outputs[-1].outputs[0].stop_reason == stop
+    for _ in range(50):
+        current = await stats(llm)
+        if current["num_running"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert current["num_running"] == 0 and current["kv_cache_usage"] == 0.0
 
 
 async def test_closing_generate_aborts_the_request_in_the_engine(llm: AsyncLLM) -> None:
