@@ -89,7 +89,7 @@ class EngineCore:
         """Schedule → run → update; returns this step's new tokens."""
         outputs, self._rejected = self._rejected, []
         scheduler_output = self.scheduler.schedule()
-        runner_output = ModelRunnerOutput([], {})
+        runner_output = ModelRunnerOutput([], {}, {})
         if not scheduler_output.is_empty:
             runner_output = self.model_runner.execute_model(scheduler_output)
             outputs += self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids)
@@ -97,6 +97,7 @@ class EngineCore:
             if output.is_finished:
                 self.model_runner.free_request(output.request_id)
             output.new_logprobs = runner_output.logprobs.get(output.request_id)
+            output.prompt_logprobs = runner_output.prompt_logprobs.get(output.request_id)
         return EngineCoreOutputs(
             engine_index=self.config.engine_index, outputs=outputs, timestamp=time.time()
         )

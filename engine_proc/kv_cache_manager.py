@@ -68,7 +68,8 @@ class KVCacheManager:
 
         NOTE: at most `num_tokens - 1` tokens: the last one must be computed so it samples.
         """
-        if not self.enable_prefix_caching:
+        # NOTE: prompt logprobs need every prompt position computed, so such requests skip the cache.
+        if not self.enable_prefix_caching or request.sampling_params.num_prompt_logprobs is not None:
             return NO_CACHED_PREFIX
         extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
         max_num_blocks = (request.num_tokens - 1) // self.block_size

@@ -11,6 +11,7 @@ from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan
 from engine_proc.config import EngineConfig
 from engine_proc.kv_cache_memory import num_kv_blocks
 from engine_proc.loader import load_model
+from engine_proc.prompt_logprobs import PromptLogprobs
 from engine_proc.request import Request
 from engine_proc.sampler import Sampler, SamplerOutput
 from engine_proc.sampling_metadata import SamplingMetadata
@@ -25,6 +26,7 @@ class ModelRunnerOutput(NamedTuple):
 
     sampled_token_ids: list[int]
     logprobs: dict[str, Logprobs]
+    prompt_logprobs: dict[str, Logprobs]
 
 
 class ModelRunner:
@@ -54,6 +56,7 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
+        self.prompt_logprobs = PromptLogprobs()
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -64,6 +67,7 @@ class ModelRunner:
         self.attention.metadata = metadata
         hidden = self.model(input_ids, positions, self.attention)
         self.attention.metadata = None
+        self.prompt_logprobs.update(order, hidden, self.model.compute_logits)
 
         last_index, sampling = 0, {}
         for scheduled in order:
@@ -72,13 +76,16 @@ class ModelRunner:
                 sampling[id(scheduled)] = last_index - 1
         sampling_order = [s for s in scheduler_output.scheduled if s.is_sampling]
         if not sampling_order:
-            return ModelRunnerOutput([], {})
+            return ModelRunnerOutput([], {}, {})
         rows = torch.tensor([sampling[id(s)] for s in sampling_order], device=self.device)
         logits = self.model.compute_logits(hidden[rows])
         requests = [s.request for s in sampling_order]
         sampler_output = self.sampler(logits, self._sampling_metadata(requests, logits.shape[-1]))
+        prompt_logprobs = {r.request_id: self.prompt_logprobs.pop(r.request_id) for r in requests}
         return ModelRunnerOutput(
-            sampler_output.token_ids.tolist(), _logprobs_by_request(requests, sampler_output)
+            sampler_output.token_ids.tolist(),
+            _logprobs_by_request(requests, sampler_output),
+            {request_id: lp for request_id, lp in prompt_logprobs.items() if lp is not None},
         )
 
     def _sampling_metadata(self, requests: list[Request], vocab_size: int) -> SamplingMetadata:
@@ -99,6 +106,7 @@ class ModelRunner:
 
     def free_request(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        self.prompt_logprobs.pop(request_id)
 
     def _generator_for(self, request: Request) -> torch.Generator | None:
         seed = request.sampling_params.seed

@@ -86,6 +86,7 @@ class RequestState:
             [completion],
             finished=finish_reason is not None,
             num_cached_tokens=engine_output.num_cached_tokens,
+            prompt_logprobs=engine_output.prompt_logprobs,
         )
 
 

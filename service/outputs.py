@@ -29,6 +29,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+    prompt_logprobs: Logprobs | None = None
 
     def merge(self, later: RequestOutput) -> None:
         """Appends a later delta to this one (the consumer fell behind)."""
@@ -40,3 +41,4 @@ class RequestOutput:
             if mine.logprobs is not None and theirs.logprobs is not None:
                 mine.logprobs.extend(theirs.logprobs)
         self.finished = later.finished
+        self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs

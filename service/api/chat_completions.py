@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from service.api.choice_accumulator import collect
 from service.api.errors import APIError, parse_body
-from service.api.logprobs_format import chat_logprobs
+from service.api.logprobs_format import chat_logprobs, prompt_logprobs_list
 from service.api.protocol import ChatCompletionRequest
 from service.api.server_state import ServerState, new_request_id, now, usage
 from service.api.sse import sse_response
@@ -43,7 +43,7 @@ async def create_chat_completion(request: Request) -> Response:
     tokenizer = state.llm.tokenizer
     if body.stream:
         return sse_response(_chunks(outputs, header, tokenizer, len(prompt_token_ids), body))
-    return JSONResponse(await _response(outputs, header, tokenizer, len(prompt_token_ids), body.n))
+    return JSONResponse(await _response(outputs, header, tokenizer, len(prompt_token_ids), body))
 
 
 async def _chunks(
@@ -66,10 +66,16 @@ async def _chunks(
     async for index, output in outputs:
         completion = output.outputs[0]
         num_tokens += len(completion.token_ids)
-        if completion.text or completion.finish_reason is not None or completion.logprobs is not None:
+        if (
+            completion.text or completion.finish_reason is not None or completion.logprobs is not None
+            or output.prompt_logprobs is not None
+        ):
             delta = {"content": completion.text} if completion.text else {}
             logprobs = chat_logprobs(tokenizer, completion.logprobs)
-            yield chunk(_choice(index, delta, logprobs, completion.finish_reason, completion.stop_reason))
+            out = chunk(_choice(index, delta, logprobs, completion.finish_reason, completion.stop_reason))
+            if output.prompt_logprobs is not None and body.prompt_logprobs is not None:
+                out["prompt_logprobs"] = prompt_logprobs_list(tokenizer, output.prompt_logprobs)
+            yield out
     if body.include_usage:
         yield {**header, "choices": [], "usage": usage(num_prompt_tokens, num_tokens)}
 
@@ -92,9 +98,12 @@ async def _response(
     header: dict[str, Any],
     tokenizer: Tokenizer,
     num_prompt_tokens: int,
-    num_choices: int,
+    body: ChatCompletionRequest,
 ) -> dict[str, Any]:
-    choices = await collect(outputs, num_choices)
+    choices = await collect(outputs, body.n)
+    prompt_logprobs = None
+    if body.prompt_logprobs is not None:
+        prompt_logprobs = prompt_logprobs_list(tokenizer, choices[0].prompt_logprobs)
     return {
         **header,
         "object": "chat.completion",
@@ -109,4 +118,5 @@ async def _response(
             for index, choice in enumerate(choices)
         ],
         "usage": usage(num_prompt_tokens, sum(c.num_tokens for c in choices)),
+        "prompt_logprobs": prompt_logprobs,
     }

@@ -18,6 +18,7 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
 
     @property
     def text(self) -> str:
@@ -25,6 +26,7 @@ class Choice:
 
     def add(self, output: RequestOutput) -> None:
         completion = output.outputs[0]
+        self.prompt_logprobs = self.prompt_logprobs or output.prompt_logprobs
         self.texts.append(completion.text)
         self.num_tokens += len(completion.token_ids)
         self.finish_reason = completion.finish_reason

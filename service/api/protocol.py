@@ -93,8 +93,6 @@ class SamplingRequest(OpenAIModel):
         """Raises a 400 naming the first parameter given with a value this server cannot honour."""
         if self.best_of is not None and self.best_of > 1:
             raise APIError("'best_of' is not supported by this server; use 'n'.", param="best_of")
-        if self.prompt_logprobs is not None:
-            raise APIError("'prompt_logprobs' is not supported by this server yet.", param="prompt_logprobs")
 
     @property
     def stop_strings(self) -> list[str]:
@@ -103,6 +101,10 @@ class SamplingRequest(OpenAIModel):
     @property
     def num_logprobs(self) -> int | None:
         return None
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        return self.prompt_logprobs
 
     def to_sampling_params(self, max_tokens: int, defaults: dict[str, float]) -> SamplingParams:
         """The request's values, else the model's generation defaults, else OpenAI's."""
@@ -125,6 +127,7 @@ class SamplingRequest(OpenAIModel):
             ignore_eos=self.ignore_eos,
             stop_token_ids=list(self.stop_token_ids or []),
             num_logprobs=self.num_logprobs,
+            num_prompt_logprobs=self.num_prompt_logprobs,
         )
 
     @property
@@ -197,15 +200,17 @@ class CompletionRequest(SamplingRequest):
         super().check_supported()
         if self.suffix:
             raise APIError("'suffix' is not supported by this server.", param="suffix")
-        if self.echo and self.logprobs is not None:
-            raise APIError(
-                "'echo' with 'logprobs' needs prompt logprobs, not supported by this server yet.",
-                param="echo",
-            )
 
     @property
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """Echoed prompts with logprobs report their prompt tokens' logprobs too."""
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
 
     @property
     def prompts(self) -> list[str | list[int]]:

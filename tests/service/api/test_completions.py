@@ -172,3 +172,26 @@ def test_seeded_request_is_the_same_alone_or_among_15_others(sdk: openai.OpenAI,
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         together = list(pool.map(run, range(16)))
     assert together[0] == alone
+
+
+def test_prompt_logprobs_and_echo_with_logprobs(sdk: openai.OpenAI, tiny_model_dir: Path) -> None:
+    from transformers import LlamaForCausalLM
+
+    ids = sdk.post("/../tokenize", body={"prompt": PROMPT}, cast_to=object)["tokens"]
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0].log_softmax(dim=-1)
+    expected = [float(reference[i - 1, ids[i]]) for i in range(1, len(ids))]
+    whole = complete(sdk, prompt=ids, temperature=0, max_tokens=2, extra_body={"prompt_logprobs": 3})
+    positions = whole.choices[0].model_extra["prompt_logprobs"]
+    assert positions[0] is None and len(positions) == len(ids)
+    assert [p[str(t)]["logprob"] for p, t in zip(positions[1:], ids[1:])] == pytest.approx(expected, abs=1e-3)
+    assert all(len(p) >= 3 for p in positions[1:])
+    echoed = complete(sdk, prompt=ids, temperature=0, max_tokens=2, echo=True, logprobs=2)
+    logprobs = echoed.choices[0].logprobs
+    assert len(logprobs.tokens) == len(ids) + 2 and logprobs.token_logprobs[0] is None
+    assert logprobs.token_logprobs[1 : len(ids)] == pytest.approx(expected, abs=1e-3)
+    texts, chunks = streamed(sdk, prompt=ids, temperature=0, max_tokens=2, echo=True, logprobs=2)
+    assert texts[0] == echoed.choices[0].text
+    streamed_tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert streamed_tokens == logprobs.tokens
