@@ -11,6 +11,7 @@ from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan
 from engine_proc.config import EngineConfig
 from engine_proc.kv_cache_memory import num_kv_blocks
 from engine_proc.loader import load_model
+from engine_proc.penalties import TokenCounts
 from engine_proc.prompt_logprobs import PromptLogprobs
 from engine_proc.request import Request
 from engine_proc.sampler import Sampler, SamplerOutput
@@ -57,6 +58,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs = PromptLogprobs()
+        self.token_counts = TokenCounts(self.model_config.vocab_size, self.device)
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -96,17 +98,18 @@ class ModelRunner:
                 generators[row] = generator
         return SamplingMetadata.build(
             [r.sampling_params for r in requests],
-            [r.prompt_token_ids for r in requests],
-            [r.output_token_ids for r in requests],
             [_banned_ids(r) for r in requests],
             generators,
             vocab_size,
             self.device,
+            output_counts=lambda: self.token_counts.output_counts(requests),
+            prompt_mask=lambda: self.token_counts.prompt_mask(requests),
         )
 
     def free_request(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
         self.prompt_logprobs.pop(request_id)
+        self.token_counts.free(request_id)
 
     def _generator_for(self, request: Request) -> torch.Generator | None:
         seed = request.sampling_params.seed

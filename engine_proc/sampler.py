@@ -31,11 +31,11 @@ class Sampler:
         logits = logits.float()
         raw_logprobs = logits.log_softmax(dim=-1) if metadata.max_num_logprobs is not None else None
         logits = _apply_bias_and_bans(logits, metadata)
-        if metadata.output_token_ids is not None:
+        if metadata.output_counts is not None:
             assert metadata.presence_penalty is not None and metadata.frequency_penalty is not None
             assert metadata.repetition_penalty is not None
             logits = apply_penalties(
-                logits, metadata.output_token_ids, metadata.prompt_token_ids,
+                logits, metadata.output_counts, metadata.prompt_mask,
                 metadata.presence_penalty, metadata.frequency_penalty, metadata.repetition_penalty,
             )
         token_ids = logits.argmax(dim=-1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,8 +23,8 @@ class SamplingMetadata:
     presence_penalty: torch.Tensor | None  # [num_seqs]
     frequency_penalty: torch.Tensor | None  # [num_seqs]
     repetition_penalty: torch.Tensor | None  # [num_seqs]
-    output_token_ids: torch.Tensor | None  # [num_seqs, max_len], padded with vocab_size
-    prompt_token_ids: torch.Tensor | None  # [num_seqs, max_len], padded with vocab_size
+    output_counts: torch.Tensor | None  # [num_seqs, vocab] float
+    prompt_mask: torch.Tensor | None  # [num_seqs, vocab] bool
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # rows, token ids, biases
     banned: tuple[torch.Tensor, torch.Tensor] | None  # rows, token ids (min_tokens not reached)
     generators: dict[int, torch.Generator]
@@ -34,14 +34,15 @@ class SamplingMetadata:
     def build(
         cls,
         params: Sequence[SamplingParams],
-        prompt_token_ids: Sequence[Sequence[int]],
-        output_token_ids: Sequence[Sequence[int]],
-        stop_ids: Sequence[Sequence[int]],
+        banned_ids: Sequence[Sequence[int]],
         generators: dict[int, torch.Generator],
         vocab_size: int,
         device: torch.device,
+        output_counts: Callable[[], torch.Tensor],
+        prompt_mask: Callable[[], torch.Tensor],
     ) -> SamplingMetadata:
-        """`stop_ids` are the ids each row may not emit yet (EOS and stop ids before min_tokens)."""
+        """`banned_ids` are the ids each row may not emit yet (EOS and stop ids before min_tokens);
+        `output_counts` and `prompt_mask` are called only when some row has penalties."""
 
         def column(values: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device)
@@ -63,22 +64,13 @@ class SamplingMetadata:
             presence_penalty=column([p.presence_penalty for p in params]) if has_penalties else None,
             frequency_penalty=column([p.frequency_penalty for p in params]) if has_penalties else None,
             repetition_penalty=column([p.repetition_penalty for p in params]) if has_penalties else None,
-            output_token_ids=_padded(output_token_ids, vocab_size, device) if has_penalties else None,
-            prompt_token_ids=_padded(prompt_token_ids, vocab_size, device) if has_repetition else None,
+            output_counts=output_counts() if has_penalties else None,
+            prompt_mask=prompt_mask() if has_repetition else None,
             logit_bias=_sparse([p.logit_bias for p in params], device),
-            banned=_banned(stop_ids, device),
+            banned=_banned(banned_ids, device),
             generators=generators,
             max_num_logprobs=max(num_logprobs) if num_logprobs else None,
         )
-
-
-def _padded(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), max(width, 1)), pad, dtype=torch.long)
-    for index, row in enumerate(rows):
-        if row:
-            out[index, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out.to(device)
 
 
 def _sparse(
@@ -95,8 +87,8 @@ def _sparse(
     )
 
 
-def _banned(stop_ids: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    entries = [(row, token_id) for row, ids in enumerate(stop_ids) for token_id in ids]
+def _banned(banned_ids: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    entries = [(row, token_id) for row, ids in enumerate(banned_ids) for token_id in ids]
     if not entries:
         return None
     rows, token_ids = zip(*entries)

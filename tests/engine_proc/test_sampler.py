@@ -20,15 +20,18 @@ def sample(
     banned: list[list[int]] | None = None,
     generators: dict[int, torch.Generator] | None = None,
 ) -> SamplerOutput:
-    num_seqs = len(params)
+    num_seqs, vocab_size = logits.shape
+    outputs = output_token_ids or [[]] * num_seqs
     metadata = SamplingMetadata.build(
         params,
-        [[]] * num_seqs,
-        output_token_ids or [[]] * num_seqs,
         banned or [[]] * num_seqs,
         generators or {},
-        logits.shape[-1],
+        vocab_size,
         torch.device("cpu"),
+        output_counts=lambda: torch.stack(
+            [torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab_size).float() for ids in outputs]
+        ),
+        prompt_mask=lambda: torch.zeros(num_seqs, vocab_size, dtype=torch.bool),
     )
     return Sampler()(logits, metadata)
 
