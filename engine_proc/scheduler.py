@@ -106,6 +106,7 @@ class Scheduler:
         # 1) Running requests in policy order; preempt the last when blocks run out.
         if self.config.scheduling_policy == "priority":
             self.running.sort(key=lambda request: request.sort_key)
+            self._make_room_for_waiting()
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -160,6 +161,19 @@ class Scheduler:
                 )
             )
         return outputs
+
+    def _make_room_for_waiting(self) -> None:
+        """Preempts the lowest-priority running requests while a waiting one outranks them and cannot fit."""
+        manager = self.kv_cache_manager
+        while self.waiting and self.running:
+            candidate, victim = self.waiting.peek(), self.running[-1]
+            if victim.sort_key <= candidate.sort_key:
+                return
+            cached = manager.get_computed_blocks(candidate)
+            num_new = min(candidate.num_tokens - cached.num_tokens, self.config.max_num_batched_tokens)
+            if len(self.running) < self.config.max_num_seqs and manager.can_allocate(candidate, num_new, cached):
+                return
+            self._preempt(victim)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

@@ -113,3 +113,15 @@ def test_reset_prefix_cache_utility(tiny_model_dir: Path) -> None:
     assert core.call_utility(UtilityCall(1, "reset_prefix_cache", [])).result is True
     assert core.scheduler.kv_cache_manager.block_pool.num_cached_blocks == 0
     assert generate(core, [list(range(100, 150))], max_tokens=2) == first
+
+
+def test_priority_policy_serves_lower_priority_values_first(tiny_model_dir: Path) -> None:
+    core = EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05,
+                                   max_num_seqs=1, scheduling_policy="priority"))
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    for request_id, priority in [("batch", 9), ("chat", 0), ("batch-2", 9), ("urgent", -5)]:
+        core.add_request(EngineCoreRequest(request_id, [5, 6, 7], params, priority=priority))
+    finished = []
+    while core.has_work:
+        finished += [output.request_id for output in core.step().outputs if output.is_finished]
+    assert finished == ["urgent", "chat", "batch", "batch-2"]

@@ -243,3 +243,19 @@ def test_aborts_free_blocks_at_once() -> None:
     assert scheduler.kv_cache_manager.num_free_blocks == 10
     assert run_with_model(scheduler, model).keys() == {"r2"}
     assert_no_block_leaked(scheduler)
+
+
+def test_priority_policy_preempts_a_running_request_for_a_more_urgent_one() -> None:
+    scheduler = make_scheduler(max_num_seqs=1, scheduling_policy="priority")
+    model = FakeModel(block_size=4)
+    scheduler.add_request(make_request("background", 6, max_tokens=10, priority=5))
+    step = scheduler.schedule()
+    scheduler.update_from_output(step, model(step))
+    scheduler.add_request(make_request("urgent", 6, max_tokens=2, priority=0))
+    step = scheduler.schedule()
+    assert [s.request.request_id for s in step.scheduled] == ["urgent"]
+    assert [r.request_id for r in scheduler.waiting] == ["background"]
+    scheduler.update_from_output(step, model(step))
+    outputs = run_with_model(scheduler, model)
+    assert len(outputs["urgent"]) == 1 and len(outputs["background"]) == 9
+    assert_no_block_leaked(scheduler)
