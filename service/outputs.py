@@ -38,7 +38,9 @@ class RequestOutput:
             mine.token_ids.extend(theirs.token_ids)
             mine.finish_reason = theirs.finish_reason
             mine.stop_reason = theirs.stop_reason
-            if mine.logprobs is not None and theirs.logprobs is not None:
+            if mine.logprobs is None:
+                mine.logprobs = theirs.logprobs
+            elif theirs.logprobs is not None:
                 mine.logprobs.extend(theirs.logprobs)
         self.finished = later.finished
         self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs

@@ -53,7 +53,6 @@ class ServerState:
     def sampling_params(
         self, body: SamplingRequest, prompt_token_ids: list[int], max_tokens: int | None
     ) -> SamplingParams:
-        body.check_supported()
         if body.n > self.max_n:
             raise APIError(f"'n' must be at most {self.max_n}, got {body.n}.", param="n")
         vocab_size = self.llm.input_processor.vocab_size
@@ -79,7 +78,8 @@ class ServerState:
         (choice index, delta); choice `i * n + j` is sample j of prompt i."""
         streams = []
         for prompt_index, prompt_token_ids in enumerate(prompts):
-            parent = ParentRequest(request_id if len(prompts) == 1 else f"{request_id}-p{prompt_index}", params, body.n)
+            parent_id = request_id if len(prompts) == 1 else f"{request_id}-p{prompt_index}"
+            parent = ParentRequest(parent_id, params, body.n)
             for index in range(body.n):
                 try:
                     request = self.llm.input_processor.process(
