@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 
 from proto.engine_input import SamplingParams
@@ -33,17 +33,20 @@ class ParentRequest:
 
 
 async def merge_streams(
-    streams: Sequence[AsyncIterator[RequestOutput]],
+    streams: Sequence[AsyncGenerator[RequestOutput, None]],
 ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """Yields (stream index, output) as each stream produces them; closing it closes them all
     (which aborts their requests in the engine)."""
     if len(streams) == 1:
-        async for output in streams[0]:
-            yield 0, output
+        try:
+            async for output in streams[0]:
+                yield 0, output
+        finally:
+            await streams[0].aclose()
         return
     queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException | None] = asyncio.Queue()
 
-    async def drain(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+    async def drain(index: int, stream: AsyncGenerator[RequestOutput, None]) -> None:
         try:
             async for output in stream:
                 queue.put_nowait((index, output))

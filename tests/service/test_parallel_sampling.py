@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from proto.engine_input import SamplingParams
 from service.outputs import CompletionOutput, RequestOutput
@@ -22,7 +22,7 @@ def test_children_get_distinct_reproducible_seeds_and_ids() -> None:
 async def test_merge_interleaves_and_closing_it_closes_every_child() -> None:
     closed: list[int] = []
 
-    async def child(index: int, num_outputs: int) -> AsyncIterator[RequestOutput]:
+    async def child(index: int, num_outputs: int) -> AsyncGenerator[RequestOutput, None]:
         try:
             for step in range(num_outputs):
                 await asyncio.sleep(0)
@@ -38,3 +38,8 @@ async def test_merge_interleaves_and_closing_it_closes_every_child() -> None:
     await merged.__anext__()
     await merged.aclose()
     assert sorted(closed) == [0, 1]
+    closed.clear()
+    solo = merge_streams([child(7, 100)])
+    await solo.__anext__()
+    await solo.aclose()
+    assert closed == [7]
