@@ -54,7 +54,8 @@ class AsyncLLM:
             raise EngineDeadError("engine is dead")
         collector = RequestOutputCollector()
         self.output_processor.add_request(
-            request.request_id, prompt, request.prompt_token_ids, collector, stop_checker
+            request.request_id, prompt, request.prompt_token_ids, collector, stop_checker,
+            request.sampling_params.min_tokens,
         )
         try:
             await self.engine_client.add_request_async(request)

@@ -6,7 +6,7 @@ import asyncio
 from proto.engine_output import EngineCoreOutput, FinishReason
 from service.detokenizer import IncrementalDetokenizer
 from service.outputs import CompletionOutput, RequestOutput
-from service.stop_checker import StopChecker
+from service.stop_checker import StopCheck, StopChecker
 from service.tokenizer import Tokenizer
 
 
@@ -52,6 +52,7 @@ class RequestState:
         detokenizer: IncrementalDetokenizer,
         stop_checker: StopChecker,
         collector: RequestOutputCollector,
+        min_tokens: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -59,12 +60,15 @@ class RequestState:
         self.detokenizer = detokenizer
         self.stop_checker = stop_checker
         self.collector = collector
+        self.min_tokens = min_tokens
         self.num_output_tokens = 0
 
     def make_output(self, engine_output: EngineCoreOutput) -> RequestOutput:
-        check = self.stop_checker.update(self.detokenizer.update(engine_output.new_token_ids))
-        text = check.text
+        delta = self.detokenizer.update(engine_output.new_token_ids)
         self.num_output_tokens += len(engine_output.new_token_ids)
+        # NOTE: as in vLLM, stop strings count only once min_tokens have been generated.
+        check = self.stop_checker.update(delta) if self.num_output_tokens >= self.min_tokens else StopCheck(delta, None)
+        text = check.text
         finish_reason: FinishReason | None = engine_output.finish_reason
         stop_reason = engine_output.stop_reason
         if check.stop_str is not None:
@@ -108,12 +112,14 @@ class OutputProcessor:
         prompt_token_ids: list[int],
         collector: RequestOutputCollector,
         stop_checker: StopChecker | None = None,
+        min_tokens: int = 0,
     ) -> None:
         if request_id in self.request_states:
             raise ValueError(f"request id {request_id!r} is already in flight")
         detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
         self.request_states[request_id] = RequestState(
-            request_id, prompt, prompt_token_ids, detokenizer, stop_checker or StopChecker(()), collector
+            request_id, prompt, prompt_token_ids, detokenizer, stop_checker or StopChecker(()), collector,
+            min_tokens,
         )
 
     def abort_requests(self, request_ids: list[str]) -> None:

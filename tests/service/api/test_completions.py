@@ -113,6 +113,8 @@ def test_stop_string_spanning_tokens_is_cut_streamed_or_not(sdk: openai.OpenAI) 
     kept = complete(sdk, temperature=0, max_tokens=12, ignore_eos=True, stop=stop,
                     include_stop_str_in_output=True)
     assert kept.choices[0].text == expected + stop
+    late = complete(sdk, temperature=0, max_tokens=12, ignore_eos=True, stop=stop, min_tokens=12)
+    assert late.choices[0].text == text and late.choices[0].finish_reason == "length"
 
 
 def test_n_with_seed_is_reproducible_streamed_or_not(sdk: openai.OpenAI) -> None:
