@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+_GREEDY_TEMPERATURE = 1e-5
+
+
 class RequestType(bytes, enum.Enum):
     """First frame of every gateway → engine message."""
 
@@ -63,7 +66,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # NOTE: dividing logits by a tinier temperature overflows float32; it is greedy anyway.
+        return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:

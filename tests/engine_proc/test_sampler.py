@@ -49,6 +49,7 @@ def renormalized(keep: list[int]) -> torch.Tensor:
 
 def test_greedy_picks_the_argmax() -> None:
     assert sample(LOGITS, [SamplingParams(temperature=0.0)]).token_ids.tolist() == [0]
+    assert sample(LOGITS * 1e6, [SamplingParams(temperature=1e-30)]).token_ids.tolist() == [0]
 
 
 def test_temperature_one_follows_the_distribution() -> None:
