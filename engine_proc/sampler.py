@@ -14,6 +14,9 @@ from engine_proc.penalties import apply_penalties
 from engine_proc.sampling_metadata import SamplingMetadata
 
 
+_TOP_P_CANDIDATES = 256
+
+
 class SamplerOutput(NamedTuple):
     """The sampled ids and, when asked, each row's logprobs (sampled token first, then the top ones)."""
 
@@ -91,10 +94,29 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
 
 
 def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Keeps the smallest set of most likely tokens whose mass reaches top_p."""
+    """Keeps the smallest set of most likely tokens whose mass reaches top_p.
+
+    A full sort of the vocabulary dominates a CPU step, so each row first looks at its top
+    `_TOP_P_CANDIDATES` tokens: when they already hold top_p of the mass, the nucleus is among
+    them and its last probability is the threshold. Only other rows pay for the sort.
+    """
+    probs = logits.softmax(dim=-1)
+    num_candidates = min(_TOP_P_CANDIDATES, logits.shape[-1])
+    top_probs = probs.topk(num_candidates, dim=-1).values
+    # Keep a token when the tokens ranked above it do not reach top_p yet.
+    num_kept = ((top_probs.cumsum(dim=-1) - top_probs) < top_p.unsqueeze(1)).sum(dim=-1)
+    is_covered = num_kept < num_candidates
+    threshold = top_probs.gather(1, (num_kept - 1).clamp(min=0).unsqueeze(1))
+    kept = logits.masked_fill(probs < threshold, float("-inf"))
+    if not is_covered.all():
+        rows = (~is_covered).nonzero().squeeze(1)
+        kept[rows] = _sorted_top_p(logits[rows], top_p[rows])
+    return kept
+
+
+def _sorted_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True)
     sorted_probs = sorted_logits.softmax(dim=-1)
-    # Drop a token when the tokens ranked above it already reach top_p.
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     sorted_logits = sorted_logits.masked_fill(mass_before >= top_p.unsqueeze(1), float("-inf"))
     return torch.empty_like(logits).scatter_(1, sorted_ids, sorted_logits)

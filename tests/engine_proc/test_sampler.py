@@ -135,3 +135,15 @@ def test_seeded_row_draws_the_same_alone_or_in_a_batch() -> None:
     batch = [SamplingParams(temperature=1.0)] * 3 + [params] + [SamplingParams(top_k=5)] * 4
     together = [sample(crowd, batch, generators={3: generator}).token_ids[3].item() for _ in range(30)]
     assert alone == together
+
+
+def test_top_p_fast_path_and_sorted_fallback_agree() -> None:
+    torch.manual_seed(0)
+    peaked = torch.randn(4, 5000) * 8  # the nucleus sits within the top candidates
+    flat = torch.randn(4, 5000) * 0.01  # it does not: these rows take the full sort
+    logits = torch.cat([peaked, flat])
+    top_p = torch.full((8,), 0.9)
+    from engine_proc.sampler import _sorted_top_p, apply_top_p
+
+    fast = apply_top_p(logits.clone(), top_p)
+    assert torch.equal(fast.isinf(), _sorted_top_p(logits, top_p).isinf())
