@@ -89,3 +89,10 @@ def test_stop_string_streamed(sdk: openai.OpenAI) -> None:
     assert streamed[0] == expected
     finals = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
     assert [(f.finish_reason, f.model_extra["stop_reason"]) for f in finals] == [("stop", stop)]
+
+
+def test_prompt_logprobs_cover_every_prompt_token(sdk: openai.OpenAI) -> None:
+    completion = chat(sdk, max_tokens=1, extra_body={"prompt_logprobs": 1})
+    positions = completion.model_extra["prompt_logprobs"]
+    assert len(positions) == completion.usage.prompt_tokens and positions[0] is None
+    assert all(1 <= len(p) <= 2 and all(e["logprob"] <= 0 for e in p.values()) for p in positions[1:])
