@@ -8,7 +8,8 @@ Each stream sends a distinct ~230-token prompt to /v1/completions (streamed, gre
 `ignore_eos`, 128 output tokens). Reported per concurrency: output tokens/s over the whole
 run, and percentiles of time to first token (TTFT) and inter-token latency (ITL, the gaps
 between streamed chunks). `--prefix` sends 16 requests one after another that share a
-2,000-token prefix and reports each one's TTFT.
+2,000-token prefix and reports each one's TTFT. The started server runs bf16 weights on
+2 threads by default (`--server-args` changes that; PERF_NOTES.md says why bf16).
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def main() -> None:
     parser.add_argument("--prefix-tokens", type=int, default=2000)
     parser.add_argument("--num-prefix-requests", type=int, default=16)
     parser.add_argument(
-        "--server-args", default="--num-threads 2 --kv-cache-memory 2 --max-model-len 4096",
+        "--server-args", default="--num-threads 2 --dtype bfloat16 --kv-cache-memory 2 --max-model-len 4096",
         help="extra `zeroserve serve` flags for the started server (default: %(default)s)",
     )
     args = parser.parse_args()
