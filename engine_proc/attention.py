@@ -33,7 +33,13 @@ class AttentionMetadata:
 
 
 class PagedAttention:
-    """The model's attention backend: one K/V cache tensor per layer, shared by all requests."""
+    """The model's attention backend: one K/V cache tensor per layer, shared by all requests.
+
+    A layer's cache is [2, kv_heads, num_slots, head_dim], slot = block_id * block_size +
+    offset. Reads gather whole blocks (block_size × head_dim, contiguous) per (sequence,
+    kv head) from the [kv_heads * num_blocks, block_size * head_dim] view, so a batch's
+    keys come out as [seqs, kv_heads, blocks × block_size, head_dim], ready for matmuls.
+    """
 
     def __init__(
         self,
@@ -41,48 +47,95 @@ class PagedAttention:
         num_slots: int,
         num_kv_heads: int,
         head_dim: int,
+        block_size: int,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
         # NOTE: zeros, not empty: padded decode slots are read (then masked), and garbage
         # NaNs would leak through the zero attention weights.
         self.kv_caches = [
-            torch.zeros(2, num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+            torch.zeros(2, num_kv_heads, num_slots, head_dim, dtype=dtype, device=device)
             for _ in range(num_layers)
         ]
-        self.metadata: AttentionMetadata | None = None
+        self.num_kv_heads = num_kv_heads
+        self.num_blocks = num_slots // block_size
+        self.block_size = block_size
+        self.head_dim = head_dim
+        self._metadata: AttentionMetadata | None = None
+        self._decode_rows: torch.Tensor | None = None
+        self._decode_mask: torch.Tensor | None = None
+        self._prefill_rows: list[torch.Tensor] = []
+
+    @property
+    def metadata(self) -> AttentionMetadata | None:
+        return self._metadata
+
+    @metadata.setter
+    def metadata(self, metadata: AttentionMetadata | None) -> None:
+        """Sets this step's metadata and derives, once for all layers, the blocks to gather."""
+        self._metadata = metadata
+        self._decode_rows, self._decode_mask, self._prefill_rows = None, None, []
+        if metadata is None:
+            return
+        if metadata.decode_slots is not None:
+            self._decode_rows = self._block_rows(metadata.decode_slots)
+            self._decode_mask = self._padded_mask(metadata)
+        self._prefill_rows = [self._block_rows(span.context_slots) for span in metadata.prefills]
+
+    def _block_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """Rows [..., kv_heads, num_blocks_used] of the block view for the blocks holding `slots`."""
+        block_ids = slots[..., :: self.block_size] // self.block_size
+        heads = torch.arange(self.num_kv_heads, device=slots.device).unsqueeze(-1)
+        return heads * self.num_blocks + block_ids.unsqueeze(-2)
+
+    def _padded_mask(self, metadata: AttentionMetadata) -> torch.Tensor | None:
+        """The decode mask widened to whole blocks (the tail of the last block is masked)."""
+        assert metadata.decode_slots is not None
+        num_decodes, max_len = metadata.decode_slots.shape
+        padded_len = -(-max_len // self.block_size) * self.block_size
+        if padded_len == max_len:
+            return metadata.decode_mask
+        mask = torch.zeros(num_decodes, 1, 1, padded_len, dtype=torch.bool, device=metadata.decode_slots.device)
+        if metadata.decode_mask is None:
+            mask[..., :max_len] = True
+        else:
+            mask[..., :max_len] = metadata.decode_mask
+        return mask
+
+    def _gather(self, cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[..., kv_heads, blocks * block_size, head_dim] for block rows [..., kv_heads, blocks]."""
+        blocks = cache.view(self.num_kv_heads * self.num_blocks, self.block_size * self.head_dim)
+        gathered = blocks.index_select(0, rows.reshape(-1))
+        return gathered.view(*rows.shape[:-1], rows.shape[-1] * self.block_size, self.head_dim)
 
     def forward(
         self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     ) -> torch.Tensor:
-        meta = self.metadata
+        meta = self._metadata
         assert meta is not None, "attention metadata must be set before the forward"
         k_cache, v_cache = self.kv_caches[layer_idx]
-        k_cache.index_copy_(0, meta.slot_mapping, key)
-        v_cache.index_copy_(0, meta.slot_mapping, value)
+        k_cache.index_copy_(1, meta.slot_mapping, key.transpose(0, 1))
+        v_cache.index_copy_(1, meta.slot_mapping, value.transpose(0, 1))
         out = torch.empty_like(query)
         if meta.num_decodes:
-            assert meta.decode_slots is not None
+            assert self._decode_rows is not None
             out[: meta.num_decodes] = _decode_attention(
                 query[: meta.num_decodes],
-                k_cache[meta.decode_slots],
-                v_cache[meta.decode_slots],
-                meta.decode_mask,
+                self._gather(k_cache, self._decode_rows),
+                self._gather(v_cache, self._decode_rows),
+                self._decode_mask,
             )
-        for span in meta.prefills:
+        for span, rows in zip(meta.prefills, self._prefill_rows, strict=True):
             end = span.start + span.num_tokens
             q = query[span.start : end].transpose(0, 1)
             if span.mask is None:
-                k, v = key[span.start : end], value[span.start : end]
+                k, v = key[span.start : end].transpose(0, 1), value[span.start : end].transpose(0, 1)
             else:
-                k, v = k_cache[span.context_slots], v_cache[span.context_slots]
+                context_len = span.context_slots.shape[0]
+                k = self._gather(k_cache, rows)[:, :context_len]
+                v = self._gather(v_cache, rows)[:, :context_len]
             o = F.scaled_dot_product_attention(
-                q,
-                k.transpose(0, 1),
-                v.transpose(0, 1),
-                attn_mask=span.mask,
-                is_causal=span.mask is None,
-                enable_gqa=True,
+                q, k, v, attn_mask=span.mask, is_causal=span.mask is None, enable_gqa=True
             )
             out[span.start : end] = o.transpose(0, 1)
         return out
@@ -91,13 +144,13 @@ class PagedAttention:
 def _decode_attention(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
-    """One query token per sequence: query [B, H, D], keys/values [B, L, KVH, D]."""
+    """One query token per sequence: query [B, H, D], keys/values [B, KVH, L, D]."""
     num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads = keys.shape[2]
+    num_kv_heads = keys.shape[1]
     # NOTE: group the query heads that share a KV head, so GQA needs no repeated K/V.
     q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.matmul(q, keys.permute(0, 2, 3, 1)) * head_dim**-0.5
+    scores = torch.matmul(q, keys.transpose(2, 3)) * head_dim**-0.5
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
-    return torch.matmul(probs, values.transpose(1, 2)).reshape(num_seqs, num_heads, head_dim)
+    return torch.matmul(probs, values).reshape(num_seqs, num_heads, head_dim)

@@ -52,6 +52,7 @@ class ModelRunner:
             self.num_kv_blocks * config.block_size,
             mc.num_key_value_heads,
             mc.head_dim,
+            config.block_size,
             self.dtype,
             self.device,
         )
