@@ -14,9 +14,13 @@ from proto.engine_output import FinishReason
 PROMPTS = [list(range(100 + i, 100 + i + n)) for i, n in enumerate([3, 17, 40, 5, 64, 1])]
 
 
-def generate(core: EngineCore, prompts: list[list[int]], max_tokens: int = 12) -> list[list[int]]:
+def generate(
+    core: EngineCore, prompts: list[list[int]], max_tokens: int = 12, max_tokens_of: list[int] | None = None
+) -> list[list[int]]:
+    """Greedy requests, all submitted at once; each one's tokens in input order."""
     for i, prompt in enumerate(prompts):
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        num_tokens = max_tokens if max_tokens_of is None else max_tokens_of[i]
+        params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
         core.add_request(EngineCoreRequest(str(i), prompt, params))
     outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     while core.has_work:
@@ -71,14 +75,7 @@ def mixed_prompts(num_prompts: int, shared_prefix: list[int]) -> list[list[int]]
 
 def generate_mixed(core: EngineCore, prompts: list[list[int]]) -> list[list[int]]:
     """Greedy requests with output lengths of 1 to 24 tokens, all submitted at once."""
-    for i, prompt in enumerate(prompts):
-        params = SamplingParams(temperature=0.0, max_tokens=1 + (i * 5) % 24, ignore_eos=True)
-        core.add_request(EngineCoreRequest(str(i), prompt, params))
-    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while core.has_work:
-        for output in core.step().outputs:
-            outputs[output.request_id] += output.new_token_ids
-    return [outputs[str(i)] for i in range(len(prompts))]
+    return generate(core, prompts, max_tokens_of=[1 + (i * 5) % 24 for i in range(len(prompts))])
 
 
 def test_32_concurrent_mixed_requests_match_each_alone_with_and_without_prefix_caching(
