@@ -13,7 +13,13 @@ from engine_proc.model_runner import ModelRunner, ModelRunnerOutput
 from engine_proc.request import Request
 from engine_proc.scheduler import Scheduler, SchedulerConfig
 from proto.engine_input import EngineCoreRequest, UtilityCall
-from proto.engine_output import EngineCoreOutput, EngineCoreOutputs, FinishReason, UtilityResult
+from proto.engine_output import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    FinishReason,
+    SchedulerStats,
+    UtilityResult,
+)
 from proto.handshake import EngineReady
 
 logger = logging.getLogger(__name__)
@@ -99,7 +105,8 @@ class EngineCore:
             output.new_logprobs = runner_output.logprobs.get(output.request_id)
             output.prompt_logprobs = runner_output.prompt_logprobs.get(output.request_id)
         return EngineCoreOutputs(
-            engine_index=self.config.engine_index, outputs=outputs, timestamp=time.time()
+            engine_index=self.config.engine_index, outputs=outputs, timestamp=time.time(),
+            scheduler_stats=self.scheduler_stats(),
         )
 
     def call_utility(self, call: UtilityCall) -> UtilityResult:
@@ -115,6 +122,17 @@ class EngineCore:
         """Forgets all cached prefixes (e.g. after new weights); running requests are unaffected."""
         self.scheduler.kv_cache_manager.reset_prefix_cache()
         return True
+
+    def scheduler_stats(self) -> SchedulerStats:
+        scheduler, kv_cache_manager = self.scheduler, self.scheduler.kv_cache_manager
+        return SchedulerStats(
+            num_running_reqs=len(scheduler.running),
+            num_waiting_reqs=len(scheduler.waiting),
+            kv_cache_usage=kv_cache_manager.usage,
+            num_prefix_cache_queries=kv_cache_manager.num_prefix_queries,
+            num_prefix_cache_hits=kv_cache_manager.num_prefix_hits,
+            num_preemptions=scheduler.num_preemptions,
+        )
 
     def get_stats(self) -> dict[str, Any]:
         scheduler = self.scheduler

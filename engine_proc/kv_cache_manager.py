@@ -60,7 +60,7 @@ class KVCacheManager:
 
     @property
     def prefix_cache_hit_rate(self) -> float:
-        """Share of queried prompt tokens found in the cache."""
+        """Share of queried prompt tokens found in the cache since the engine started."""
         return self.num_prefix_hits / self.num_prefix_queries if self.num_prefix_queries else 0.0
 
     def get_computed_blocks(self, request: Request) -> CachedPrefix:
@@ -130,7 +130,6 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> None:
         self.block_pool.reset_prefix_cache()
-        self.num_prefix_queries = self.num_prefix_hits = 0
 
     def _cache_full_blocks(self, request: Request, num_full_blocks: int) -> None:
         num_hashed = self._num_hashed_blocks.get(request.request_id, 0)

@@ -63,6 +63,19 @@ class UtilityResult:
 
 
 @dataclass(slots=True)
+class SchedulerStats:
+    """The engine's state after a step, for the stats log and metrics; counters are totals since
+    the engine started, so a lost message loses nothing."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    num_prefix_cache_queries: int = 0
+    num_prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass(slots=True)
 class EngineCoreOutputs:
     """Everything one engine step produced for one client."""
 
@@ -70,3 +83,4 @@ class EngineCoreOutputs:
     outputs: list[EngineCoreOutput] = field(default_factory=list)
     timestamp: float = 0.0
     utility_output: UtilityResult | None = None
+    scheduler_stats: SchedulerStats | None = None
