@@ -10,6 +10,7 @@ import signal
 import sys
 from dataclasses import replace
 
+from service.bench.cli import add_bench_parser, run_bench
 from service.config import GatewayConfig
 from service.engine_launcher import EngineArgs
 from service.model_registry import DEFAULT_MODEL
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
         help="fcfs, or priority: lower `priority` values first, ties by arrival (default: %(default)s)",
     )
+    add_bench_parser(commands)
     return parser
 
 
@@ -129,6 +131,8 @@ async def serve(config: GatewayConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        return run_bench(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         config = config_from_args(args)

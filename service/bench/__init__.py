@@ -1,0 +1,1 @@
+"""`zeroserve bench`: load generators for OpenAI-compatible servers."""

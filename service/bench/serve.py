@@ -1,0 +1,131 @@
+"""`zeroserve bench serve`: stream a dataset's requests at a server, then report as vLLM does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from service.bench.arrivals import arrival_offsets
+from service.bench.datasets import SampleRequest, jsonl_dataset, random_dataset
+from service.bench.metrics import calculate_metrics
+from service.bench.report import format_report, result_dict
+from service.bench.request_func import RequestFuncInput, RequestFuncOutput, request_openai_stream, streaming_body
+from service.bench.serve_config import ServeBenchConfig
+from service.model_registry import resolve_model
+from service.tokenizer import Tokenizer
+
+_CONNECT_TIMEOUT_S = 10.0
+
+
+def run_serve_benchmark(config: ServeBenchConfig) -> int:
+    """Runs the benchmark, prints the report, writes the JSON; 1 when no request succeeded."""
+    tokenizer = Tokenizer.from_model(resolve_model(config.tokenizer).path)
+    samples = load_samples(config, tokenizer)
+    model_id, outputs, duration_s = asyncio.run(benchmark(config, samples))
+    output_lens = [count_output_tokens(out, tokenizer) for out in outputs]
+    metrics = calculate_metrics(
+        outputs, output_lens, duration_s, config.metric_percentiles, config.goodput_slos_ms or None
+    )
+    print(format_report(config, metrics, duration_s), flush=True)
+    if config.result_json is not None:
+        result = result_dict(config, model_id, metrics, outputs, output_lens, duration_s)
+        config.result_json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if metrics.completed == 0:
+        first_error = next((out.error for out in outputs if out.error), "")
+        print(f"zeroserve bench serve: error: every request failed; the first: {first_error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def load_samples(config: ServeBenchConfig, tokenizer: Tokenizer) -> list[SampleRequest]:
+    if config.dataset == "jsonl":
+        assert config.dataset_path is not None
+        return jsonl_dataset(tokenizer, config.endpoint, config.dataset_path, config.num_prompts)
+    return random_dataset(
+        tokenizer, config.endpoint, config.num_prompts, config.random_input_len, config.random_output_len,
+        config.random_range_ratio, config.seed,
+    )
+
+
+def count_output_tokens(output: RequestFuncOutput, tokenizer: Tokenizer) -> int:
+    """The server's usage count when it sent one, else the generated text's tokens; 0 if it failed."""
+    if not output.success:
+        return 0
+    if output.output_tokens is not None:
+        return output.output_tokens
+    return len(tokenizer.encode(output.generated_text))
+
+
+async def benchmark(
+    config: ServeBenchConfig, samples: Sequence[SampleRequest]
+) -> tuple[str, list[RequestFuncOutput], float]:
+    """(model id, one output per sample, duration in s) of a run after its warm-up requests."""
+    limits = httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency)
+    timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        model_id = config.model or await fetch_model_id(client, config)
+        inputs = [
+            RequestFuncInput(config.api_url, streaming_body(s.body, model_id, config.ignore_eos), s.prompt_len)
+            for s in samples
+        ]
+        semaphore = asyncio.Semaphore(config.max_concurrency or len(inputs) + config.num_warmups)
+        if config.num_warmups:
+            print(f"Warming up with {config.num_warmups} requests...", flush=True)
+            warmups = [inputs[i % len(inputs)] for i in range(config.num_warmups)]
+            await asyncio.gather(*(_limited(client, semaphore, request, None) for request in warmups))
+        print(_traffic_line(config), flush=True)
+        offsets = arrival_offsets(len(inputs), config.request_rate, config.burstiness, config.seed)
+        with tqdm(total=len(inputs), disable=config.disable_tqdm) as progress:
+            start = time.perf_counter()
+            tasks = []
+            for offset, request in zip(offsets, inputs):
+                delay = start + offset - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(_limited(client, semaphore, request, progress)))
+            outputs = await asyncio.gather(*tasks)
+            duration_s = time.perf_counter() - start
+    return model_id, list(outputs), duration_s
+
+
+async def fetch_model_id(client: httpx.AsyncClient, config: ServeBenchConfig) -> str:
+    """The first model the server lists; the tokenizer's name when the server does not answer."""
+    try:
+        response = await client.get(config.models_url)
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        print(
+            f"warning: could not read the model from {config.models_url} ({type(exc).__name__}: {exc}); "
+            f"sending model {config.tokenizer!r}",
+            file=sys.stderr,
+        )
+        return config.tokenizer
+
+
+async def _limited(
+    client: httpx.AsyncClient, semaphore: asyncio.Semaphore, request: RequestFuncInput, progress: tqdm[Any] | None
+) -> RequestFuncOutput:
+    async with semaphore:
+        output = await request_openai_stream(client, request)
+    if progress is not None:
+        progress.update(1)
+    return output
+
+
+def _traffic_line(config: ServeBenchConfig) -> str:
+    rate = "inf" if math.isinf(config.request_rate) else f"{config.request_rate:g}"
+    process = "Poisson process" if config.burstiness == 1.0 else "gamma distribution"
+    concurrency = config.max_concurrency if config.max_concurrency is not None else "unlimited"
+    return (
+        f"Traffic request rate: {rate} req/s, burstiness {config.burstiness:g} ({process}), "
+        f"maximum request concurrency: {concurrency}"
+    )
