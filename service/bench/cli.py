@@ -107,3 +107,6 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"zeroserve bench serve: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("zeroserve bench serve: interrupted", file=sys.stderr)
+        return 130
