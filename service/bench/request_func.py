@@ -60,7 +60,7 @@ async def request_openai_stream(client: httpx.AsyncClient, request: RequestFuncI
                 output.error = f"HTTP {response.status_code}: {text[:_MAX_ERROR_CHARS]}"
                 return output
             is_done = await _read_stream(response, output, start)
-    except (httpx.HTTPError, OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a request's failure is one of the results, never the run's end
         output.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return output
     output.latency = time.perf_counter() - start
@@ -84,6 +84,8 @@ async def _read_stream(response: httpx.Response, output: RequestFuncOutput, star
         data = line[len("data:"):].strip()
         if data == "[DONE]":
             return True
+        if not data:
+            continue
         chunk = json.loads(data)
         if not isinstance(chunk, dict):
             continue

@@ -80,7 +80,9 @@ async def benchmark(
         if config.num_warmups:
             print(f"Warming up with {config.num_warmups} requests...", flush=True)
             warmups = [inputs[i % len(inputs)] for i in range(config.num_warmups)]
-            await asyncio.gather(*(_limited(client, semaphore, request, None) for request in warmups))
+            warmup_outputs = await asyncio.gather(*(_limited(client, semaphore, r, None) for r in warmups))
+            if failed := [out.error for out in warmup_outputs if not out.success]:
+                print(f"warning: {len(failed)} warm-up requests failed; the first: {failed[0]}", file=sys.stderr)
         print(_traffic_line(config), flush=True)
         offsets = arrival_offsets(len(inputs), config.request_rate, config.burstiness, config.seed)
         with tqdm(total=len(inputs), disable=config.disable_tqdm) as progress:

@@ -87,3 +87,8 @@ def test_streaming_body_asks_for_usage_and_keeps_the_bodys_own_fields() -> None:
         "stream_options": {"include_usage": True}, "ignore_eos": True,
     }
     assert "ignore_eos" not in streaming_body({"prompt": "x"}, "m", ignore_eos=False)
+
+
+async def test_malformed_chunks_fail_without_raising() -> None:
+    output = await send(httpx.Response(200, content=b"data:\n\n" + sse({"choices": ["not an object"]}, "[DONE]")))
+    assert not output.success and output.error.startswith("AttributeError")
