@@ -51,12 +51,10 @@ class PagedAttention:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        # NOTE: zeros, not empty: padded decode slots are read (then masked), and garbage
-        # NaNs would leak through the zero attention weights.
-        self.kv_caches = [
-            torch.zeros(2, num_kv_heads, num_slots, head_dim, dtype=dtype, device=device)
-            for _ in range(num_layers)
-        ]
+        self._cache_shape = (num_layers, 2, num_kv_heads, num_slots, head_dim)
+        self._dtype, self._device = dtype, device
+        self.kv_caches: list[torch.Tensor] = []
+        self.allocate_cache()
         self.num_kv_heads = num_kv_heads
         self.num_blocks = num_slots // block_size
         self.block_size = block_size
@@ -65,6 +63,17 @@ class PagedAttention:
         self._decode_rows: torch.Tensor | None = None
         self._decode_mask: torch.Tensor | None = None
         self._prefill_rows: list[torch.Tensor] = []
+
+    def allocate_cache(self) -> None:
+        num_layers, *shape = self._cache_shape
+        # NOTE: zeros, not empty: padded decode slots are read (then masked), and garbage
+        # NaNs would leak through the zero attention weights.
+        self.kv_caches = [
+            torch.zeros(*shape, dtype=self._dtype, device=self._device) for _ in range(num_layers)
+        ]
+
+    def free_cache(self) -> None:
+        self.kv_caches = []
 
     @property
     def metadata(self) -> AttentionMetadata | None:

@@ -54,6 +54,9 @@ class EngineCore:
             "ping": lambda: "pong",
             "get_stats": self.get_stats,
             "reset_prefix_cache": self.reset_prefix_cache,
+            "sleep": self.sleep,
+            "wake_up": self.wake_up,
+            "is_sleeping": self.is_sleeping,
         }
         logger.info(
             "engine %d ready in %.1fs: %d KV blocks of %d tokens, max_model_len %d",
@@ -83,6 +86,14 @@ class EngineCore:
             logger.warning("rejecting request %s: %d prompt tokens", core_request.request_id, num_prompt)
             self._rejected.append(
                 EngineCoreOutput(core_request.request_id, [], FinishReason.ERROR, "invalid prompt length")
+            )
+            return
+        if self.is_sleeping():
+            logger.warning("rejecting request %s: the engine is asleep", core_request.request_id)
+            self._rejected.append(
+                EngineCoreOutput(
+                    core_request.request_id, [], FinishReason.ERROR, "the engine is asleep; wake it up first"
+                )
             )
             return
         self.scheduler.add_request(Request(core_request, self.eos_token_ids))
@@ -133,6 +144,32 @@ class EngineCore:
             num_prefix_cache_hits=kv_cache_manager.num_prefix_hits,
             num_preemptions=scheduler.num_preemptions,
         )
+
+    def sleep(self, level: int = 1) -> bool:
+        """Frees the KV cache (level 1) and the weights (level 2) until `wake_up()`; only idle."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if self.scheduler.has_unfinished_requests:
+            num = len(self.scheduler.running) + len(self.scheduler.waiting)
+            raise ValueError(f"cannot sleep with {num} requests in flight; let them finish or abort them")
+        # NOTE: the cached blocks' contents are about to go.
+        self.scheduler.kv_cache_manager.reset_prefix_cache()
+        self.model_runner.sleep(level)
+        logger.info("engine %d asleep (level %d)", self.config.engine_index, level)
+        return True
+
+    def wake_up(self) -> bool:
+        if self.is_sleeping():
+            self.model_runner.wake_up()
+            logger.info("engine %d awake", self.config.engine_index)
+        return True
+
+    def is_sleeping(self) -> bool:
+        return self.model_runner.sleep_level > 0
+
+    def shutdown(self) -> None:
+        """Frees the weights and the KV cache (for an engine living in its caller's process)."""
+        self.model_runner.sleep(2)
 
     def get_stats(self) -> dict[str, Any]:
         scheduler = self.scheduler

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
+import sys
 
 import torch
 
@@ -44,3 +47,12 @@ def num_kv_blocks(kv_cache_memory_gib: float | None, bytes_per_block: int, devic
         raise ValueError(f"a KV cache budget of {budget} bytes holds no block of {bytes_per_block} bytes")
     logger.info("KV cache: %.2f GiB, %d blocks", num_blocks * bytes_per_block / 2**30, num_blocks)
     return num_blocks
+
+
+def release_memory(device: torch.device) -> None:
+    """Hands freed tensor memory back to the system (the CUDA caching allocator, or malloc)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif sys.platform.startswith("linux"):
+        ctypes.CDLL(None).malloc_trim(0)

@@ -9,7 +9,7 @@ import torch
 
 from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan
 from engine_proc.config import EngineConfig
-from engine_proc.kv_cache_memory import num_kv_blocks
+from engine_proc.kv_cache_memory import num_kv_blocks, release_memory
 from engine_proc.loader import load_model
 from engine_proc.penalties import TokenCounts
 from engine_proc.prompt_logprobs import PromptLogprobs
@@ -39,7 +39,9 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = _DTYPES[config.dtype]
         self.block_size = config.block_size
+        self.model_path = config.model_path
         self.model = load_model(config.model_path, dtype=self.dtype, device=self.device)
+        self.sleep_level = 0
         self.model_config = self.model.config
         mc = self.model_config
         bytes_per_block = (
@@ -106,6 +108,21 @@ class ModelRunner:
             output_counts=lambda: self.token_counts.output_counts(requests),
             prompt_mask=lambda: self.token_counts.prompt_mask(requests),
         )
+
+    def sleep(self, level: int) -> None:
+        """Frees the KV cache and, at level 2, the weights too (reloaded on wake-up)."""
+        self.attention.free_cache()
+        if level >= 2:
+            self.model.to_empty(device="meta")
+        self.sleep_level = max(self.sleep_level, level)
+        release_memory(self.device)
+
+    def wake_up(self) -> None:
+        if self.sleep_level >= 2:
+            self.model = load_model(self.model_path, dtype=self.dtype, device=self.device)
+        if self.sleep_level >= 1:
+            self.attention.allocate_cache()
+        self.sleep_level = 0
 
     def free_request(self, request_id: str) -> None:
         self._generators.pop(request_id, None)

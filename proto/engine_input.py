@@ -21,8 +21,13 @@ class RequestType(bytes, enum.Enum):
 
 @dataclass(slots=True)
 class SamplingParams:
-    """How one request is sampled and when it stops (engine-side fields only)."""
+    """How one request is sampled and when it stops.
 
+    `n` (samples per prompt) and the stop strings are the gateway's: the engine sees one sample
+    per request and stops on tokens only.
+    """
+
+    n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
@@ -37,10 +42,16 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
     num_logprobs: int | None = None
     num_prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
         if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

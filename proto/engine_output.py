@@ -36,6 +36,22 @@ class Logprobs:
         self.ranks.extend(later.ranks)
 
 
+class EngineCoreEventType(enum.IntEnum):
+    """A scheduling event of one request, stamped with the engine's clock."""
+
+    QUEUED = 1
+    SCHEDULED = 2
+    PREEMPTED = 3
+
+
+@dataclass(slots=True)
+class EngineCoreEvent:
+    """When something happened to a request in the engine (`time.time()` there)."""
+
+    type: EngineCoreEventType
+    timestamp: float
+
+
 @dataclass(slots=True)
 class EngineCoreOutput:
     """The new tokens of one request in one step."""
@@ -47,6 +63,8 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     new_logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
+    # NOTE: the request's scheduling events since its last output; None when there were none.
+    events: list[EngineCoreEvent] | None = None
 
     @property
     def is_finished(self) -> bool:

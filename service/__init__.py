@@ -1,0 +1,30 @@
+"""zeroserve's gateway side: `from service import LLM, SamplingParams` for offline use."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proto.engine_input import SamplingParams
+    from service.llm import LLM
+    from service.llm_engine import LLMEngine
+    from service.outputs import CompletionOutput, RequestOutput
+
+__all__ = ["LLM", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams"]
+
+_WHERE = {
+    "LLM": "service.llm",
+    "LLMEngine": "service.llm_engine",
+    "SamplingParams": "proto.engine_input",
+    "RequestOutput": "service.outputs",
+    "CompletionOutput": "service.outputs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # NOTE: lazy, so `python -m service serve` does not import the offline machinery.
+    if name not in _WHERE:
+        raise AttributeError(f"module 'service' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -4,43 +4,64 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 from proto.engine_input import EngineCoreRequest
 from proto.handshake import EngineReady
-from service.core_client import AsyncMPClient, EngineDeadError
+from service import envs
+from service.core_client import EngineCoreClient, EngineDeadError
 from service.engine_launcher import EngineArgs
 from service.input_processor import InputProcessor
 from service.output_processor import OutputProcessor, RequestOutputCollector
 from service.outputs import RequestOutput
+from service.stat_loggers import LoggingStatLogger, StatLogger, StatLoggerManager
+from service.stats import IterationStats
 from service.stop_checker import StopChecker
 from service.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
 
+class EngineSleepingError(RuntimeError):
+    """The engine is asleep (its KV cache, maybe its weights, freed) until woken up."""
+
+
 class AsyncLLM:
     """Sends requests to the engine and streams their outputs back through collectors."""
 
-    def __init__(self, engine_client: AsyncMPClient, tokenizer: Tokenizer, ready: EngineReady) -> None:
+    def __init__(
+        self,
+        engine_client: EngineCoreClient,
+        tokenizer: Tokenizer,
+        ready: EngineReady,
+        stat_loggers: Sequence[StatLogger] = (),
+        stats_log_interval_s: float | None = None,
+    ) -> None:
         self.engine_client = engine_client
         self.tokenizer = tokenizer
         self.ready = ready
         self.model_name = ready.model_name
         self.input_processor = InputProcessor(tokenizer, ready.max_model_len, ready.vocab_size)
         self.output_processor = OutputProcessor(tokenizer)
-        self._output_handler = asyncio.create_task(self._run_output_handler(), name="output-handler")
+        interval = envs.stats_log_interval() if stats_log_interval_s is None else stats_log_interval_s
+        loggers = list(stat_loggers) + ([LoggingStatLogger(interval)] if interval > 0 else [])
+        self.stat_loggers = StatLoggerManager(loggers) if loggers else None
+        self.is_sleeping = False
+        self._tasks = [asyncio.create_task(self._run_output_handler(), name="output-handler")]
+        if self.stat_loggers is not None and interval > 0:
+            self._tasks.append(asyncio.create_task(self._run_stats_log(interval), name="stats-log"))
 
     @classmethod
-    async def start(cls, engine_args: EngineArgs, tokenizer: Tokenizer) -> AsyncLLM:
+    async def start(cls, engine_args: EngineArgs, tokenizer: Tokenizer, **kwargs: Any) -> AsyncLLM:
         """Starts the engine process and waits until it is ready."""
-        client = AsyncMPClient(engine_args)
+        client = EngineCoreClient.make_client(engine_args, multiprocess_mode=True, asyncio_mode=True)
         try:
             ready = await client.wait_ready()
         except BaseException:
             client.shutdown()
             raise
-        return cls(client, tokenizer, ready)
+        return cls(client, tokenizer, ready, **kwargs)
 
     @property
     def is_dead(self) -> bool:
@@ -52,11 +73,13 @@ class AsyncLLM:
         """Registers the request's collector, then sends it to the engine."""
         if self.is_dead:
             raise EngineDeadError("engine is dead")
+        if self.is_sleeping:
+            raise EngineSleepingError("the engine is asleep; wake it up before sending requests")
+        if stop_checker is None:
+            params = request.sampling_params
+            stop_checker = StopChecker(params.stop, params.include_stop_str_in_output)
         collector = RequestOutputCollector()
-        self.output_processor.add_request(
-            request.request_id, prompt, request.prompt_token_ids, collector, stop_checker,
-            request.sampling_params.min_tokens,
-        )
+        self.output_processor.add_request(request, prompt, collector, stop_checker)
         try:
             await self.engine_client.add_request_async(request)
         except BaseException:
@@ -85,20 +108,48 @@ class AsyncLLM:
         self.output_processor.abort_requests([request_id])
         await self.engine_client.abort_requests_async([request_id])
 
+    async def reset_prefix_cache(self) -> bool:
+        return await self.engine_client.reset_prefix_cache_async()
+
+    async def sleep(self, level: int = 1) -> None:
+        """Frees the KV cache (level 1) and the weights (level 2); requests are refused until
+        `wake_up()`."""
+        await self.engine_client.sleep_async(level)
+        self.is_sleeping = True
+
+    async def wake_up(self) -> None:
+        await self.engine_client.wake_up_async()
+        self.is_sleeping = False
+
+    async def get_stats(self) -> dict[str, Any]:
+        return await self.engine_client.get_stats_async()
+
     async def _run_output_handler(self) -> None:
         """The one task that moves engine outputs to the requests' collectors."""
         try:
             while True:
                 outputs = await self.engine_client.get_output_async()
-                request_ids_to_abort = self.output_processor.process_outputs(outputs.outputs)
-                if request_ids_to_abort:
-                    await self.engine_client.abort_requests_async(request_ids_to_abort)
+                iteration_stats = None if self.stat_loggers is None else IterationStats(outputs.engine_index)
+                processed = self.output_processor.process_outputs(
+                    outputs.outputs, outputs.timestamp, iteration_stats
+                )
+                if processed.request_ids_to_abort:
+                    await self.engine_client.abort_requests_async(processed.request_ids_to_abort)
+                if self.stat_loggers is not None:
+                    self.stat_loggers.record(outputs.engine_index, outputs.scheduler_stats, iteration_stats)
         except EngineDeadError as error:
             self.output_processor.propagate_error(error)
         except Exception as error:  # noqa: BLE001 - a bug here must not hang every stream
             logger.exception("output handler failed")
             self.output_processor.propagate_error(EngineDeadError(f"output handler failed: {error}"))
 
+    async def _run_stats_log(self, interval_s: float) -> None:
+        assert self.stat_loggers is not None
+        while True:
+            await asyncio.sleep(interval_s)
+            self.stat_loggers.log()
+
     def shutdown(self) -> None:
-        self._output_handler.cancel()
+        for task in self._tasks:
+            task.cancel()
         self.engine_client.shutdown()

@@ -95,7 +95,7 @@ async def serve(config: GatewayConfig) -> None:
     from service.api.app import create_app
     from service.api.server_state import ServerState
     from service.async_llm import AsyncLLM
-    from service.core_client import AsyncMPClient
+    from service.async_mp_client import AsyncMPClient
     from service.model_registry import resolve_model
     from service.tokenizer import Tokenizer
 

@@ -26,6 +26,22 @@ def _path(value: str) -> Path:
     return Path(value).expanduser()
 
 
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be 1/0, true/false, yes/no or on/off")
+
+
+def _non_negative_float(value: str) -> float:
+    number = float(value)
+    if not number >= 0:
+        raise ValueError("must be a number >= 0")
+    return number
+
+
 ENV_VARS: dict[str, EnvVar] = {
     var.name: var
     for var in (
@@ -34,6 +50,18 @@ ENV_VARS: dict[str, EnvVar] = {
             "~/.cache/zeroserve",
             _path,
             "Where fetched models are kept.",
+        ),
+        EnvVar(
+            "ZEROSERVE_ENABLE_MULTIPROCESSING",
+            "1",
+            _bool,
+            "LLM/LLMEngine: run the engine in its own process (1) or in the caller's (0).",
+        ),
+        EnvVar(
+            "ZEROSERVE_STATS_LOG_INTERVAL",
+            "10",
+            _non_negative_float,
+            "Seconds between stats log lines (0: no stats log).",
         ),
     )
 }
@@ -53,4 +81,16 @@ def read(name: str) -> Any:
 def cache_dir() -> Path:
     """Root folder for fetched models (ZEROSERVE_CACHE)."""
     value: Path = read("ZEROSERVE_CACHE")
+    return value
+
+
+def enable_multiprocessing() -> bool:
+    """Whether LLM/LLMEngine run the engine in its own process (ZEROSERVE_ENABLE_MULTIPROCESSING)."""
+    value: bool = read("ZEROSERVE_ENABLE_MULTIPROCESSING")
+    return value
+
+
+def stats_log_interval() -> float:
+    """Seconds between stats log lines; 0 turns the log off (ZEROSERVE_STATS_LOG_INTERVAL)."""
+    value: float = read("ZEROSERVE_STATS_LOG_INTERVAL")
     return value

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from dataclasses import dataclass, field
+
+from proto.engine_input import EngineCoreRequest
 from proto.engine_output import EngineCoreOutput, FinishReason
 from service.detokenizer import IncrementalDetokenizer
 from service.outputs import CompletionOutput, RequestOutput
+from service.stats import IterationStats, RequestStateStats
 from service.stop_checker import StopCheck, StopChecker
 from service.tokenizer import Tokenizer
 
@@ -46,26 +51,28 @@ class RequestState:
 
     def __init__(
         self,
-        request_id: str,
+        request: EngineCoreRequest,
         prompt: str | None,
-        prompt_token_ids: list[int],
         detokenizer: IncrementalDetokenizer,
         stop_checker: StopChecker,
-        collector: RequestOutputCollector,
-        min_tokens: int = 0,
+        collector: RequestOutputCollector | None,
+        arrival_time: float,
     ) -> None:
-        self.request_id = request_id
+        self.request_id = request.request_id
         self.prompt = prompt
-        self.prompt_token_ids = prompt_token_ids
+        self.prompt_token_ids = request.prompt_token_ids
         self.detokenizer = detokenizer
         self.stop_checker = stop_checker
         self.collector = collector
-        self.min_tokens = min_tokens
+        self.min_tokens = request.sampling_params.min_tokens
         self.num_output_tokens = 0
+        self.num_cached_tokens = 0
+        self.stats = RequestStateStats(arrival_time)
 
     def make_output(self, engine_output: EngineCoreOutput) -> RequestOutput:
         delta = self.detokenizer.update(engine_output.new_token_ids)
         self.num_output_tokens += len(engine_output.new_token_ids)
+        self.num_cached_tokens = engine_output.num_cached_tokens
         # NOTE: as in vLLM, stop strings count only once min_tokens have been generated.
         check = self.stop_checker.update(delta) if self.num_output_tokens >= self.min_tokens else StopCheck(delta, None)
         text = check.text
@@ -94,6 +101,15 @@ class RequestState:
         )
 
 
+@dataclass
+class OutputProcessorOutput:
+    """One batch's results: outputs of requests without a collector (the synchronous engine
+    reads them), and requests a stop string ended here that the engine must still abort."""
+
+    request_outputs: list[RequestOutput] = field(default_factory=list)
+    request_ids_to_abort: list[str] = field(default_factory=list)
+
+
 class OutputProcessor:
     """Maps request ids to their state and routes each engine output to its collector."""
 
@@ -105,45 +121,65 @@ class OutputProcessor:
     def num_unfinished_requests(self) -> int:
         return len(self.request_states)
 
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.request_states)
+
     def add_request(
         self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        collector: RequestOutputCollector,
+        request: EngineCoreRequest,
+        prompt: str | None = None,
+        collector: RequestOutputCollector | None = None,
         stop_checker: StopChecker | None = None,
-        min_tokens: int = 0,
+        arrival_time: float | None = None,
     ) -> None:
-        if request_id in self.request_states:
-            raise ValueError(f"request id {request_id!r} is already in flight")
-        detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
-        self.request_states[request_id] = RequestState(
-            request_id, prompt, prompt_token_ids, detokenizer, stop_checker or StopChecker(()), collector,
-            min_tokens,
+        """Registers a request; without a collector its outputs are returned by `process_outputs`."""
+        if request.request_id in self.request_states:
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
+        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+        self.request_states[request.request_id] = RequestState(
+            request, prompt, detokenizer, stop_checker or StopChecker(()), collector,
+            time.time() if arrival_time is None else arrival_time,
         )
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             self.request_states.pop(request_id, None)
 
-    def process_outputs(self, engine_outputs: list[EngineCoreOutput]) -> list[str]:
-        """Routes the outputs; returns the ids of requests a stop string ended here, which the
-        engine is still running and must abort."""
-        request_ids_to_abort = []
+    def process_outputs(
+        self,
+        engine_outputs: list[EngineCoreOutput],
+        engine_timestamp: float = 0.0,
+        iteration_stats: IterationStats | None = None,
+    ) -> OutputProcessorOutput:
+        """Detokenizes and routes one batch of outputs, recording statistics when asked."""
+        result = OutputProcessorOutput()
         for engine_output in engine_outputs:
             state = self.request_states.get(engine_output.request_id)
             if state is None:
                 continue  # NOTE: aborted here while the engine was still producing it.
+            if iteration_stats is not None:
+                iteration_stats.update_from_output(
+                    engine_output, engine_timestamp, len(state.prompt_token_ids), state.stats
+                )
             output = state.make_output(engine_output)
             if output.finished:
                 del self.request_states[state.request_id]
                 if not engine_output.is_finished:
-                    request_ids_to_abort.append(state.request_id)
-            state.collector.put(output)
-        return request_ids_to_abort
+                    result.request_ids_to_abort.append(state.request_id)
+                if iteration_stats is not None:
+                    iteration_stats.update_from_finished_request(
+                        output.outputs[0].finish_reason or "", len(state.prompt_token_ids),
+                        state.num_cached_tokens, state.stats,
+                    )
+            if state.collector is not None:
+                state.collector.put(output)
+            else:
+                result.request_outputs.append(output)
+        return result
 
     def propagate_error(self, error: BaseException) -> None:
         """Ends every request in flight with `error` (the engine is gone)."""
         for state in self.request_states.values():
-            state.collector.put(error)
+            if state.collector is not None:
+                state.collector.put(error)
         self.request_states.clear()

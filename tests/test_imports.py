@@ -1,4 +1,5 @@
-"""Imports flow one way: proto ← engine_proc, proto ← service (service only launches the engine)."""
+"""Imports flow one way: proto ← engine_proc, proto ← service (service only launches the engine,
+and InprocClient runs it in-process)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 OURS = {"proto", "engine_proc", "service"}
 ALLOWED = {"proto": set(), "engine_proc": {"proto"}, "service": {"proto"}}
+# NOTE: the one gateway module that may hold an EngineCore (DESIGN.md: "engine_proc only to start it").
+EXCEPTIONS = {ROOT / "service" / "inproc_client.py": {"engine_proc"}}
 
 
 def imported_packages(path: Path) -> set[str]:
@@ -26,7 +29,8 @@ def imported_packages(path: Path) -> set[str]:
 def test_package_imports_only_what_it_may(package: str) -> None:
     for path in (ROOT / package).rglob("*.py"):
         others = imported_packages(path) - {package}
-        assert others <= ALLOWED[package], f"{path.relative_to(ROOT)} imports {sorted(others)}"
+        allowed = ALLOWED[package] | EXCEPTIONS.get(path, set())
+        assert others <= allowed, f"{path.relative_to(ROOT)} imports {sorted(others)}"
 
 
 def test_proto_never_imports_torch() -> None:

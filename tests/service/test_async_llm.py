@@ -10,7 +10,7 @@ import pytest
 
 from proto.engine_input import SamplingParams
 from service.async_llm import AsyncLLM
-from service.core_client import AsyncMPClient
+from service.async_mp_client import AsyncMPClient
 from service.engine_launcher import EngineArgs
 from service.stop_checker import StopChecker
 from service.tokenizer import Tokenizer

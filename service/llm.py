@@ -1,0 +1,216 @@
+"""LLM: offline batches — `generate()` and `chat()` over many prompts, results in input order."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any, TypedDict, cast
+
+from tqdm import tqdm
+
+from proto.engine_input import SamplingParams
+from service.engine_launcher import EngineArgs
+from service.llm_engine import LLMEngine
+from service.model_registry import DEFAULT_MODEL, resolve_model
+from service.outputs import CompletionOutput, RequestOutput
+from service.tokenizer import Tokenizer
+
+
+class TokensPrompt(TypedDict, total=False):
+    """A prompt given as token ids (with its text, if known)."""
+
+    prompt_token_ids: list[int]
+    prompt: str
+
+
+Prompt = str | TokensPrompt
+Conversation = list[dict[str, Any]]
+
+
+class LLM:
+    """One engine for offline work; `LLM(model)` takes what `zeroserve serve` takes."""
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        kv_cache_memory: float | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        num_threads: int | None = None,
+        enable_prefix_caching: bool = True,
+        scheduling_policy: str = "fcfs",
+        multiprocess_mode: bool | None = None,
+        stats_log_interval_s: float | None = None,
+        generation_config: dict[str, float] | None = None,
+    ) -> None:
+        resolved = resolve_model(model)
+        engine_args = EngineArgs(
+            model_path=str(resolved.path),
+            model_name=resolved.name,
+            dtype=dtype,
+            device=device,
+            kv_cache_memory_gib=kv_cache_memory,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            num_threads=num_threads,
+            enable_prefix_caching=enable_prefix_caching,
+            scheduling_policy=scheduling_policy,
+        )
+        tokenizer = Tokenizer.from_model(resolved.path)
+        self.llm_engine = LLMEngine(engine_args, tokenizer, multiprocess_mode, stats_log_interval_s)
+        self.generation_defaults = {**resolved.generation_defaults, **(generation_config or {})}
+        self._request_counter = itertools.count()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams' defaults under the model's generation config (as vLLM's LLM does)."""
+        defaults = self.generation_defaults
+        top_k = int(defaults.get("top_k", -1))
+        return SamplingParams(
+            temperature=defaults.get("temperature", 1.0),
+            top_p=defaults.get("top_p", 1.0),
+            top_k=None if top_k in (-1, 0) else top_k,
+            min_p=defaults.get("min_p", 0.0),
+        )
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Runs every prompt to completion; one RequestOutput per prompt, in input order."""
+        prompt_list: list[Prompt] = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        params_list = self._params_for(len(prompt_list), sampling_params)
+        request_ids = []
+        try:
+            for index, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
+                request_id = str(next(self._request_counter))
+                if isinstance(prompt, str):
+                    self.llm_engine.add_request(request_id, prompt, params, priority[index] if priority else 0)
+                else:
+                    self.llm_engine.add_request(
+                        request_id, prompt["prompt_token_ids"], params,
+                        priority[index] if priority else 0, prompt.get("prompt"),
+                    )
+                request_ids.append(request_id)
+            finished = self._run_engine(len(request_ids), use_tqdm)
+        except BaseException:
+            self.llm_engine.abort_request(request_ids)
+            raise
+        return [finished[request_id] for request_id in request_ids]
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Renders each conversation with the model's chat template, then generates."""
+        is_one = bool(messages) and isinstance(messages[0], dict)
+        conversations = [cast(Conversation, messages)] if is_one else list(cast(Sequence[Conversation], messages))
+        input_processor = self.llm_engine.input_processor
+        prompts: list[Prompt] = []
+        for conversation in conversations:
+            text = input_processor.render_chat(
+                conversation,
+                continue_final_message=continue_final_message,
+                add_generation_prompt=add_generation_prompt,
+                **(chat_template_kwargs or {}),
+            )
+            prompts.append(TokensPrompt(prompt=text, prompt_token_ids=self.llm_engine.tokenizer.encode(text)))
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _params_for(
+        self, num_prompts: int, sampling_params: SamplingParams | Sequence[SamplingParams] | None
+    ) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [self.get_default_sampling_params()] * num_prompts
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * num_prompts
+        if len(sampling_params) != num_prompts:
+            raise ValueError(
+                f"got {len(sampling_params)} sampling params for {num_prompts} prompts: give one, or one per prompt"
+            )
+        return list(sampling_params)
+
+    def _run_engine(self, num_requests: int, use_tqdm: bool) -> dict[str, RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        running: dict[str, RequestOutput] = {}
+        bar = tqdm(total=num_requests, desc="Processed prompts", unit="req", disable=not use_tqdm, dynamic_ncols=True)
+        started = time.perf_counter()
+        num_prompt_tokens = num_output_tokens = 0
+        with bar:
+            while self.llm_engine.has_unfinished_requests():
+                for delta in self.llm_engine.step():
+                    num_output_tokens += len(delta.outputs[0].token_ids)
+                    output = _accumulate(running, delta)
+                    if output.finished:
+                        finished[output.request_id] = running.pop(output.request_id)
+                        num_prompt_tokens += len(output.prompt_token_ids)
+                        elapsed = time.perf_counter() - started
+                        bar.set_postfix_str(
+                            f"est. speed input: {num_prompt_tokens / elapsed:.1f} toks/s, "
+                            f"output: {num_output_tokens / elapsed:.1f} toks/s",
+                            refresh=False,
+                        )
+                        bar.update(1)
+        return finished
+
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        """Frees the KV cache (level 1) or it and the weights (level 2) until `wake_up()`."""
+        self.llm_engine.sleep(level)
+
+    def wake_up(self) -> None:
+        self.llm_engine.wake_up()
+
+    def get_stats(self) -> dict[str, Any]:
+        return self.llm_engine.get_stats()
+
+    def shutdown(self) -> None:
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+def _accumulate(running: dict[str, RequestOutput], delta: RequestOutput) -> RequestOutput:
+    """Adds a sample's delta to its request's output so far (outputs indexed by sample)."""
+    output = running.get(delta.request_id)
+    if output is None:
+        output = running[delta.request_id] = RequestOutput(
+            delta.request_id, delta.prompt, delta.prompt_token_ids, [],
+            num_cached_tokens=delta.num_cached_tokens, prompt_logprobs=delta.prompt_logprobs,
+        )
+    completion = delta.outputs[0]
+    while len(output.outputs) <= completion.index:
+        output.outputs.append(CompletionOutput(len(output.outputs), "", []))
+    mine = output.outputs[completion.index]
+    mine.text += completion.text
+    mine.token_ids.extend(completion.token_ids)
+    mine.finish_reason, mine.stop_reason = completion.finish_reason, completion.stop_reason
+    if mine.logprobs is None:
+        mine.logprobs = completion.logprobs
+    elif completion.logprobs is not None:
+        mine.logprobs.extend(completion.logprobs)
+    output.prompt_logprobs = output.prompt_logprobs or delta.prompt_logprobs
+    output.finished = delta.finished
+    return output
