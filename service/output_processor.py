@@ -168,7 +168,7 @@ class OutputProcessor:
                     result.request_ids_to_abort.append(state.request_id)
                 if iteration_stats is not None:
                     iteration_stats.update_from_finished_request(
-                        output.outputs[0].finish_reason or "", len(state.prompt_token_ids),
+                        state.request_id, output.outputs[0].finish_reason or "", len(state.prompt_token_ids),
                         state.num_cached_tokens, state.stats,
                     )
             if state.collector is not None:

@@ -29,6 +29,7 @@ class RequestStateStats:
 class FinishedRequestStats:
     """One finished request's figures, in seconds and tokens."""
 
+    request_id: str
     finish_reason: str
     e2e_latency: float
     num_prompt_tokens: int
@@ -75,13 +76,19 @@ class IterationStats:
         stats.num_generation_tokens += num_new_tokens
 
     def update_from_finished_request(
-        self, finish_reason: str, num_prompt_tokens: int, num_cached_tokens: int, stats: RequestStateStats
+        self,
+        request_id: str,
+        finish_reason: str,
+        num_prompt_tokens: int,
+        num_cached_tokens: int,
+        stats: RequestStateStats,
     ) -> None:
         now = time.time()
         first, last = stats.first_token_ts, stats.last_token_ts
         scheduled = stats.scheduled_ts or first
         self.finished_requests.append(
             FinishedRequestStats(
+                request_id=request_id,
                 finish_reason=finish_reason,
                 e2e_latency=max(0.0, now - stats.arrival_time),
                 num_prompt_tokens=num_prompt_tokens,
