@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+import time
 
 from proto.engine_input import EngineCoreRequest, SamplingParams
-from proto.engine_output import FinishReason
+from proto.engine_output import EngineCoreEvent, EngineCoreEventType, FinishReason
 
 
 class RequestStatus(enum.Enum):
@@ -38,6 +39,8 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
+        # NOTE: scheduling events not yet sent; they ride on the request's next output.
+        self.events: list[EngineCoreEvent] = []
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -59,6 +62,16 @@ class Request:
     def sort_key(self) -> tuple[int, float]:
         """Priority order: lower `priority` first, then earlier arrival."""
         return self.priority, self.arrival_time
+
+    def record_event(self, event_type: EngineCoreEventType) -> None:
+        self.events.append(EngineCoreEvent(event_type, time.time()))
+
+    def take_events(self) -> list[EngineCoreEvent] | None:
+        """The events since the last call, or None when there were none."""
+        if not self.events:
+            return None
+        events, self.events = self.events, []
+        return events
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

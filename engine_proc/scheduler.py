@@ -11,6 +11,9 @@ first; under `priority` they go by (priority, arrival), lower values first. When
 run out for a running request, the last running request in that order is preempted: its
 blocks are freed (they stay in the prefix cache) and it goes back to the waiting queue to
 be recomputed later. A newly admitted request starts from its cached prefix, if any.
+
+Each request records QUEUED when added, SCHEDULED when admitted (again after a preemption)
+and PREEMPTED, stamped with `time.time()`; they ride on its next output.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import NamedTuple
 from engine_proc.kv_cache_manager import KVCacheManager
 from engine_proc.request import Request, RequestStatus
 from engine_proc.request_queue import make_request_queue
-from proto.engine_output import EngineCoreOutput, FinishReason
+from proto.engine_output import EngineCoreEventType, EngineCoreOutput, FinishReason
 
 
 class ScheduledRequest(NamedTuple):
@@ -87,6 +90,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
         self.waiting.add(request)
+        request.record_event(EngineCoreEventType.QUEUED)
 
     def abort_requests(self, request_ids: list[str]) -> list[Request]:
         """Removes requests at once and frees their blocks; unknown ids are ignored."""
@@ -132,6 +136,7 @@ class Scheduler:
             self.waiting.pop()
             self.kv_cache_manager.allocate(request, num_new, cached)
             request.status = RequestStatus.RUNNING
+            request.record_event(EngineCoreEventType.SCHEDULED)
             self.running.append(request)
             output.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
@@ -157,7 +162,8 @@ class Scheduler:
                 self._finish(request)
             outputs.append(
                 EngineCoreOutput(
-                    request.request_id, [token_id], request.finish_reason, request.stop_reason
+                    request.request_id, [token_id], request.finish_reason, request.stop_reason,
+                    events=request.take_events(),
                 )
             )
         return outputs
@@ -181,6 +187,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
+        request.record_event(EngineCoreEventType.PREEMPTED)
         self.num_preemptions += 1
         self.waiting.prepend(request)
 
