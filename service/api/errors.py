@@ -70,6 +70,11 @@ async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(f"The request body is not valid JSON: {exc}") from exc
+    return validate_body(body, model)
+
+
+def validate_body(body: Any, model: type[M]) -> M:
+    """A parsed JSON body as `model`; every problem is a 400 naming the parameter."""
     if not isinstance(body, dict):
         raise APIError("The request body must be a JSON object.")
     try:

@@ -113,6 +113,7 @@ class SamplingRequest(OpenAIModel):
         top_k = self.top_k if self.top_k is not None else int(defaults.get("top_k", -1))
         min_p = self.min_p if self.min_p is not None else defaults.get("min_p", 0.0)
         return SamplingParams(
+            n=self.n,
             temperature=temperature,
             top_p=top_p,
             top_k=None if top_k in (-1, 0) else top_k,
@@ -126,6 +127,8 @@ class SamplingRequest(OpenAIModel):
             min_tokens=min(self.min_tokens, max_tokens),
             ignore_eos=self.ignore_eos,
             stop_token_ids=list(self.stop_token_ids or []),
+            stop=self.stop_strings,
+            include_stop_str_in_output=self.include_stop_str_in_output,
             num_logprobs=self.num_logprobs,
             num_prompt_logprobs=self.num_prompt_logprobs,
         )

@@ -11,7 +11,7 @@ from proto.engine_input import SamplingParams
 from service.api.errors import APIError
 from service.api.protocol import SamplingRequest
 from service.async_llm import AsyncLLM
-from service.input_processor import PromptTooLongError
+from service.input_processor import InputProcessor, PromptTooLongError
 from service.outputs import RequestOutput
 from service.parallel_sampling import ParentRequest, merge_streams
 from service.stop_checker import StopChecker
@@ -53,19 +53,9 @@ class ServerState:
     def sampling_params(
         self, body: SamplingRequest, prompt_token_ids: list[int], max_tokens: int | None
     ) -> SamplingParams:
-        if body.n > self.max_n:
-            raise APIError(f"'n' must be at most {self.max_n}, got {body.n}.", param="n")
-        vocab_size = self.llm.input_processor.vocab_size
-        if any(not int(k) < vocab_size for k in body.logit_bias or {}):
-            raise APIError(f"'logit_bias' keys must be token ids below {vocab_size}.", param="logit_bias")
-        if any(not t < vocab_size for t in body.stop_token_ids or []):
-            raise APIError(f"'stop_token_ids' must be below {vocab_size}.", param="stop_token_ids")
-        if max_tokens is None:
-            max_tokens = self.llm.input_processor.default_max_tokens(prompt_token_ids)
-        try:
-            return body.to_sampling_params(max_tokens, self.generation_defaults)
-        except ValueError as exc:
-            raise APIError(str(exc)) from exc
+        return build_sampling_params(
+            body, self.llm.input_processor, prompt_token_ids, max_tokens, self.generation_defaults, self.max_n
+        )
 
     def generate(
         self,
@@ -93,6 +83,30 @@ class ServerState:
                 stop_checker = StopChecker(body.stop_strings, body.include_stop_str_in_output)
                 streams.append(self.llm.generate(request, stop_checker=stop_checker))
         return merge_streams(streams)
+
+
+def build_sampling_params(
+    body: SamplingRequest,
+    input_processor: InputProcessor,
+    prompt_token_ids: list[int],
+    max_tokens: int | None,
+    generation_defaults: dict[str, float],
+    max_n: int,
+) -> SamplingParams:
+    """The body's SamplingParams, checked against the model (a 400 naming the bad field)."""
+    if body.n > max_n:
+        raise APIError(f"'n' must be at most {max_n}, got {body.n}.", param="n")
+    vocab_size = input_processor.vocab_size
+    if any(not int(k) < vocab_size for k in body.logit_bias or {}):
+        raise APIError(f"'logit_bias' keys must be token ids below {vocab_size}.", param="logit_bias")
+    if any(not t < vocab_size for t in body.stop_token_ids or []):
+        raise APIError(f"'stop_token_ids' must be below {vocab_size}.", param="stop_token_ids")
+    if max_tokens is None:
+        max_tokens = input_processor.default_max_tokens(prompt_token_ids)
+    try:
+        return body.to_sampling_params(max_tokens, generation_defaults)
+    except ValueError as exc:
+        raise APIError(str(exc)) from exc
 
 
 def new_request_id(prefix: str) -> str:
