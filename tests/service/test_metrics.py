@@ -1,0 +1,94 @@
+"""PrometheusStatLogger: statistics in, the exposition text Prometheus scrapes out."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proto.engine_output import SchedulerStats
+from service.metrics import PrometheusStatLogger
+from service.stats import FinishedRequestStats, IterationStats
+
+
+def scrape(stat_logger: PrometheusStatLogger) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample as {(name, labels): value}."""
+    text = generate_latest(stat_logger.registry).decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, engine: str = "0",
+          **labels: str) -> float:
+    return samples[(name, frozenset({"model_name": "tiny", "engine": engine, **labels}.items()))]
+
+
+def finished(request_id: str, reason: str, e2e: float, queued: float) -> FinishedRequestStats:
+    return FinishedRequestStats(
+        request_id=request_id, finish_reason=reason, e2e_latency=e2e, num_prompt_tokens=5,
+        num_generation_tokens=3, num_cached_tokens=0, ttft=0.1, queued_time=queued,
+        prefill_time=0.05, decode_time=0.2, inference_time=0.25,
+    )
+
+
+def test_gauges_follow_the_latest_scheduler_stats() -> None:
+    stat_logger = PrometheusStatLogger("tiny")
+    stat_logger.record(0, SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.5), None)
+    stat_logger.record(0, SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.25), None)
+    samples = scrape(stat_logger)
+    assert value(samples, "zeroserve:num_requests_running") == 1
+    assert value(samples, "zeroserve:num_requests_waiting") == 0
+    assert value(samples, "zeroserve:kv_cache_usage_perc") == 0.25
+
+
+def test_engine_totals_become_counters_by_their_deltas() -> None:
+    stat_logger = PrometheusStatLogger("tiny")
+    stat_logger.record(0, SchedulerStats(num_prefix_cache_queries=10, num_prefix_cache_hits=4, num_preemptions=1), None)
+    stat_logger.record(0, SchedulerStats(num_prefix_cache_queries=30, num_prefix_cache_hits=4, num_preemptions=3), None)
+    samples = scrape(stat_logger)
+    assert value(samples, "zeroserve:prefix_cache_queries_total") == 30
+    assert value(samples, "zeroserve:prefix_cache_hits_total") == 4
+    assert value(samples, "zeroserve:num_preemptions_total") == 3
+    # NOTE: a restarted engine's totals start again from zero; none of it is lost.
+    stat_logger.record(0, SchedulerStats(num_prefix_cache_queries=5, num_prefix_cache_hits=2), None)
+    samples = scrape(stat_logger)
+    assert value(samples, "zeroserve:prefix_cache_queries_total") == 35
+    assert value(samples, "zeroserve:prefix_cache_hits_total") == 6
+
+
+def test_iteration_stats_feed_token_counters_finish_reasons_and_histograms() -> None:
+    stat_logger = PrometheusStatLogger("tiny")
+    stats = IterationStats(
+        num_prompt_tokens=12, num_generation_tokens=7, time_to_first_tokens=[0.03, 0.2],
+        inter_token_latencies=[0.02, 0.02, 0.3],
+        finished_requests=[finished("a", "length", 1.2, 0.0), finished("b", "stop", 0.4, 0.7),
+                           finished("c", "length", 3.0, 0.01)],
+    )
+    stat_logger.record(0, None, stats)
+    stat_logger.record(0, None, IterationStats(num_generation_tokens=2))
+    samples = scrape(stat_logger)
+    assert value(samples, "zeroserve:prompt_tokens_total") == 12
+    assert value(samples, "zeroserve:generation_tokens_total") == 9
+    assert value(samples, "zeroserve:request_success_total", finished_reason="length") == 2
+    assert value(samples, "zeroserve:request_success_total", finished_reason="stop") == 1
+    assert value(samples, "zeroserve:time_to_first_token_seconds_count") == 2
+    assert value(samples, "zeroserve:time_to_first_token_seconds_bucket", le="0.04") == 1
+    assert value(samples, "zeroserve:inter_token_latency_seconds_count") == 3
+    assert value(samples, "zeroserve:inter_token_latency_seconds_sum") == pytest.approx(0.34)
+    assert value(samples, "zeroserve:e2e_request_latency_seconds_count") == 3
+    assert value(samples, "zeroserve:e2e_request_latency_seconds_bucket", le="1.5") == 2
+    assert value(samples, "zeroserve:request_queue_time_seconds_count") == 3
+    assert value(samples, "zeroserve:request_queue_time_seconds_bucket", le="0.3") == 2
+
+
+def test_engines_get_their_own_label_and_loggers_their_own_registry() -> None:
+    first, second = PrometheusStatLogger("tiny"), PrometheusStatLogger("tiny")
+    first.record(0, None, IterationStats(num_prompt_tokens=1))
+    first.record(1, None, IterationStats(num_prompt_tokens=5))
+    samples = scrape(first)
+    assert value(samples, "zeroserve:prompt_tokens_total", engine="0") == 1
+    assert value(samples, "zeroserve:prompt_tokens_total", engine="1") == 5
+    assert not any(name == "zeroserve:prompt_tokens_total" for name, _ in scrape(second))
