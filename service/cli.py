@@ -11,8 +11,10 @@ import sys
 from dataclasses import replace
 
 from service.bench.cli import add_bench_parser, run_bench
+from service.generate_cli import add_generate_parser, run_generate
 from service.config import GatewayConfig
 from service.engine_launcher import EngineArgs
+from service.logging_setup import LOG_FORMATS, configure_logging
 from service.model_registry import DEFAULT_MODEL
 
 logger = logging.getLogger("zeroserve")
@@ -58,7 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
         help="fcfs, or priority: lower `priority` values first, ties by arrival (default: %(default)s)",
     )
+    serve.add_argument(
+        "--log-format", default="text", choices=LOG_FORMATS,
+        help="text lines, or one JSON object per line; finished requests' figures become keys (default: %(default)s)",
+    )
     add_bench_parser(commands)
+    add_generate_parser(commands)
     return parser
 
 
@@ -96,7 +103,9 @@ async def serve(config: GatewayConfig) -> None:
     from service.api.server_state import ServerState
     from service.async_llm import AsyncLLM
     from service.async_mp_client import AsyncMPClient
+    from service.metrics import PrometheusStatLogger
     from service.model_registry import resolve_model
+    from service.request_log import RequestLogger
     from service.tokenizer import Tokenizer
 
     resolved = resolve_model(config.model)
@@ -110,14 +119,20 @@ async def serve(config: GatewayConfig) -> None:
     except BaseException:
         client.shutdown()
         raise
-    llm = AsyncLLM(client, tokenizer, ready)
+    metrics = PrometheusStatLogger(names[0])
+    llm = AsyncLLM(client, tokenizer, ready, stat_loggers=[metrics, RequestLogger()])
     generation_defaults = {**resolved.generation_defaults, **dict(config.generation_config)}
     app = create_app(
-        ServerState(llm, names, generation_defaults, config.max_n, config.max_request_body_bytes)
+        ServerState(
+            llm, names, generation_defaults, config.max_n, config.max_request_body_bytes,
+            metrics_registry=metrics.registry,
+        )
     )
     hypercorn_config = hypercorn.config.Config()
     hypercorn_config.bind = [f"{config.host}:{config.port}"]
     hypercorn_config.graceful_timeout = 3.0
+    # NOTE: hypercorn's own lines go through our handler, so they follow --log-format.
+    hypercorn_config.errorlog = logging.getLogger("hypercorn.error")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -133,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return run_bench(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.command == "generate":
+        return run_generate(args)
+    configure_logging(args.log_format)
     try:
         config = config_from_args(args)
     except ValueError as exc:

@@ -13,7 +13,7 @@ from proto.engine_input import SamplingParams
 from service.engine_launcher import EngineArgs
 from service.llm_engine import LLMEngine
 from service.model_registry import DEFAULT_MODEL, resolve_model
-from service.outputs import CompletionOutput, RequestOutput
+from service.outputs import RequestOutput, accumulate
 from service.tokenizer import Tokenizer
 
 
@@ -156,7 +156,7 @@ class LLM:
             while self.llm_engine.has_unfinished_requests():
                 for delta in self.llm_engine.step():
                     num_output_tokens += len(delta.outputs[0].token_ids)
-                    output = _accumulate(running, delta)
+                    output = accumulate(running, delta)
                     if output.finished:
                         finished[output.request_id] = running.pop(output.request_id)
                         num_prompt_tokens += len(output.prompt_token_ids)
@@ -190,27 +190,3 @@ class LLM:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
-
-
-def _accumulate(running: dict[str, RequestOutput], delta: RequestOutput) -> RequestOutput:
-    """Adds a sample's delta to its request's output so far (outputs indexed by sample)."""
-    output = running.get(delta.request_id)
-    if output is None:
-        output = running[delta.request_id] = RequestOutput(
-            delta.request_id, delta.prompt, delta.prompt_token_ids, [],
-            num_cached_tokens=delta.num_cached_tokens, prompt_logprobs=delta.prompt_logprobs,
-        )
-    completion = delta.outputs[0]
-    while len(output.outputs) <= completion.index:
-        output.outputs.append(CompletionOutput(len(output.outputs), "", []))
-    mine = output.outputs[completion.index]
-    mine.text += completion.text
-    mine.token_ids.extend(completion.token_ids)
-    mine.finish_reason, mine.stop_reason = completion.finish_reason, completion.stop_reason
-    if mine.logprobs is None:
-        mine.logprobs = completion.logprobs
-    elif completion.logprobs is not None:
-        mine.logprobs.extend(completion.logprobs)
-    output.prompt_logprobs = output.prompt_logprobs or delta.prompt_logprobs
-    output.finished = delta.finished
-    return output

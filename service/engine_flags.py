@@ -1,0 +1,55 @@
+"""The engine's command-line flags, shared by every command that starts an engine."""
+
+from __future__ import annotations
+
+import argparse
+
+from service.engine_launcher import EngineArgs
+from service.model_registry import DEFAULT_MODEL
+
+
+def add_model_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", nargs="?", default=DEFAULT_MODEL,
+        help=f"a known model name, a .gguf file or a Hugging Face model directory (default: {DEFAULT_MODEL})",
+    )
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    group.add_argument("--device", default="cpu", help="torch device of the engine (default: %(default)s)")
+    group.add_argument(
+        "--kv-cache-memory", type=float, default=None,
+        help="GiB for the KV cache (default: a share of free GPU memory, or of free RAM on the CPU)",
+    )
+    group.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    group.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one step (default: %(default)s)")
+    group.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="token budget of one step (default: %(default)s)"
+    )
+    group.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: all cores)")
+    group.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+        help="reuse the KV cache of shared prompt prefixes (default: on)",
+    )
+    group.add_argument(
+        "--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+        help="fcfs, or priority: lower `priority` values first, ties by arrival (default: %(default)s)",
+    )
+
+
+def engine_args_from(args: argparse.Namespace, model_path: str = "", model_name: str = "") -> EngineArgs:
+    return EngineArgs(
+        model_path=model_path,
+        model_name=model_name,
+        dtype=args.dtype,
+        device=args.device,
+        kv_cache_memory_gib=args.kv_cache_memory,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_threads=args.num_threads,
+        enable_prefix_caching=args.enable_prefix_caching,
+        scheduling_policy=args.scheduling_policy,
+    )
