@@ -19,6 +19,7 @@ def add_bench_parser(subparsers: Any) -> None:
     bench = subparsers.add_parser("bench", help="benchmark a running OpenAI-compatible server")
     commands = bench.add_subparsers(dest="bench_command", required=True)
     add_serve_parser(commands)
+    add_throughput_parser(commands)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -72,6 +73,49 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument("--metric-percentiles", default="99", help="comma-separated percentiles (default: %(default)s)")
     serve.add_argument("--result-json", type=Path, default=None, help="write the results to this JSON file")
     serve.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+
+
+def add_throughput_parser(commands: Any) -> None:
+    from service.engine_flags import add_engine_args, add_model_arg
+
+    throughput = commands.add_parser(
+        "throughput", help="offline throughput through LLM.generate, as `vllm bench throughput`"
+    )
+    throughput.set_defaults(bench_handler=run_throughput)
+    add_model_arg(throughput)
+    throughput.add_argument(
+        "--dataset-path", type=Path, default=None, help="a JSONL file of completions bodies (default: random prompts)"
+    )
+    throughput.add_argument("--num-prompts", type=int, default=1000, help="requests to run (default: %(default)s)")
+    throughput.add_argument("--random-input-len", type=int, default=1024, help="prompt tokens (default: %(default)s)")
+    throughput.add_argument("--random-output-len", type=int, default=128, help="max_tokens (default: %(default)s)")
+    throughput.add_argument(
+        "--random-range-ratio", type=float, default=0.0,
+        help="lengths drawn from [len·(1−r), len·(1+r)]; 0 gives exact lengths (default: %(default)s)",
+    )
+    throughput.add_argument("--seed", type=int, default=0, help="seeds the prompts (default: %(default)s)")
+    throughput.add_argument("--num-warmups", type=int, default=0, help="prompts run first, left out of the figures")
+    throughput.add_argument(
+        "--multiprocessing", action=argparse.BooleanOptionalAction, default=None,
+        help="run the engine in its own process (default: ZEROSERVE_ENABLE_MULTIPROCESSING, on)",
+    )
+    throughput.add_argument("--output-json", type=Path, default=None, help="write the results to this JSON file")
+    throughput.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    add_engine_args(throughput)
+
+
+def run_throughput(args: argparse.Namespace) -> int:
+    from service.bench.throughput import print_and_save, run_throughput_benchmark
+
+    try:
+        print_and_save(run_throughput_benchmark(args), args.output_json)
+    except (ValueError, OSError) as exc:
+        print(f"zeroserve bench throughput: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("zeroserve bench throughput: interrupted", file=sys.stderr)
+        return 130
+    return 0
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -1,0 +1,88 @@
+"""`zeroserve bench throughput`: offline throughput through `LLM.generate`, as `vllm bench throughput`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from proto.engine_input import SamplingParams
+from service.bench.datasets import SampleRequest, jsonl_dataset, random_dataset
+from service.engine_flags import engine_args_from
+
+
+def load_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest]:
+    if args.dataset_path is not None:
+        return jsonl_dataset(tokenizer, "completions", args.dataset_path, args.num_prompts)
+    return random_dataset(
+        tokenizer, "completions", args.num_prompts, args.random_input_len, args.random_output_len,
+        args.random_range_ratio, args.seed,
+    )
+
+
+def run_throughput_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """Loads the model, runs every prompt through one `LLM.generate`, returns vLLM's result keys."""
+    from service.llm import LLM, TokensPrompt
+
+    engine = engine_args_from(args)
+    llm = LLM(
+        args.model,
+        dtype=engine.dtype,
+        device=engine.device,
+        kv_cache_memory=engine.kv_cache_memory_gib,
+        max_model_len=engine.max_model_len,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        num_threads=engine.num_threads,
+        enable_prefix_caching=engine.enable_prefix_caching,
+        scheduling_policy=engine.scheduling_policy,
+        multiprocess_mode=args.multiprocessing,
+    )
+    try:
+        tokenizer = llm.get_tokenizer()
+        samples = load_samples(args, tokenizer)
+        prompts: list[TokensPrompt] = []
+        params: list[SamplingParams] = []
+        for sample in samples:
+            text = sample.body.get("prompt")
+            if not isinstance(text, str):
+                raise ValueError("bench throughput takes completions bodies with a text `prompt`")
+            prompts.append(TokensPrompt(prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=True)))
+            # NOTE: as vLLM's benchmark: sampled, and every request runs to its max_tokens.
+            params.append(SamplingParams(temperature=1.0, max_tokens=sample.expected_output_len or 16, ignore_eos=True))
+        if args.num_warmups:
+            llm.generate(prompts[: args.num_warmups], params[: args.num_warmups], use_tqdm=False)
+        started = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=not args.disable_tqdm)
+        elapsed = time.perf_counter() - started
+    finally:
+        llm.shutdown()
+    num_prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    num_output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return {
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "model_id": args.model,
+        "elapsed_time": elapsed,
+        "num_requests": len(outputs),
+        "total_num_tokens": num_prompt_tokens + num_output_tokens,
+        "total_input_tokens": num_prompt_tokens,
+        "total_output_tokens": num_output_tokens,
+        "requests_per_second": len(outputs) / elapsed,
+        "tokens_per_second": (num_prompt_tokens + num_output_tokens) / elapsed,
+        "output_throughput": num_output_tokens / elapsed,
+        "max_num_seqs": engine.max_num_seqs,
+    }
+
+
+def print_and_save(result: dict[str, Any], output_json: Path | None) -> None:
+    print(
+        f"Throughput: {result['requests_per_second']:.2f} requests/s, "
+        f"{result['tokens_per_second']:.2f} total tokens/s, {result['output_throughput']:.2f} output tokens/s"
+    )
+    print(f"Total num prompt tokens:  {result['total_input_tokens']}")
+    print(f"Total num output tokens:  {result['total_output_tokens']}")
+    if output_json is not None:
+        output_json.write_text(json.dumps(result, indent=2))
