@@ -6,10 +6,14 @@ import argparse
 import json
 import asyncio
 import logging
+import os
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from service import envs
 from service.bench.cli import add_bench_parser, run_bench
 from service.generate_cli import add_generate_parser, run_generate
 from service.config import GatewayConfig
@@ -17,7 +21,16 @@ from service.engine_launcher import EngineArgs
 from service.logging_setup import LOG_FORMATS, configure_logging
 from service.model_registry import DEFAULT_MODEL
 
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from service.api.admission import Admission
+    from service.async_llm import AsyncLLM
+
 logger = logging.getLogger("zeroserve")
+
+# NOTE: how long aborted streams get to send their last chunks once a drain gives up waiting.
+ABORT_GRACE_S = 5.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,9 +77,69 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-format", default="text", choices=LOG_FORMATS,
         help="text lines, or one JSON object per line; finished requests' figures become keys (default: %(default)s)",
     )
+    _add_operations_args(serve)
     add_bench_parser(commands)
     add_generate_parser(commands)
+    # NOTE: last, so that every serve flag gets its variable.
+    envs.document_flag_vars(serve)
     return parser
+
+
+def _add_operations_args(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group("operations")
+    group.add_argument(
+        "--api-key", action="append", default=None, metavar="KEY",
+        help="clients must send `Authorization: Bearer KEY` on every route but /health (and /metrics); "
+        "repeat for several keys; the variable takes them comma-separated (default: none, no auth)",
+    )
+    group.add_argument(
+        "--metrics-auth", action="store_true", default=False, help="/metrics asks for an API key too (default: off)"
+    )
+    group.add_argument(
+        "--max-num-queued-requests", type=int, default=256, metavar="N",
+        help="requests held beyond --max-num-seqs; past them a request gets 429 and Retry-After",
+    )
+    group.add_argument(
+        "--request-timeout", type=float, default=None, metavar="SECONDS",
+        help="abort a request that runs longer: 408 if not streamed, else finish_reason 'abort' "
+        "and an error event (default: none)",
+    )
+    group.add_argument(
+        "--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+        help="on SIGTERM, how long requests in flight may finish before they are aborted",
+    )
+    group.add_argument(
+        "--sse-keepalive", type=float, default=15.0, metavar="SECONDS",
+        help="a `: ping` comment this often on a waiting stream (0: none)",
+    )
+    group.add_argument(
+        "--max-header-bytes", type=int, default=16 * 2**10, metavar="N",
+        help="larger request heads are refused by the HTTP server",
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """The command line, with ZEROSERVE_<FLAG> variables as the serve flags' defaults; a bad
+    value exits with status 2 and a message naming the flag or the variable."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        return args
+    serve = _subparser(parser, "serve")
+    try:
+        defaults = envs.flag_defaults_from_env(serve, os.environ if environ is None else environ)
+    except ValueError as exc:
+        serve.error(str(exc))
+    serve.set_defaults(**defaults)
+    return parser.parse_args(argv)
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[command]
+            return found
+    raise KeyError(command)
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -92,14 +165,74 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         engine=engine,
         max_n=args.max_n,
         max_request_body_bytes=args.max_request_body_bytes,
+        api_keys=tuple(args.api_key or ()),
+        is_metrics_auth=args.metrics_auth,
+        max_num_queued_requests=args.max_num_queued_requests,
+        request_timeout_s=args.request_timeout,
+        shutdown_timeout_s=args.shutdown_timeout,
+        sse_keepalive_s=args.sse_keepalive,
+        max_header_bytes=args.max_header_bytes,
     )
 
 
 async def serve(config: GatewayConfig) -> None:
+    """Listens at once (503 "loading" until the engine is ready). On SIGTERM or SIGINT drains:
+    refuses new requests, lets those in flight finish for up to --shutdown-timeout, aborts the
+    rest (a second signal aborts them at once), then shuts the engine down."""
     import hypercorn.asyncio
     import hypercorn.config
 
+    from service.api.admission import Admission, Phase
     from service.api.app import create_app
+
+    admission = Admission(config.max_num_in_flight, config.request_timeout_s)
+    app = create_app(None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, admission)
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            admission.abort_all()
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    load = asyncio.create_task(_load(config, app), name="load-engine")
+    load.add_done_callback(lambda _: stop.set() if _failed(load) else None)
+
+    async def shutdown_trigger() -> None:
+        await stop.wait()
+        if load.done() and not _failed(load):
+            await _drain(admission, config.shutdown_timeout_s)
+        admission.phase = Phase.DRAINING
+
+    hypercorn_config = hypercorn.config.Config()
+    hypercorn_config.bind = [f"{config.host}:{config.port}"]
+    hypercorn_config.graceful_timeout = ABORT_GRACE_S
+    hypercorn_config.h11_max_incomplete_size = config.max_header_bytes
+    hypercorn_config.h2_max_header_list_size = config.max_header_bytes
+    # NOTE: hypercorn's own lines go through our handler, so they follow --log-format.
+    hypercorn_config.errorlog = logging.getLogger("hypercorn.error")
+    logger.info("listening on http://%s:%d while %s loads", config.host, config.port, config.model)
+    try:
+        await hypercorn.asyncio.serve(app, hypercorn_config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+    finally:
+        if not load.done():
+            load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
+        if not _failed(load):
+            load.result().shutdown()
+    if not load.cancelled() and load.exception() is not None:
+        raise load.exception()  # type: ignore[misc]
+
+
+def _failed(task: asyncio.Task[AsyncLLM]) -> bool:
+    return task.done() and (task.cancelled() or task.exception() is not None)
+
+
+async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
+    """Starts the engine, waits until it is ready, then hands the app its state."""
+    from service.api.app import attach
     from service.api.server_state import ServerState
     from service.async_llm import AsyncLLM
     from service.async_mp_client import AsyncMPClient
@@ -108,7 +241,7 @@ async def serve(config: GatewayConfig) -> None:
     from service.request_log import RequestLogger
     from service.tokenizer import Tokenizer
 
-    resolved = resolve_model(config.model)
+    resolved = await asyncio.to_thread(resolve_model, config.model)
     names = list(config.served_model_names or (resolved.name,))
     engine_args = replace(config.engine, model_path=str(resolved.path), model_name=names[0])
     client = AsyncMPClient(engine_args)
@@ -122,30 +255,28 @@ async def serve(config: GatewayConfig) -> None:
     metrics = PrometheusStatLogger(names[0])
     llm = AsyncLLM(client, tokenizer, ready, stat_loggers=[metrics, RequestLogger()])
     generation_defaults = {**resolved.generation_defaults, **dict(config.generation_config)}
-    app = create_app(
-        ServerState(
-            llm, names, generation_defaults, config.max_n, config.max_request_body_bytes,
-            metrics_registry=metrics.registry,
-        )
-    )
-    hypercorn_config = hypercorn.config.Config()
-    hypercorn_config.bind = [f"{config.host}:{config.port}"]
-    hypercorn_config.graceful_timeout = 3.0
-    # NOTE: hypercorn's own lines go through our handler, so they follow --log-format.
-    hypercorn_config.errorlog = logging.getLogger("hypercorn.error")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    attach(app, ServerState(
+        llm, names, generation_defaults, config.max_n, config.max_request_body_bytes,
+        metrics_registry=metrics.registry, admission=app.state.admission,
+    ))
     logger.info("serving %s on http://%s:%d", names[0], config.host, config.port)
-    try:
-        await hypercorn.asyncio.serve(app, hypercorn_config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
-    finally:
-        llm.shutdown()
+    return llm
+
+
+async def _drain(admission: Admission, timeout_s: float) -> None:
+    """Refuses new requests, waits up to `timeout_s` for those in flight, then aborts the rest."""
+    from service.api.admission import Phase
+
+    admission.phase = Phase.DRAINING
+    logger.info("draining: %d requests in flight, waiting up to %g s", admission.num_in_flight, timeout_s)
+    if not await admission.wait_idle(timeout_s):
+        logger.warning("aborting %d requests still in flight", admission.num_in_flight)
+        admission.abort_all()
+        await admission.wait_idle(ABORT_GRACE_S)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if args.command == "bench":
         return run_bench(args)
     if args.command == "generate":
@@ -154,13 +285,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
     except ValueError as exc:
-        print(f"zeroserve: error: {exc}", file=sys.stderr)
+        print(f"zeroserve: error: {_naming_the_variable(str(exc), argv)}", file=sys.stderr)
         return 2
     import uvloop
+
+    from service.core_client import EngineDeadError
 
     try:
         uvloop.run(serve(config))
     except ValueError as exc:
         print(f"zeroserve: error: {exc}", file=sys.stderr)
         return 2
+    except EngineDeadError as exc:
+        print(f"zeroserve: error: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _naming_the_variable(message: str, argv: Sequence[str] | None) -> str:
+    """A message about `--flag ...`, naming the variable that set the flag when the command line did not."""
+    flag = message.split(" ", 1)[0].rstrip(":")
+    if not flag.startswith("--"):
+        return message
+    name = envs.FLAG_VAR_PREFIX + flag[2:].replace("-", "_").upper()
+    given = sys.argv[1:] if argv is None else argv
+    if name in os.environ and not any(arg == flag or arg.startswith(f"{flag}=") for arg in given):
+        return f"{message} (set by environment variable {name})"
+    return message

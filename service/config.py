@@ -19,6 +19,13 @@ class GatewayConfig:
     engine: EngineArgs = field(default_factory=lambda: EngineArgs(model_path="", model_name=""))
     max_n: int = 16
     max_request_body_bytes: int = 8 * 2**20
+    api_keys: tuple[str, ...] = ()
+    is_metrics_auth: bool = False
+    max_num_queued_requests: int = 256
+    request_timeout_s: float | None = None
+    shutdown_timeout_s: float = 30.0
+    sse_keepalive_s: float = 15.0
+    max_header_bytes: int = 16 * 2**10
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -30,3 +37,20 @@ class GatewayConfig:
         unknown = {key for key, _ in self.generation_config} - {"temperature", "top_p", "top_k", "min_p"}
         if unknown:
             raise ValueError(f"--override-generation-config: unknown keys {sorted(unknown)}")
+        if any(not key or key != key.strip() or "," in key for key in self.api_keys):
+            raise ValueError("--api-key: keys must be non-empty, without commas or surrounding spaces")
+        if self.max_num_queued_requests < 0:
+            raise ValueError(f"--max-num-queued-requests must be >= 0, got {self.max_num_queued_requests}")
+        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+            raise ValueError(f"--request-timeout must be > 0, got {self.request_timeout_s}")
+        if not self.shutdown_timeout_s >= 0:
+            raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout_s}")
+        if not self.sse_keepalive_s >= 0:
+            raise ValueError(f"--sse-keepalive must be >= 0, got {self.sse_keepalive_s}")
+        if self.max_header_bytes < 1024:
+            raise ValueError(f"--max-header-bytes must be >= 1024, got {self.max_header_bytes}")
+
+    @property
+    def max_num_in_flight(self) -> int:
+        """Generation requests the gateway holds at once: the engine's batch plus its queue."""
+        return self.engine.max_num_seqs + self.max_num_queued_requests

@@ -1,9 +1,11 @@
-"""Every environment variable zeroserve reads, declared in one table and read once."""
+"""Every environment variable zeroserve reads: the table below, and ZEROSERVE_<FLAG> for each
+`zeroserve serve` flag (generated from its parser; the flag beats the variable)."""
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -93,4 +95,70 @@ def enable_multiprocessing() -> bool:
 def stats_log_interval() -> float:
     """Seconds between stats log lines; 0 turns the log off (ZEROSERVE_STATS_LOG_INTERVAL)."""
     value: float = read("ZEROSERVE_STATS_LOG_INTERVAL")
+    return value
+
+
+FLAG_VAR_PREFIX = "ZEROSERVE_"
+
+
+def flag_var_name(action: argparse.Action) -> str:
+    """ZEROSERVE_MAX_NUM_SEQS for `--max-num-seqs`; ZEROSERVE_MODEL for the positional `model`."""
+    name = max(action.option_strings, key=len) if action.option_strings else action.dest
+    return FLAG_VAR_PREFIX + name.lstrip("-").replace("-", "_").upper()
+
+
+def _flag_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [
+        action for action in parser._actions
+        if not isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction))
+    ]
+
+
+def document_flag_vars(parser: argparse.ArgumentParser) -> None:
+    """Ends each flag's --help line with its default and its variable."""
+    for action in _flag_actions(parser):
+        text = action.help or ""
+        if "default" not in text:
+            text = f"{text} (default: %(default)s)"
+        action.help = f"{text} [env: {flag_var_name(action)}]".strip()
+
+
+def flag_defaults_from_env(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The defaults ZEROSERVE_<FLAG> variables give `parser`'s flags; a bad value raises
+    ValueError naming the variable. Lists (`--api-key`, `--served-model-name`) are comma-separated."""
+    defaults: dict[str, Any] = {}
+    for action in _flag_actions(parser):
+        name = flag_var_name(action)
+        raw = environ.get(name)
+        if raw is None:
+            continue
+        try:
+            defaults[action.dest] = _flag_value(action, raw)
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+            raise ValueError(f"Bad value {raw!r} for environment variable {name} ({_flag_name(action)}): {exc}") from exc
+    return defaults
+
+
+def _flag_name(action: argparse.Action) -> str:
+    return max(action.option_strings, key=len) if action.option_strings else action.dest
+
+
+def _flag_value(action: argparse.Action, raw: str) -> Any:
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return _bool(raw)
+    if action.nargs == 0:
+        return action.const if _bool(raw) else action.default
+    if isinstance(action, argparse._AppendAction) or action.nargs in ("+", "*"):
+        values = [_one_flag_value(action, part.strip()) for part in raw.split(",") if part.strip()]
+        if not values:
+            raise ValueError("must list at least one value, comma-separated")
+        return values
+    return _one_flag_value(action, raw)
+
+
+def _one_flag_value(action: argparse.Action, raw: str) -> Any:
+    convert: Callable[[str], Any] = action.type if callable(action.type) else str
+    value = convert(raw)
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"must be one of {', '.join(map(str, action.choices))}")
     return value

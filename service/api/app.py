@@ -2,29 +2,58 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib.metadata
 import logging
+from collections.abc import Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from service.api.admission import Admission, AdmissionMiddleware, Phase
+from service.api.auth import APIKeyMiddleware
 from service.api.chat_completions import create_chat_completion
 from service.api.completions import create_completion
 from service.api.errors import APIError, error_response
 from service.api.server_state import ServerState, now
+from service.api.sse import DEFAULT_SSE_KEEPALIVE_S
 from service.api.tokenize import detokenize, tokenize
 from service.core_client import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
 
+HEALTH_PING_TIMEOUT_S = 5.0
+
+
 async def health(request: Request) -> Response:
+    """200 only when the engine answers a ping; 503 while loading, draining, or once it is dead."""
+    admission: Admission = request.app.state.admission
+    if admission.phase is not Phase.SERVING:
+        return JSONResponse({"status": admission.phase.value}, status_code=503)
     state: ServerState = request.app.state.server
     if state.llm.is_dead:
         return JSONResponse({"status": "dead"}, status_code=503)
+    try:
+        async with asyncio.timeout(HEALTH_PING_TIMEOUT_S):
+            await state.llm.engine_client.call_utility_async("ping")
+    except TimeoutError:
+        return JSONResponse({"status": "unresponsive"}, status_code=503)
+    except Exception:  # noqa: BLE001 - any failure to answer is unhealthy
+        return JSONResponse({"status": "dead" if state.llm.is_dead else "unhealthy"}, status_code=503)
     return JSONResponse({"status": "ok"})
+
+
+async def version(request: Request) -> Response:
+    try:
+        package_version = importlib.metadata.version("zeroserve")
+    except importlib.metadata.PackageNotFoundError:
+        package_version = "unknown"
+    return JSONResponse({"version": package_version})
 
 
 async def list_models(request: Request) -> Response:
@@ -64,10 +93,25 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return error_response(APIError(f"Internal error: {exc}", 500, error_type="server_error"))
 
 
-def create_app(state: ServerState) -> Starlette:
+def create_app(
+    state: ServerState | None,
+    api_keys: Sequence[str] = (),
+    is_metrics_auth: bool = False,
+    sse_keepalive_s: float = DEFAULT_SSE_KEEPALIVE_S,
+    admission: Admission | None = None,
+) -> Starlette:
+    """The app; with `state` None it answers 503 "loading" until `attach` hands it one."""
+    if admission is None:
+        admission = Admission() if state is None else state.admission
+    middleware = [Middleware(AdmissionMiddleware, admission=admission)]
+    if api_keys:
+        open_paths = {"/health"} if is_metrics_auth else {"/health", "/metrics"}
+        middleware.insert(0, Middleware(APIKeyMiddleware, api_keys=api_keys, open_paths=open_paths))
     app = Starlette(
+        middleware=middleware,
         routes=[
             Route("/health", health, methods=["GET"]),
+            Route("/version", version, methods=["GET"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
             Route("/v1/completions", create_completion, methods=["POST"]),
@@ -81,5 +125,16 @@ def create_app(state: ServerState) -> Starlette:
             Exception: _unexpected,
         },
     )
-    app.state.server = state
+    app.state.admission = admission
+    app.state.sse_keepalive_s = sse_keepalive_s
+    if state is not None:
+        attach(app, state)
     return app
+
+
+def attach(app: Starlette, state: ServerState) -> None:
+    """Serves with `state` from now on (the engine is ready), unless a drain has begun."""
+    app.state.server = state
+    admission: Admission = app.state.admission
+    if admission.phase is Phase.LOADING:
+        admission.phase = Phase.SERVING

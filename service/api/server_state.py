@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from proto.engine_input import SamplingParams
+from service.api.admission import Admission
 from service.api.errors import APIError
 from service.api.protocol import SamplingRequest
 from service.async_llm import AsyncLLM
@@ -30,12 +31,14 @@ class ServerState:
         generation_defaults: dict[str, float] | None = None,
         max_n: int = DEFAULT_MAX_N,
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+        admission: Admission | None = None,
     ) -> None:
         self.llm = llm
         self.served_model_names = served_model_names
         self.generation_defaults = generation_defaults or {}
         self.max_n = max_n
         self.max_request_body_bytes = max_request_body_bytes
+        self.admission = admission or Admission()
 
     def model_name(self, model: str | None) -> str:
         """The served name the request asks for (the first one when it names none)."""
@@ -65,7 +68,8 @@ class ServerState:
         body: SamplingRequest,
     ) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Validates every child now (a 400 before any streaming), then streams their outputs as
-        (choice index, delta); choice `i * n + j` is sample j of prompt i."""
+        (choice index, delta); choice `i * n + j` is sample j of prompt i. A timeout or the end of
+        a drain ends every unfinished choice with finish_reason "abort", then raises."""
         streams = []
         for prompt_index, prompt_token_ids in enumerate(prompts):
             parent_id = request_id if len(prompts) == 1 else f"{request_id}-p{prompt_index}"
@@ -82,7 +86,7 @@ class ServerState:
                     raise APIError(str(exc), param="prompt") from exc
                 stop_checker = StopChecker(body.stop_strings, body.include_stop_str_in_output)
                 streams.append(self.llm.generate(request, stop_checker=stop_checker))
-        return merge_streams(streams)
+        return self.admission.guard(merge_streams(streams), len(streams))
 
 
 def build_sampling_params(

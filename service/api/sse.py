@@ -7,11 +7,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
+from starlette.types import Receive, Scope, Send
 
 from service.api.errors import APIError
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_SSE_KEEPALIVE_S = 15.0
 
 
 async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
@@ -26,6 +30,20 @@ async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
     yield "[DONE]"
 
 
+def _keepalive() -> ServerSentEvent:
+    return ServerSentEvent(comment="ping", sep="\n")
+
+
+class _EventStream(EventSourceResponse):
+    """An SSE response that sends `: ping` every `app.state.sse_keepalive_s` seconds (0: never)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        app = scope.get("app")
+        self.ping_interval = getattr(app.state, "sse_keepalive_s", DEFAULT_SSE_KEEPALIVE_S) if app else 0
+        await super().__call__(scope, receive, send)
+
+
 def sse_response(chunks: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
-    """Streams `chunks` as `data:` events, ending with `data: [DONE]`."""
-    return EventSourceResponse(_events(chunks), sep="\n")
+    """Streams `chunks` as `data:` events, ending with `data: [DONE]`; `: ping` comments keep
+    the connection alive while they wait."""
+    return _EventStream(_events(chunks), sep="\n", ping_message_factory=_keepalive)

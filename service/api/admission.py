@@ -1,0 +1,156 @@
+"""Admission: the gateway's phase (loading, serving, draining), its cap on requests in flight,
+and the deadline that ends a request's stream (its timeout, or the end of a drain)."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import AsyncGenerator
+
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.api.errors import APIError, error_response
+from service.outputs import CompletionOutput, RequestOutput
+
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+ALWAYS_OPEN_PATHS = frozenset({"/health", "/version"})
+OPEN_WHILE_DRAINING_PATHS = ALWAYS_OPEN_PATHS | {"/metrics"}
+RETRY_AFTER_S = 1
+
+
+class Phase(enum.Enum):
+    LOADING = "loading"
+    SERVING = "serving"
+    DRAINING = "draining"
+
+
+class Admission:
+    """Which requests the gateway takes now, how many are in flight, and when their streams end."""
+
+    def __init__(self, max_num_in_flight: int | None = None, request_timeout_s: float | None = None) -> None:
+        self.max_num_in_flight = max_num_in_flight
+        self.request_timeout_s = request_timeout_s
+        self.phase = Phase.LOADING
+        self.num_in_flight = 0
+        self.is_aborting = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._timeouts: set[asyncio.Timeout] = set()
+
+    def refusal(self, path: str) -> Response | None:
+        """The answer to a request for `path` that is not admitted now, or None to admit it."""
+        if self.phase is Phase.LOADING and path not in ALWAYS_OPEN_PATHS:
+            return error_response(APIError("The model is loading; retry shortly.", 503, error_type="server_error",
+                                            code="model_loading"))
+        if self.phase is Phase.DRAINING and path not in OPEN_WHILE_DRAINING_PATHS:
+            response = error_response(APIError("The server is shutting down.", 503, error_type="server_error",
+                                               code="server_shutting_down"))
+            response.headers["Connection"] = "close"
+            return response
+        if (
+            path in GENERATION_PATHS and self.max_num_in_flight is not None
+            and self.num_in_flight >= self.max_num_in_flight
+        ):
+            response = error_response(APIError(
+                f"The server has {self.num_in_flight} requests in flight, its limit; retry later.", 429,
+                error_type="requests", code="rate_limit_exceeded",
+            ))
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return response
+        return None
+
+    def acquire(self) -> None:
+        self.num_in_flight += 1
+        self._idle.clear()
+
+    def release(self) -> None:
+        self.num_in_flight -= 1
+        if self.num_in_flight == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Waits up to `timeout_s` for no request to be in flight; True if none is."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def abort_all(self) -> None:
+        """Ends every stream now (and every later one at once): the end of a drain."""
+        self.is_aborting = True
+        now = asyncio.get_running_loop().time()
+        for timeout in list(self._timeouts):
+            timeout.reschedule(now)
+
+    async def guard(
+        self, outputs: AsyncGenerator[tuple[int, RequestOutput], None], num_choices: int
+    ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+        """Yields `outputs` until they end. Past the request's timeout, or when the drain aborts
+        it, closes them (which aborts the engine requests), ends each unfinished choice with
+        finish_reason "abort" and raises the APIError saying why."""
+        loop = asyncio.get_running_loop()
+        deadline = None if self.request_timeout_s is None else loop.time() + self.request_timeout_s
+        request_ids = [""] * num_choices
+        unfinished = set(range(num_choices))
+        try:
+            while not self.is_aborting:
+                try:
+                    async with asyncio.timeout_at(deadline) as timeout:
+                        self._timeouts.add(timeout)
+                        try:
+                            index, output = await anext(outputs)
+                        finally:
+                            self._timeouts.discard(timeout)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    break
+                request_ids[index] = output.request_id
+                if output.finished:
+                    unfinished.discard(index)
+                yield index, output
+        finally:
+            await outputs.aclose()
+        for index in sorted(unfinished):
+            yield index, _aborted_output(request_ids[index])
+        raise self._abort_error()
+
+    def _abort_error(self) -> APIError:
+        if self.is_aborting:
+            return APIError("The server shut down before the request finished.", 503, error_type="server_error",
+                            code="server_shutting_down")
+        return APIError(f"The request ran longer than the server's request timeout ({self.request_timeout_s:g} s) "
+                        "and was aborted.", 408, code="request_timeout")
+
+
+def _aborted_output(request_id: str) -> RequestOutput:
+    return RequestOutput(request_id, None, [], [CompletionOutput(0, "", [], finish_reason="abort")], finished=True)
+
+
+class AdmissionMiddleware:
+    """Refuses what `Admission` does not admit (503 loading/draining, 429 with Retry-After past
+    the cap) before the body is read, and counts generation requests until their response ends."""
+
+    def __init__(self, app: ASGIApp, admission: Admission) -> None:
+        self.app = app
+        self.admission = admission
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        refusal = self.admission.refusal(path)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        if path not in GENERATION_PATHS:
+            await self.app(scope, receive, send)
+            return
+        self.admission.acquire()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.admission.release()

@@ -1,0 +1,41 @@
+"""API keys: `Authorization: Bearer KEY` on every route but the open ones, or a 401."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.api.errors import APIError, error_response
+
+
+class APIKeyMiddleware:
+    """Answers 401 in OpenAI's shape unless the request carries one of the keys."""
+
+    def __init__(self, app: ASGIApp, api_keys: Iterable[str], open_paths: Iterable[str]) -> None:
+        self.app = app
+        self.api_keys = [key.encode() for key in api_keys]
+        self.open_paths = frozenset(open_paths)
+
+    def is_authorized(self, authorization: str) -> bool:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        given = token.strip().encode()
+        # NOTE: every key is compared, so the time taken says nothing about which one matched.
+        return any([hmac.compare_digest(given, key) for key in self.api_keys])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        if self.is_authorized(Headers(scope=scope).get("authorization", "")):
+            await self.app(scope, receive, send)
+            return
+        response = error_response(APIError(
+            "Incorrect API key provided. Send it as `Authorization: Bearer KEY`.", 401, code="invalid_api_key",
+        ))
+        response.headers["WWW-Authenticate"] = "Bearer"
+        await response(scope, receive, send)
