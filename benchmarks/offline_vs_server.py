@@ -1,0 +1,103 @@
+"""Offline `LLM.generate` against the HTTP server, same model, same prompts, same concurrency.
+
+    .venv/bin/python -m benchmarks.offline_vs_server                 # 16 and 64 at once, bf16
+    .venv/bin/python -m benchmarks.offline_vs_server --concurrency 16 --num-prompts 64
+
+For each concurrency C: a server with `--max-num-seqs C` is started and `zeroserve bench serve
+--max-concurrency C` streams the prompts at it; then `zeroserve bench throughput --max-num-seqs C`
+runs the same prompts (same random dataset and seed) through `LLM.generate`. Both run every
+request to its max_tokens (`ignore_eos`). Output tokens/s of each, and their ratio, are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(command: list[str]) -> None:
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
+def serve_figures(args: argparse.Namespace, concurrency: int, result_path: Path) -> dict[str, float]:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service", "serve", args.model, "--port", str(port), "--dtype", args.dtype,
+         "--max-num-seqs", str(concurrency), "--num-threads", str(args.num_threads)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.5)
+        run([
+            sys.executable, "-m", "service", "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
+            "--num-prompts", str(args.num_prompts), "--max-concurrency", str(concurrency),
+            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+            "--ignore-eos", "--num-warmups", "2", "--result-json", str(result_path), "--disable-tqdm",
+        ])
+    finally:
+        server.terminate()
+        server.wait(30)
+    result: dict[str, float] = json.loads(result_path.read_text())
+    return result
+
+
+def offline_figures(args: argparse.Namespace, concurrency: int, result_path: Path) -> dict[str, float]:
+    run([
+        sys.executable, "-m", "service", "bench", "throughput", args.model, "--dtype", args.dtype,
+        "--max-num-seqs", str(concurrency), "--num-threads", str(args.num_threads),
+        "--num-prompts", str(args.num_prompts), "--random-input-len", str(args.input_len),
+        "--random-output-len", str(args.output_len), "--num-warmups", "2", "--output-json", str(result_path),
+        "--disable-tqdm",
+    ])
+    result: dict[str, float] = json.loads(result_path.read_text())
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--num-threads", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--num-prompts", type=int, default=None, help="default: 4 × concurrency")
+    parser.add_argument("--input-len", type=int, default=230)
+    parser.add_argument("--output-len", type=int, default=128)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for concurrency in args.concurrency:
+            num_prompts = args.num_prompts or 4 * concurrency
+            run_args = argparse.Namespace(**{**vars(args), "num_prompts": num_prompts})
+            served = serve_figures(run_args, concurrency, Path(tmp) / f"serve-{concurrency}.json")
+            offline = offline_figures(run_args, concurrency, Path(tmp) / f"offline-{concurrency}.json")
+            rows.append((concurrency, num_prompts, served["output_throughput"], offline["output_throughput"]))
+    print(f"{'concurrency':>11} {'prompts':>7} {'HTTP tok/s':>10} {'LLM.generate tok/s':>18} {'ratio':>6}")
+    for concurrency, num_prompts, served_tps, offline_tps in rows:
+        print(f"{concurrency:>11} {num_prompts:>7} {served_tps:>10.1f} {offline_tps:>18.1f} {offline_tps / served_tps:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
