@@ -19,6 +19,7 @@ from service.api.auth import APIKeyMiddleware
 from service.api.chat_completions import create_chat_completion
 from service.api.completions import create_completion
 from service.api.errors import APIError, error_response
+from service.api.metrics_route import metrics
 from service.api.server_state import ServerState, now
 from service.api.sse import DEFAULT_SSE_KEEPALIVE_S
 from service.api.tokenize import detokenize, tokenize
@@ -112,6 +113,7 @@ def create_app(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/version", version, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
             Route("/v1/completions", create_completion, methods=["POST"]),

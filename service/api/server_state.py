@@ -7,6 +7,8 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from proto.engine_input import SamplingParams
 from service.api.admission import Admission
 from service.api.errors import APIError
@@ -31,6 +33,7 @@ class ServerState:
         generation_defaults: dict[str, float] | None = None,
         max_n: int = DEFAULT_MAX_N,
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+        metrics_registry: CollectorRegistry | None = None,
         admission: Admission | None = None,
     ) -> None:
         self.llm = llm
@@ -38,6 +41,7 @@ class ServerState:
         self.generation_defaults = generation_defaults or {}
         self.max_n = max_n
         self.max_request_body_bytes = max_request_body_bytes
+        self.metrics_registry = metrics_registry
         self.admission = admission or Admission()
 
     def model_name(self, model: str | None) -> str:
