@@ -35,11 +35,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(model: str | Path, *args: str, timeout: float = 180.0) -> Iterator[ServerProcess]:
+def running_server(
+    model: str | Path, *args: str, timeout: float = 180.0, log_file: Path | None = None
+) -> Iterator[ServerProcess]:
+    """The server's stdout and stderr go to `log_file` when given, else to the test's own."""
     port = free_port()
     command = [sys.executable, "-m", "service", "serve", str(model), "--port", str(port)]
     command += ["--num-threads", "1", "--kv-cache-memory", "0.25", "--max-model-len", "2048", *args]
-    proc = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log = None if log_file is None else log_file.open("wb")
+    output = {} if log is None else {"stdout": log, "stderr": subprocess.STDOUT}
+    proc = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"}, **output)
     server = ServerProcess(proc, f"http://127.0.0.1:{port}")
     try:
         deadline = time.monotonic() + timeout
@@ -63,3 +68,5 @@ def running_server(model: str | Path, *args: str, timeout: float = 180.0) -> Ite
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if log is not None:
+            log.close()
