@@ -49,7 +49,9 @@ class EngineCoreProc:
         self.input_thread = InputThread(
             self.ctx, input_address, engine_core.ready_message(), self.input_queue
         )
-        self.output_thread = OutputThread(self.ctx, output_address, self.output_queue)
+        self.output_thread = OutputThread(
+            self.ctx, output_address, self.output_queue, engine_core.ready_message().engine_index
+        )
         self.is_running = True
 
     def run(self) -> int:

@@ -34,9 +34,10 @@ class OutputThread(threading.Thread):
     """PUSH connected to the gateway's PULL; zero-copy, tracked sends with reused buffers."""
 
     def __init__(
-        self, ctx: zmq.Context[Any], address: str, output_queue: queue.Queue[OutputItem]
+        self, ctx: zmq.Context[Any], address: str, output_queue: queue.Queue[OutputItem], engine_index: int = 0
     ) -> None:
         super().__init__(name="engine-output", daemon=True)
+        self.engine_index = engine_index
         self.ctx = ctx
         self.address = address
         self.output_queue = output_queue
@@ -52,7 +53,7 @@ class OutputThread(threading.Thread):
                 item = self.output_queue.get()
                 if isinstance(item, Shutdown):
                     if item.is_dead:
-                        sock.send(ENGINE_CORE_DEAD)
+                        sock.send_multipart([ENGINE_CORE_DEAD, self.engine_index.to_bytes(2, "little")])
                     return
                 self._reclaim(pending)
                 buffer = self.free_buffers.pop() if self.free_buffers else bytearray()

@@ -95,6 +95,8 @@ class EngineCoreRequest:
     arrival_time: float = 0.0
     priority: int = 0
     client_index: int = 0
+    # NOTE: the gateway's routing choice made by the caller (vLLM's data_parallel_rank).
+    data_parallel_rank: int | None = None
 
 
 @dataclass(slots=True)

@@ -6,7 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-# NOTE: a single raw frame, never msgpack, so the gateway can test for it before decoding.
+# NOTE: a raw frame, never msgpack, so the gateway can test for it before decoding; a second
+# frame holds the engine's index (2 bytes, little-endian).
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 
 

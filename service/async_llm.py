@@ -12,6 +12,7 @@ from proto.handshake import EngineReady
 from service import envs
 from service.core_client import EngineCoreClient, EngineDeadError
 from service.engine_launcher import EngineArgs
+from service.engine_state import EngineLost
 from service.input_processor import InputProcessor
 from service.output_processor import OutputProcessor, RequestOutputCollector
 from service.outputs import RequestOutput
@@ -129,6 +130,9 @@ class AsyncLLM:
         try:
             while True:
                 outputs = await self.engine_client.get_output_async()
+                if isinstance(outputs, EngineLost):
+                    self.output_processor.propagate_error(EngineDeadError(outputs.reason), outputs.request_ids)
+                    continue
                 iteration_stats = None if self.stat_loggers is None else IterationStats(outputs.engine_index)
                 processed = self.output_processor.process_outputs(
                     outputs.outputs, outputs.timestamp, iteration_stats

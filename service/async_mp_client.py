@@ -13,43 +13,68 @@ from proto.engine_output import EngineCoreOutputs
 from proto.handshake import EngineReady
 from service.core_client import EngineDeadError
 from service.engine_launcher import EngineArgs
+from service.engine_state import EngineLost
 from service.mp_client import MPClient, utility_outcome
+
+OutputItem = EngineCoreOutputs | EngineLost | BaseException
 
 
 class AsyncMPClient(MPClient):
-    """One task moves decoded outputs from the PULL socket to `outputs_queue`."""
+    """One task moves decoded outputs from the PULL socket to `outputs_queue`; with several
+    engines (data parallel), each request goes to the least-loaded one."""
 
     input_socket: zmq.asyncio.Socket
     output_socket: zmq.asyncio.Socket
 
-    def __init__(self, engine_args: EngineArgs) -> None:
-        self.outputs_queue: asyncio.Queue[EngineCoreOutputs | BaseException] = asyncio.Queue()
+    def __init__(self, engine_args: EngineArgs, data_parallel_size: int = 1) -> None:
+        self.outputs_queue: asyncio.Queue[OutputItem] = asyncio.Queue()
         self._dead = asyncio.Event()
         self._utility_calls: dict[int, asyncio.Future[Any]] = {}
+        self._utility_owner: dict[int, int] = {}
         self._loop = asyncio.get_running_loop()
         self._tasks: list[asyncio.Task[None]] = []
-        super().__init__(engine_args, zmq.asyncio.Context())
+        super().__init__(engine_args, zmq.asyncio.Context(), data_parallel_size)
 
     async def wait_ready(self, timeout: float = 300.0) -> EngineReady:
-        """Waits for the engine's ready message (its first DEALER message)."""
-        recv = asyncio.ensure_future(self.input_socket.recv_multipart())
+        """Waits for every engine's ready message (its first DEALER message)."""
         dead = asyncio.ensure_future(self._dead.wait())
-        done, _ = await asyncio.wait({recv, dead}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        dead.cancel()
-        if recv not in done:
-            recv.cancel()
-            raise EngineDeadError("the engine process did not start; see its log above")
-        ready = self._accept_ready(recv.result())
+        try:
+            while len(self.engines) < self.data_parallel_size:
+                recv = asyncio.ensure_future(self.input_socket.recv_multipart())
+                done, _ = await asyncio.wait({recv, dead}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if recv not in done:
+                    recv.cancel()
+                    raise EngineDeadError("the engine process did not start; see its log above")
+                self._accept_ready(recv.result())
+        finally:
+            dead.cancel()
         self._tasks.append(asyncio.create_task(self._process_outputs_socket(), name="outputs-socket"))
-        return ready
+        return self.ready
 
-    def _engine_died(self, reason: str) -> None:
-        # NOTE: called from the watcher thread as well as from the loop.
-        self._loop.call_soon_threadsafe(self._mark_dead, reason)
+    def _engine_died(self, engine_index: int, reason: str) -> None:
+        # NOTE: called from the watcher threads as well as from the loop.
+        self._loop.call_soon_threadsafe(self._lose, engine_index, reason)
 
-    def _mark_dead(self, reason: str) -> None:
+    def _lose(self, engine_index: int, reason: str) -> None:
         if self._is_dead:
             return
+        if engine_index not in self.engines:  # NOTE: died before it was ready.
+            self._mark_dead(reason)
+            return
+        lost = self._lose_engine(engine_index, reason)
+        if lost is None:
+            return
+        error = EngineDeadError(lost.reason)
+        for call_id, owner in list(self._utility_owner.items()):
+            future = self._utility_calls.pop(call_id, None)
+            if owner == engine_index and future is not None and not future.done():
+                future.set_exception(error)
+        if not self.alive_engines:
+            self._mark_dead(reason)
+        else:
+            self.outputs_queue.put_nowait(lost)
+
+    def _mark_dead(self, reason: str) -> None:
         self._is_dead = True
         self._dead.set()
         error = EngineDeadError(f"engine is dead: {reason}")
@@ -63,13 +88,16 @@ class AsyncMPClient(MPClient):
         while True:
             frames = await self.output_socket.recv_multipart(copy=False)
             outputs = self._decode_outputs(frames)
-            if outputs is None:
-                self._mark_dead("the engine core reported a fatal error")
-                return
+            if isinstance(outputs, int):
+                self._lose(outputs, "the engine core reported a fatal error")
+                continue
             if outputs.utility_output is None:
+                self._track(outputs)
                 self.outputs_queue.put_nowait(outputs)
                 continue
-            future = self._utility_calls.pop(outputs.utility_output.call_id, None)
+            call_id = outputs.utility_output.call_id
+            self._utility_owner.pop(call_id, None)
+            future = self._utility_calls.pop(call_id, None)
             if future is not None and not future.done():
                 value, error = utility_outcome(outputs.utility_output)
                 if error is not None:
@@ -77,7 +105,7 @@ class AsyncMPClient(MPClient):
                 else:
                     future.set_result(value)
 
-    async def get_output_async(self) -> EngineCoreOutputs:
+    async def get_output_async(self) -> EngineCoreOutputs | EngineLost:
         item = await self.outputs_queue.get()
         if isinstance(item, BaseException):
             self.outputs_queue.put_nowait(item)  # NOTE: every later caller sees it too.
@@ -85,18 +113,39 @@ class AsyncMPClient(MPClient):
         return item
 
     async def add_request_async(self, request: EngineCoreRequest) -> None:
-        await self.input_socket.send_multipart(self._frames(RequestType.ADD, request), copy=False)
+        engine = self._route(request)
+        try:
+            await self.input_socket.send_multipart(self._frames(engine.identity, RequestType.ADD, request), copy=False)
+        except BaseException:
+            self._owners([request.request_id])
+            raise
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
-        if request_ids and not self.is_dead:
-            await self.input_socket.send_multipart(self._frames(RequestType.ABORT, request_ids), copy=False)
+        if not request_ids or self.is_dead:
+            return
+        for index, ids in self._owners(request_ids).items():
+            await self.input_socket.send_multipart(
+                self._frames(self.engines[index].identity, RequestType.ABORT, ids), copy=False
+            )
 
     async def call_utility_async(self, method: str, *args: Any) -> Any:
-        call_id, frames = self._utility_frames(method, args)
-        future: asyncio.Future[Any] = self._loop.create_future()
-        self._utility_calls[call_id] = future
-        await self.input_socket.send_multipart(frames, copy=False)
-        return await future
+        """Calls every serving engine; the first engine's answer (all must answer)."""
+        results = await self.call_utility_all_async(method, *args)
+        return results[0]
+
+    async def call_utility_all_async(self, method: str, *args: Any) -> list[Any]:
+        engines = self.alive_engines
+        if not engines:
+            raise EngineDeadError("no engine is serving")
+        futures = []
+        for engine in engines:
+            call_id, frames = self._utility_frames(engine, method, args)
+            future: asyncio.Future[Any] = self._loop.create_future()
+            self._utility_calls[call_id] = future
+            self._utility_owner[call_id] = engine.index
+            await self.input_socket.send_multipart(frames, copy=False)
+            futures.append(future)
+        return list(await asyncio.gather(*futures))
 
     def shutdown(self) -> None:
         for task in self._tasks:

@@ -13,6 +13,7 @@ from proto.engine_input import EngineCoreRequest
 from proto.engine_output import EngineCoreOutputs
 from proto.handshake import EngineReady
 from service.engine_launcher import EngineArgs
+from service.engine_state import EngineLost
 
 
 class EngineDeadError(RuntimeError):
@@ -81,7 +82,8 @@ class EngineCoreClient:
     async def wait_ready(self, timeout: float = 300.0) -> EngineReady:
         raise NotImplementedError
 
-    async def get_output_async(self) -> EngineCoreOutputs:
+    async def get_output_async(self) -> EngineCoreOutputs | EngineLost:
+        """The next batch of outputs, or news that an engine went away (with data parallel)."""
         raise NotImplementedError
 
     async def add_request_async(self, request: EngineCoreRequest) -> None:

@@ -177,9 +177,9 @@ class OutputProcessor:
                 result.request_outputs.append(output)
         return result
 
-    def propagate_error(self, error: BaseException) -> None:
-        """Ends every request in flight with `error` (the engine is gone)."""
-        for state in self.request_states.values():
-            if state.collector is not None:
+    def propagate_error(self, error: BaseException, request_ids: list[str] | None = None) -> None:
+        """Ends the requests (all when None) with `error`: their engine is gone."""
+        for request_id in list(self.request_states) if request_ids is None else request_ids:
+            state = self.request_states.pop(request_id, None)
+            if state is not None and state.collector is not None:
                 state.collector.put(error)
-        self.request_states.clear()

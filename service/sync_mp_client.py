@@ -20,12 +20,15 @@ _POLL_MS = 100
 
 
 class SyncMPClient(MPClient):
-    """Sends from the caller's thread; one thread polls the output socket into `outputs_queue`."""
+    """Sends from the caller's thread; one thread polls the output socket into `outputs_queue`.
+
+    NOTE: one engine: the offline engine has no use for data parallelism's routing here.
+    """
 
     def __init__(self, engine_args: EngineArgs, ready_timeout: float = 300.0) -> None:
         self.outputs_queue: queue.Queue[EngineCoreOutputs | BaseException] = queue.Queue()
         self._utility_calls: dict[int, Future[Any]] = {}
-        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         super().__init__(engine_args, zmq.Context())
         try:
@@ -33,6 +36,7 @@ class SyncMPClient(MPClient):
         except BaseException:
             self._close()
             raise
+        self.engine = self.engines[0]
         self._output_thread = threading.Thread(
             target=self._process_outputs_socket, name="engine-outputs", daemon=True
         )
@@ -45,15 +49,21 @@ class SyncMPClient(MPClient):
                 raise EngineDeadError("the engine process did not start; see its log above")
         self._accept_ready(self.input_socket.recv_multipart())
 
+    @property
+    def engine_pid(self) -> int:
+        return self.processes[0].pid
+
     def _process_outputs_socket(self) -> None:
         while not self._stop.is_set():
             if not self.output_socket.poll(_POLL_MS):
                 continue
             outputs = self._decode_outputs(self.output_socket.recv_multipart(copy=False))
-            if outputs is None:
-                self._engine_died("the engine core reported a fatal error")
+            if isinstance(outputs, int):
+                self._engine_died(outputs, "the engine core reported a fatal error")
                 return
             if outputs.utility_output is None:
+                with self._lock:
+                    self._track(outputs)
                 self.outputs_queue.put_nowait(outputs)
                 continue
             future = self._utility_calls.pop(outputs.utility_output.call_id, None)
@@ -64,7 +74,7 @@ class SyncMPClient(MPClient):
                 else:
                     future.set_result(value)
 
-    def _engine_died(self, reason: str) -> None:
+    def _engine_died(self, engine_index: int, reason: str) -> None:
         if self._is_dead:
             return
         self._is_dead = True
@@ -83,18 +93,24 @@ class SyncMPClient(MPClient):
         return item
 
     def _send(self, frames: list[Any]) -> None:
-        with self._send_lock:
+        with self._lock:
             self.input_socket.send_multipart(frames, copy=False)
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self._send(self._frames(RequestType.ADD, request))
+        with self._lock:
+            engine = self._route(request)
+        self._send(self._frames(engine.identity, RequestType.ADD, request))
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        if request_ids and not self.is_dead:
-            self._send(self._frames(RequestType.ABORT, request_ids))
+        if not request_ids or self.is_dead:
+            return
+        with self._lock:
+            by_engine = self._owners(request_ids)
+        for index, ids in by_engine.items():
+            self._send(self._frames(self.engines[index].identity, RequestType.ABORT, ids))
 
     def call_utility(self, method: str, *args: Any) -> Any:
-        call_id, frames = self._utility_frames(method, args)
+        call_id, frames = self._utility_frames(self.engine, method, args)
         future: Future[Any] = Future()
         self._utility_calls[call_id] = future
         self._send(frames)
@@ -102,6 +118,6 @@ class SyncMPClient(MPClient):
 
     def shutdown(self) -> None:
         self._stop.set()
-        if self._output_thread.is_alive():
+        if hasattr(self, "_output_thread") and self._output_thread.is_alive():
             self._output_thread.join()
         self._close()

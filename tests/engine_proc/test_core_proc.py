@@ -158,7 +158,7 @@ def test_fatal_error_sends_engine_core_dead_and_exits_non_zero(gateway: Gateway)
     recv_ready(gateway)
     gateway.send(RequestType.ADD, EngineCoreRequest("boom", [1], SamplingParams()))
     frames = gateway.recv()
-    assert [f.bytes for f in frames] == [ENGINE_CORE_DEAD]
+    assert [f.bytes for f in frames] == [ENGINE_CORE_DEAD, engine_identity(3)]  # its index, as its identity
     thread.join(10)
     assert exit_codes == [1]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from proto.engine_input import EngineCoreRequest, SamplingParams
+from proto.engine_output import EngineCoreOutputs
 from service.async_mp_client import AsyncMPClient
 from service.core_client import EngineCoreClient, EngineDeadError
 from service.engine_launcher import EngineArgs
@@ -59,7 +60,9 @@ async def run_async(client: EngineCoreClient) -> list[list[int]]:
         token_ids: list[int] = []
         is_finished = False
         while not is_finished:
-            for output in (await client.get_output_async()).outputs:
+            outputs = await client.get_output_async()
+            assert isinstance(outputs, EngineCoreOutputs)
+            for output in outputs.outputs:
                 token_ids += output.new_token_ids
                 is_finished = output.is_finished
         results.append(token_ids)
@@ -124,7 +127,7 @@ def test_sync_mp_client_reports_a_dead_engine(engine_args: EngineArgs) -> None:
     try:
         client.add_request(EngineCoreRequest("long", [1, 2, 3], SamplingParams(max_tokens=900, ignore_eos=True)))
         client.get_output()
-        os.kill(client.engine.pid, signal.SIGKILL)
+        os.kill(client.engine_pid, signal.SIGKILL)
         with pytest.raises(EngineDeadError):
             for _ in range(10_000):
                 client.get_output()

@@ -28,14 +28,14 @@ def test_sleep_frees_memory_and_wake_up_restores_generation(default_model_path: 
         conversation = [{"role": "user", "content": "What is the capital of France?"}]
         [before] = llm.chat(conversation, params, use_tqdm=False)
         assert "Paris" in before.outputs[0].text
-        awake = rss_mib(client.engine.pid)
+        awake = rss_mib(client.engine_pid)
         llm.sleep(level=2)
-        asleep = rss_mib(client.engine.pid)
+        asleep = rss_mib(client.engine_pid)
         # NOTE: fp32 weights are ~540 MiB and the KV cache 256 MiB; most of both must go.
         assert asleep < awake - 500, (awake, asleep)
         with pytest.raises(RuntimeError, match="asleep"):
             llm.chat(conversation, params, use_tqdm=False)
         llm.wake_up()
-        assert rss_mib(client.engine.pid) > asleep + 400
+        assert rss_mib(client.engine_pid) > asleep + 400
         [after] = llm.chat(conversation, params, use_tqdm=False)
         assert after.outputs[0].token_ids == before.outputs[0].token_ids
