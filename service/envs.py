@@ -103,8 +103,7 @@ FLAG_VAR_PREFIX = "ZEROSERVE_"
 
 def flag_var_name(action: argparse.Action) -> str:
     """ZEROSERVE_MAX_NUM_SEQS for `--max-num-seqs`; ZEROSERVE_MODEL for the positional `model`."""
-    name = max(action.option_strings, key=len) if action.option_strings else action.dest
-    return FLAG_VAR_PREFIX + name.lstrip("-").replace("-", "_").upper()
+    return FLAG_VAR_PREFIX + _flag_name(action).lstrip("-").replace("-", "_").upper()
 
 
 def _flag_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -140,7 +139,8 @@ def flag_defaults_from_env(parser: argparse.ArgumentParser, environ: Mapping[str
 
 
 def _flag_name(action: argparse.Action) -> str:
-    return max(action.option_strings, key=len) if action.option_strings else action.dest
+    """`--enable-prefix-caching` (not `--no-enable-prefix-caching`, nor a short `-p`), or a positional's name."""
+    return next((option for option in action.option_strings if option.startswith("--")), action.dest)
 
 
 def _flag_value(action: argparse.Action, raw: str) -> Any:

@@ -1,0 +1,220 @@
+"""What operators rely on, against real gateway and engine processes on the tiny model: health
+while loading and after the engine dies, API keys, 429 past the queue cap, request timeouts,
+the SIGTERM drain, SIGKILL, and SSE keepalive comments."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.server_process import ServerProcess, running_server
+from tests.service.api.sse_client import stream_events
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+AUTH = {"Authorization": "Bearer k1"}
+LONG_STREAM = {"prompt": "Count:", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def is_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def data_events(lines: Iterator[str]) -> list[Any]:
+    """The rest of a stream's `data:` payloads, decoded ("[DONE]" kept as a string)."""
+    import json
+
+    events: list[Any] = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def first_data_line(lines: Iterator[str]) -> str:
+    return next(line for line in lines if line.startswith("data: "))
+
+
+def finish_reasons(events: list[Any]) -> dict[int, str]:
+    return {
+        choice["index"]: choice["finish_reason"]
+        for event in events if isinstance(event, dict) and "choices" in event
+        for choice in event["choices"] if choice["finish_reason"] is not None
+    }
+
+
+def test_health_is_503_while_loading_then_200_and_503_once_the_engine_is_gone(tiny_model_dir: Path) -> None:
+    with (
+        running_server(tiny_model_dir, wait_healthy=False) as server,
+        httpx.Client(base_url=server.base_url, timeout=30) as client,
+    ):
+        loading = client.get("/health")
+        refused = client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 1})
+        assert (loading.status_code, loading.json()) == (503, {"status": "loading"})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "model_loading"
+        wait_for(lambda: client.get("/health").status_code == 200, 120)
+        assert client.get("/version").json() == {"version": importlib.metadata.version("zeroserve")}
+        (engine_pid,) = server.engine_pids()
+        os.kill(engine_pid, signal.SIGKILL)
+        wait_for(lambda: client.get("/health").status_code == 503, 10)
+        assert client.get("/health").json() == {"status": "dead"}
+
+
+def test_sigkill_of_the_gateway_leaves_no_engine_process(tiny_model_dir: Path) -> None:
+    with running_server(tiny_model_dir) as server:
+        (engine_pid,) = server.engine_pids()
+        server.proc.kill()
+        server.proc.wait()
+        wait_for(lambda: is_gone(engine_pid), 10)
+
+
+def test_sigterm_drains_finishes_short_streams_aborts_long_ones_and_exits_0(tiny_model_dir: Path) -> None:
+    with (
+        running_server(tiny_model_dir, "--shutdown-timeout", "3") as server,
+        httpx.Client(base_url=server.base_url, timeout=30) as client,
+    ):
+        (engine_pid,) = server.engine_pids()
+        short_body = {**LONG_STREAM, "max_tokens": 150}
+        with (
+            client.stream("POST", COMPLETIONS, json=short_body) as short,
+            client.stream("POST", COMPLETIONS, json={**LONG_STREAM, "max_tokens": 2000}) as long,
+        ):
+            short_lines, long_lines = short.iter_lines(), long.iter_lines()
+            first_data_line(short_lines)
+            first_data_line(long_lines)
+            server.proc.send_signal(signal.SIGTERM)
+            wait_for(lambda: client.get("/health").status_code == 503, 5)
+            assert client.get("/health").json() == {"status": "draining"}
+            refused = client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 1})
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "server_shutting_down"
+            with ThreadPoolExecutor(2) as pool:
+                short_events, long_events = pool.map(data_events, [short_lines, long_lines])
+        assert short_events[-1] == "[DONE]"
+        assert finish_reasons(short_events) == {0: "length"}
+        assert not any("error" in event for event in short_events[:-1])
+        assert finish_reasons(long_events) == {0: "abort"}
+        assert long_events[-2]["error"]["code"] == "server_shutting_down"
+        assert long_events[-1] == "[DONE]"
+        assert server.proc.wait(20) == 0
+        assert is_gone(engine_pid)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{server.base_url}/health")
+
+
+def test_request_timeout_aborts_and_reports_it(tiny_model_dir: Path) -> None:
+    with (
+        running_server(tiny_model_dir, "--request-timeout", "1") as server,
+        httpx.Client(base_url=server.base_url, timeout=30) as client,
+    ):
+        started = time.monotonic()
+        response = client.post(COMPLETIONS, json={"prompt": "Count:", "max_tokens": 2000, "ignore_eos": True})
+        assert time.monotonic() - started < 5
+        assert response.status_code == 408
+        assert response.json()["error"]["code"] == "request_timeout"
+        body = {"messages": [{"role": "user", "content": "Count"}], "max_tokens": 2000, "ignore_eos": True,
+                "n": 2, "stream": True}
+        events = stream_events(client, CHAT, body)
+        assert finish_reasons(events) == {0: "abort", 1: "abort"}
+        assert events[-2]["error"]["code"] == "request_timeout"
+        assert events[-1] == "[DONE]"
+        assert client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 3}).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def ops_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
+    """One request runs at a time, two more may wait; keys k1 and k2; a keepalive every 0.2 s."""
+    args = ["--served-model-name", "tiny", "--api-key", "k1", "--api-key", "k2", "--max-num-seqs", "1",
+            "--max-num-queued-requests", "2", "--sse-keepalive", "0.2"]
+    with running_server(tiny_model_dir, *args) as server:
+        yield server
+
+
+@pytest.fixture
+def ops_client(ops_server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=ops_server.base_url, headers=AUTH, timeout=30) as client:
+        yield client
+        # NOTE: the next test may need every slot; streams closed here free theirs a moment later.
+        wait_for(lambda: client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 1}).status_code == 200, 30)
+
+
+def test_api_keys_guard_every_route_but_health(ops_server: ServerProcess) -> None:
+    with httpx.Client(base_url=ops_server.base_url, timeout=30) as client:
+        assert client.get("/health").status_code == 200
+        assert client.get("/metrics").status_code != 401
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "k1"}, {"Authorization": "Bearer"}):
+            for response in (client.get("/v1/models", headers=headers), client.get("/version", headers=headers),
+                             client.post(COMPLETIONS, json={"prompt": "hi"}, headers=headers)):
+                assert response.status_code == 401
+                assert response.json()["error"]["type"] == "invalid_request_error"
+                assert response.json()["error"]["code"] == "invalid_api_key"
+        assert client.get("/v1/models", headers={"Authorization": "Bearer k2"}).status_code == 200
+    base_url = f"{ops_server.base_url}/v1"
+    with openai.OpenAI(base_url=base_url, api_key="k1", max_retries=0) as sdk:
+        assert sdk.completions.create(model="tiny", prompt="hi", max_tokens=2).choices
+    with openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0) as sdk, pytest.raises(
+        openai.AuthenticationError
+    ):
+        sdk.models.list()
+
+
+def test_past_the_queue_cap_requests_get_429_and_memory_stays_flat(
+    ops_server: ServerProcess, ops_client: httpx.Client
+) -> None:
+    with ExitStack() as streams:
+        for _ in range(3):  # NOTE: one running, two queued: the cap.
+            assert streams.enter_context(ops_client.stream("POST", COMPLETIONS, json=LONG_STREAM)).status_code == 200
+        refused = ops_client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]})
+        assert refused.status_code == 429
+        assert refused.headers["Retry-After"] == "1"
+        assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        gateway = psutil.Process(ops_server.proc.pid)
+        body = {"prompt": "x " * 2000, "max_tokens": 5}
+
+        def hammer(num_requests: int) -> None:
+            for _ in range(num_requests):
+                assert ops_client.post(COMPLETIONS, json=body).status_code == 429
+
+        hammer(100)
+        rss_before = gateway.memory_info().rss
+        hammer(400)
+        assert gateway.memory_info().rss - rss_before < 8 * 2**20
+
+
+def test_keepalive_comments_arrive_while_a_stream_waits_for_its_first_token(ops_client: httpx.Client) -> None:
+    with (
+        ops_client.stream("POST", COMPLETIONS, json=LONG_STREAM),
+        ops_client.stream("POST", COMPLETIONS, json={**LONG_STREAM, "max_tokens": 5}) as waiting,
+    ):
+        before_data: list[str] = []
+        for line in waiting.iter_lines():
+            if line.startswith("data: ") or before_data.count(": ping") == 2:
+                break
+            if line:
+                before_data.append(line)
+        assert before_data.count(": ping") == 2
