@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from proto.engine_output import SchedulerStats
@@ -89,20 +91,25 @@ class _Families:
 
 
 class PrometheusStatLogger:
-    """Feeds engine statistics into its own registry (so several servers in one process never clash)."""
+    """Feeds engine statistics into its own registry (so several servers in one process never clash).
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    The series of `engine_indexes` exist from the start, at zero, so the first increments are not
+    lost to `rate()`; other engines' appear with their first statistics."""
+
+    def __init__(
+        self, model_name: str, engine_indexes: Sequence[int] = (0,), registry: CollectorRegistry | None = None
+    ) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry() if registry is None else registry
         self._families = _Families(self.registry)
         self._engines: dict[int, _EngineMetrics] = {}
+        for engine_index in engine_indexes:
+            self._engine(engine_index)
 
     def record(
         self, engine_index: int, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
     ) -> None:
-        metrics = self._engines.get(engine_index)
-        if metrics is None:
-            metrics = self._engines[engine_index] = _EngineMetrics(self._families, self.model_name, str(engine_index))
+        metrics = self._engine(engine_index)
         if scheduler_stats is not None:
             _record_scheduler_stats(metrics, scheduler_stats)
         if iteration_stats is not None:
@@ -110,6 +117,12 @@ class PrometheusStatLogger:
 
     def log(self) -> None:
         """Nothing to do: Prometheus scrapes the registry."""
+
+    def _engine(self, engine_index: int) -> _EngineMetrics:
+        metrics = self._engines.get(engine_index)
+        if metrics is None:
+            metrics = self._engines[engine_index] = _EngineMetrics(self._families, self.model_name, str(engine_index))
+        return metrics
 
 
 def _record_scheduler_stats(metrics: _EngineMetrics, stats: SchedulerStats) -> None:

@@ -1,19 +1,22 @@
-"""GET /metrics: the gateway's Prometheus metrics, in the format the scraper asks for."""
+"""GET /metrics: the gateway's Prometheus metrics, in the classic text format."""
 
 from __future__ import annotations
 
-from prometheus_client.exposition import choose_encoder
+from prometheus_client import generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 
 from service.api.errors import APIError
 from service.api.server_state import ServerState
 
+# NOTE: always the classic format, whatever the Accept header: every Prometheus reads it, and
+# prometheus_client's OpenMetrics output turns the `:` of our names into `_` for scrapers that
+# do not ask for UTF-8 names (Prometheus 2's default), which would break the dashboards.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
 
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.server
     if state.metrics_registry is None:
         raise APIError("Metrics are not enabled on this server.", 404, error_type="not_found_error")
-    # NOTE: the classic text format unless the Accept header asks for OpenMetrics.
-    encode, content_type = choose_encoder(request.headers.get("accept", ""))
-    return Response(encode(state.metrics_registry), headers={"Content-Type": content_type})
+    return Response(generate_latest(state.metrics_registry), headers={"Content-Type": CONTENT_TYPE})

@@ -91,4 +91,13 @@ def test_engines_get_their_own_label_and_loggers_their_own_registry() -> None:
     samples = scrape(first)
     assert value(samples, "zeroserve:prompt_tokens_total", engine="0") == 1
     assert value(samples, "zeroserve:prompt_tokens_total", engine="1") == 5
-    assert not any(name == "zeroserve:prompt_tokens_total" for name, _ in scrape(second))
+    assert value(scrape(second), "zeroserve:prompt_tokens_total", engine="0") == 0
+
+
+def test_the_given_engines_series_exist_at_zero_before_any_statistics() -> None:
+    samples = scrape(PrometheusStatLogger("tiny", engine_indexes=[0, 1]))
+    for engine in ("0", "1"):
+        assert value(samples, "zeroserve:num_requests_running", engine=engine) == 0
+        assert value(samples, "zeroserve:generation_tokens_total", engine=engine) == 0
+        assert value(samples, "zeroserve:e2e_request_latency_seconds_count", engine=engine) == 0
+    assert not any(name == "zeroserve:request_success_total" for name, _ in samples)

@@ -141,3 +141,13 @@ def test_json_log_has_one_parseable_line_per_finished_request(server: ServerProc
         assert 0 < entry["ttft"] <= entry["e2e_latency"]
     # NOTE: the HTTP server's own lines follow the format too.
     assert any(e["logger"].startswith("hypercorn") for e in entries)
+
+
+def test_names_keep_their_colons_whatever_the_scraper_accepts(server: ServerProcess) -> None:
+    # NOTE: Prometheus 2's default Accept header, which prefers OpenMetrics.
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+    response = httpx.get(f"{server.base_url}/metrics", headers={"Accept": accept}, timeout=30)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert "\nzeroserve:prompt_tokens_total{" in response.text
+    assert "zeroserve_" not in response.text
