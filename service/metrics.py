@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from proto.engine_output import SchedulerStats
+from proto.engine_output import FinishReason, SchedulerStats
 from service.stats import IterationStats
 
 # NOTE: the same buckets as vLLM's, so dashboards and alerts carry over.
@@ -27,7 +27,7 @@ LABELS = ("model_name", "engine")
 
 
 class _EngineMetrics:
-    """One engine's labelled children, and the engine totals already counted."""
+    """One engine's labelled children (one per finish reason too), and the engine totals already counted."""
 
     def __init__(self, families: _Families, model_name: str, engine: str) -> None:
         labels = {"model_name": model_name, "engine": engine}
@@ -44,6 +44,8 @@ class _EngineMetrics:
         self.e2e_request_latency = families.e2e_request_latency.labels(**labels)
         self.request_queue_time = families.request_queue_time.labels(**labels)
         self.request_success = families.request_success
+        for reason in FinishReason:
+            self.request_success.labels(**labels, finished_reason=str(reason))
         self.labels = labels
         self.counted = SchedulerStats()
 

@@ -100,4 +100,5 @@ def test_the_given_engines_series_exist_at_zero_before_any_statistics() -> None:
         assert value(samples, "zeroserve:num_requests_running", engine=engine) == 0
         assert value(samples, "zeroserve:generation_tokens_total", engine=engine) == 0
         assert value(samples, "zeroserve:e2e_request_latency_seconds_count", engine=engine) == 0
-    assert not any(name == "zeroserve:request_success_total" for name, _ in samples)
+        for reason in ("stop", "length", "abort", "error"):
+            assert value(samples, "zeroserve:request_success_total", engine=engine, finished_reason=reason) == 0
