@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,7 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.engine_index = config.engine_index
         started = time.monotonic()
         self.model_runner = ModelRunner(config)
         model_config = self.model_runner.model_config
@@ -66,14 +68,19 @@ class EngineCore:
 
     def ready_message(self) -> EngineReady:
         return EngineReady(
-            engine_index=self.config.engine_index,
+            engine_index=self.engine_index,
             model_name=self.config.model_name,
             max_model_len=self.max_model_len,
             num_kv_blocks=self.scheduler.kv_cache_manager.num_blocks,
             block_size=self.config.block_size,
             vocab_size=self.model_runner.model_config.vocab_size,
             eos_token_ids=list(self.eos_token_ids),
+            host=socket.gethostname(),
         )
+
+    def set_engine_index(self, engine_index: int) -> None:
+        """The index the gateway gave this engine (an engine on another host asks for one)."""
+        self.engine_index = engine_index
 
     @property
     def has_work(self) -> bool:
@@ -116,7 +123,7 @@ class EngineCore:
             output.new_logprobs = runner_output.logprobs.get(output.request_id)
             output.prompt_logprobs = runner_output.prompt_logprobs.get(output.request_id)
         return EngineCoreOutputs(
-            engine_index=self.config.engine_index, outputs=outputs, timestamp=time.time(),
+            engine_index=self.engine_index, outputs=outputs, timestamp=time.time(),
             scheduler_stats=self.scheduler_stats(),
         )
 
@@ -155,13 +162,13 @@ class EngineCore:
         # NOTE: the cached blocks' contents are about to go.
         self.scheduler.kv_cache_manager.reset_prefix_cache()
         self.model_runner.sleep(level)
-        logger.info("engine %d asleep (level %d)", self.config.engine_index, level)
+        logger.info("engine %d asleep (level %d)", self.engine_index, level)
         return True
 
     def wake_up(self) -> bool:
         if self.is_sleeping():
             self.model_runner.wake_up()
-            logger.info("engine %d awake", self.config.engine_index)
+            logger.info("engine %d awake", self.engine_index)
         return True
 
     def is_sleeping(self) -> bool:

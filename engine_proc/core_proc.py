@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from typing import Any, Protocol
 
 import zmq
@@ -12,12 +13,15 @@ from engine_proc.input_thread import InputItem, InputThread
 from engine_proc.output_thread import OutputItem, OutputThread, Shutdown
 from proto.engine_input import EngineCoreRequest, RequestType, UtilityCall
 from proto.engine_output import EngineCoreOutputs
-from proto.handshake import EngineReady
+from proto.handshake import EngineAccept, EngineReady
 
 logger = logging.getLogger(__name__)
 
 # NOTE: how often an idle loop wakes to check that it should keep running.
 _IDLE_WAKE_S = 1.0
+# NOTE: after saying it drains, how long an engine still takes requests the gateway sent
+# before it heard.
+_DRAIN_GRACE_S = 1.0
 _OUTPUT_FLUSH_TIMEOUT_S = 5.0
 
 
@@ -29,6 +33,8 @@ class CoreLike(Protocol):
 
     def ready_message(self) -> EngineReady: ...
 
+    def set_engine_index(self, engine_index: int) -> None: ...
+
     def add_request(self, request: EngineCoreRequest) -> None: ...
 
     def abort_requests(self, request_ids: list[str]) -> None: ...
@@ -38,39 +44,66 @@ class CoreLike(Protocol):
     def call_utility(self, call: UtilityCall) -> Any: ...
 
 
+class EngineRefusedError(RuntimeError):
+    """The gateway would not take this engine (another model, protocol or capacity)."""
+
+
 class EngineCoreProc:
     """Runs an engine core in a busy loop; sockets live only in the two IO threads."""
 
-    def __init__(self, engine_core: CoreLike, input_address: str, output_address: str) -> None:
+    def __init__(
+        self,
+        engine_core: CoreLike,
+        input_address: str,
+        output_address: str,
+        socket_options: dict[int, Any] | None = None,
+        accept_timeout_s: float | None = None,
+    ) -> None:
         self.engine_core = engine_core
         self.input_queue: queue.Queue[InputItem] = queue.Queue()
         self.output_queue: queue.Queue[OutputItem] = queue.Queue()
         self.ctx: zmq.Context[Any] = zmq.Context()
-        self.input_thread = InputThread(
-            self.ctx, input_address, engine_core.ready_message(), self.input_queue
-        )
+        ready = engine_core.ready_message()
+        self.input_thread = InputThread(self.ctx, input_address, ready, self.input_queue, socket_options)
         self.output_thread = OutputThread(
-            self.ctx, output_address, self.output_queue, engine_core.ready_message().engine_index
+            self.ctx, output_address, self.output_queue, max(ready.engine_index, 0), socket_options
         )
         self.is_running = True
+        self.is_accepted = False
+        self.accept_deadline = None if accept_timeout_s is None else time.monotonic() + accept_timeout_s
+        self.drain_deadline: float | None = None
 
     def run(self) -> int:
         """Runs until stopped; returns the process exit code (non-zero after a fatal error)."""
         self.output_thread.start()
         self.input_thread.start()
-        is_dead = False
+        is_dead, exit_code = False, 0
         try:
             self.run_busy_loop()
+        except EngineRefusedError as exc:
+            logger.error("%s", exc)
+            exit_code = 1
         except Exception:
             logger.exception("engine core failed; telling the gateway it is dead")
-            is_dead = True
+            is_dead, exit_code = True, 1
         finally:
-            self.input_thread.stop_event.set()
             self.output_queue.put(Shutdown(is_dead=is_dead))
             self.output_thread.join(_OUTPUT_FLUSH_TIMEOUT_S)
+            # NOTE: goodbye after the last outputs are handed to the socket.
+            if self.drain_deadline is not None and exit_code == 0:
+                self.input_thread.goodbye_event.set()
+            else:
+                self.input_thread.stop_event.set()
             self.input_thread.join(_OUTPUT_FLUSH_TIMEOUT_S)
             self.ctx.term()
-        return 1 if is_dead else 0
+        return exit_code
+
+    def begin_drain(self) -> None:
+        """Leaves gracefully: tells the gateway, finishes what it has, says goodbye, exits 0
+        (safe to call from a signal handler)."""
+        if self.drain_deadline is None:
+            self.drain_deadline = time.monotonic() + _DRAIN_GRACE_S
+            self.input_thread.drain_event.set()
 
     def run_busy_loop(self) -> None:
         while self.is_running:
@@ -81,13 +114,25 @@ class EngineCoreProc:
 
     def _process_input_queue(self) -> None:
         while not self.engine_core.has_work and self.is_running:
+            self._check_leaving()
             try:
-                item = self.input_queue.get(timeout=_IDLE_WAKE_S)
+                item = self.input_queue.get(timeout=_IDLE_WAKE_S if self.drain_deadline is None else 0.05)
             except queue.Empty:
                 continue
             self._handle_input(*item)
         while not self.input_queue.empty():
             self._handle_input(*self.input_queue.get_nowait())
+
+    def _check_leaving(self) -> None:
+        """Stops the loop once a drain is over; refuses to wait for an acceptance forever."""
+        now = time.monotonic()
+        if self.drain_deadline is not None and now >= self.drain_deadline:
+            self.is_running = False
+        if not self.is_accepted and self.accept_deadline is not None and now >= self.accept_deadline:
+            raise EngineRefusedError(
+                f"the gateway at {self.input_thread.address} did not accept this engine in time "
+                "(unreachable, or it does not authorise this engine's CURVE key)"
+            )
 
     def _process_engine_step(self) -> None:
         if not self.engine_core.has_work:
@@ -104,3 +149,14 @@ class EngineCoreProc:
         elif request_type is RequestType.UTILITY:
             result = self.engine_core.call_utility(message)
             self.output_queue.put_nowait(EngineCoreOutputs(utility_output=result))
+        elif request_type is RequestType.HANDSHAKE:
+            self._accept(message)
+
+    def _accept(self, accept: EngineAccept) -> None:
+        if accept.error is not None:
+            raise EngineRefusedError(f"the gateway refused this engine: {accept.error}")
+        if not self.is_accepted:
+            logger.info("accepted by the gateway as engine %d", accept.engine_index)
+        self.is_accepted = True
+        self.engine_core.set_engine_index(accept.engine_index)
+        self.output_thread.engine_index = accept.engine_index

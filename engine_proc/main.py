@@ -8,7 +8,8 @@ import logging
 import signal
 import sys
 
-from engine_proc.config import EngineConfig
+from engine_proc.config import DTYPES, LOAD_FORMATS, QUANTIZATIONS, EngineConfig
+from engine_proc.link import add_link_args, parse_link_args, socket_options
 
 
 def parse_args(argv: list[str] | None = None) -> EngineConfig:
@@ -18,7 +19,19 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument("--engine-index", type=int, default=0)
     parser.add_argument("--input-address", required=True, help="the gateway's ROUTER address")
     parser.add_argument("--output-address", required=True, help="the gateway's PULL address")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument(
+        "--quantization", default="auto", choices=QUANTIZATIONS,
+        help="auto: a GGUF's 4-bit weights run as int4 for small batches when the dtype is bfloat16; "
+        "gguf: require that; none: dequantize every weight",
+    )
+    parser.add_argument(
+        "--load-format", default="auto", choices=LOAD_FORMATS,
+        help="dummy: random weights of the model's shape (reads only the config)",
+    )
+    parser.add_argument(
+        "--hf-overrides", default="", help='a JSON object of model config fields to replace, e.g. \'{"num_hidden_layers": 1}\'',
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument(
@@ -34,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         help="reuse the KV cache of shared prompt prefixes",
     )
     parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
+    add_link_args(parser)
     args = parser.parse_args(argv)
     return EngineConfig(
         model_path=args.model,
@@ -51,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         num_threads=args.num_threads,
         enable_prefix_caching=args.enable_prefix_caching,
         scheduling_policy=args.scheduling_policy,
+        quantization=args.quantization,
+        load_format=args.load_format,
+        hf_overrides=args.hf_overrides,
     )
 
 
@@ -63,10 +80,17 @@ def _die_with_parent() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
-    _die_with_parent()
     config = parse_args(argv)
+    if not parse_link_args(argv).is_headless:
+        _die_with_parent()
     from engine_proc.core import EngineCore
     from engine_proc.core_proc import EngineCoreProc
 
+    link = parse_link_args(argv)
     engine_core = EngineCore(config)
-    return EngineCoreProc(engine_core, config.input_address, config.output_address).run()
+    proc = EngineCoreProc(
+        engine_core, config.input_address, config.output_address, socket_options(link), link.accept_timeout_s
+    )
+    if link.is_headless:
+        signal.signal(signal.SIGTERM, lambda signum, frame: proc.begin_drain())
+    return proc.run()

@@ -34,17 +34,25 @@ class OutputThread(threading.Thread):
     """PUSH connected to the gateway's PULL; zero-copy, tracked sends with reused buffers."""
 
     def __init__(
-        self, ctx: zmq.Context[Any], address: str, output_queue: queue.Queue[OutputItem], engine_index: int = 0
+        self,
+        ctx: zmq.Context[Any],
+        address: str,
+        output_queue: queue.Queue[OutputItem],
+        engine_index: int = 0,
+        socket_options: dict[int, Any] | None = None,
     ) -> None:
         super().__init__(name="engine-output", daemon=True)
         self.engine_index = engine_index
+        self.socket_options = socket_options
         self.ctx = ctx
         self.address = address
         self.output_queue = output_queue
         self.free_buffers: list[bytearray] = []
 
     def run(self) -> None:
-        sock = make_zmq_socket(self.ctx, self.address, zmq.PUSH, bind=False, linger=_LINGER_MS)
+        sock = make_zmq_socket(
+            self.ctx, self.address, zmq.PUSH, bind=False, linger=_LINGER_MS, options=self.socket_options
+        )
         encoder = MsgpackEncoder()
         # (tracker, outputs, buffer): outputs are kept alive until zmq is done with their memory.
         pending: deque[tuple[zmq.MessageTracker, EngineCoreOutputs, bytearray]] = deque()

@@ -17,6 +17,7 @@ class RequestType(bytes, enum.Enum):
     ADD = b"\x00"
     ABORT = b"\x01"
     UTILITY = b"\x02"
+    HANDSHAKE = b"\x03"
 
 
 @dataclass(slots=True)

@@ -1,15 +1,32 @@
-"""The engine's ready message: what it learned at start-up, and the protocol it speaks."""
+"""How engines join a gateway: the ready message (repeated as a heartbeat), the gateway's
+answer, and the engine's drain and goodbye.
+
+Engine → gateway, on the engine's DEALER: `[EngineMessageType, *msgpack frames]`.
+Gateway → engine, on the ROUTER: `[RequestType.HANDSHAKE, *EngineAccept]`.
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+
+# NOTE: an engine asks the gateway to give it an index (a headless engine on another host).
+ANY_ENGINE_INDEX = -1
+
+
+class EngineMessageType(bytes, enum.Enum):
+    """First frame of every engine → gateway message on the DEALER."""
+
+    READY = b"\x10"  # registers the engine; repeated every second as its heartbeat
+    DRAINING = b"\x11"  # no new requests, please: the engine is leaving once idle
+    GOODBYE = b"\x12"  # drained and gone
 
 
 @dataclass(slots=True)
 class EngineReady:
-    """First message an engine sends on its DEALER; registers its identity with the ROUTER."""
+    """What an engine is and can hold: the gateway checks it against the others before use."""
 
     engine_index: int
     protocol_version: int = PROTOCOL_VERSION
@@ -19,3 +36,16 @@ class EngineReady:
     block_size: int = 0
     vocab_size: int = 0
     eos_token_ids: list[int] = field(default_factory=list)
+    host: str = ""
+
+    @property
+    def num_kv_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+
+@dataclass(slots=True)
+class EngineAccept:
+    """The gateway's answer to a ready message: the engine's index, or why it is refused."""
+
+    engine_index: int
+    error: str | None = None

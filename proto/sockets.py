@@ -34,8 +34,10 @@ def make_zmq_socket(
     bind: bool,
     identity: bytes | None = None,
     linger: int | None = None,
+    options: dict[int, Any] | None = None,
 ) -> zmq.Socket[Any]:
-    """Makes a socket with no message limits and binds or connects it to `address`."""
+    """Makes a socket with no message limits and binds or connects it to `address`; `options`
+    (e.g. CURVE keys) are set before either."""
     if not address.startswith(("ipc://", "tcp://", "inproc://")):
         raise ValueError(f"unsupported ZeroMQ address {address!r}: use ipc://, tcp:// or inproc://")
     sock: zmq.Socket[Any] = ctx.socket(socket_type)
@@ -48,6 +50,8 @@ def make_zmq_socket(
         sock.setsockopt(zmq.LINGER, linger)
     if socket_type == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    for option, value in (options or {}).items():
+        sock.setsockopt(option, value)
     if bind:
         sock.bind(address)
     else:

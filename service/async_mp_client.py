@@ -12,6 +12,7 @@ from proto.engine_input import EngineCoreRequest, RequestType
 from proto.engine_output import EngineCoreOutputs
 from proto.handshake import EngineReady
 from service.core_client import EngineDeadError
+from service.curve import LinkSettings
 from service.engine_launcher import EngineArgs
 from service.engine_state import EngineLost
 from service.mp_client import MPClient, utility_outcome
@@ -26,30 +27,53 @@ class AsyncMPClient(MPClient):
     input_socket: zmq.asyncio.Socket
     output_socket: zmq.asyncio.Socket
 
-    def __init__(self, engine_args: EngineArgs, data_parallel_size: int = 1) -> None:
+    def __init__(
+        self, engine_args: EngineArgs, data_parallel_size: int = 1, link: LinkSettings | None = None
+    ) -> None:
         self.outputs_queue: asyncio.Queue[OutputItem] = asyncio.Queue()
         self._dead = asyncio.Event()
         self._utility_calls: dict[int, asyncio.Future[Any]] = {}
         self._utility_owner: dict[int, int] = {}
         self._loop = asyncio.get_running_loop()
         self._tasks: list[asyncio.Task[None]] = []
-        super().__init__(engine_args, zmq.asyncio.Context(), data_parallel_size)
+        super().__init__(engine_args, zmq.asyncio.Context(), data_parallel_size, link)
 
     async def wait_ready(self, timeout: float = 300.0) -> EngineReady:
-        """Waits for every engine's ready message (its first DEALER message)."""
+        """Waits for every local engine's ready message (or, with none, the first remote one)."""
         dead = asyncio.ensure_future(self._dead.wait())
         try:
-            while len(self.engines) < self.data_parallel_size:
+            while len(self.alive_engines) < max(self.data_parallel_size, 1):
                 recv = asyncio.ensure_future(self.input_socket.recv_multipart())
                 done, _ = await asyncio.wait({recv, dead}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if recv not in done:
                     recv.cancel()
                     raise EngineDeadError("the engine process did not start; see its log above")
-                self._accept_ready(recv.result())
+                await self._answer(recv.result())
         finally:
             dead.cancel()
-        self._tasks.append(asyncio.create_task(self._process_outputs_socket(), name="outputs-socket"))
+        self._tasks += [
+            asyncio.create_task(self._process_outputs_socket(), name="outputs-socket"),
+            asyncio.create_task(self._process_input_socket(), name="engines-socket"),
+            asyncio.create_task(self._monitor_heartbeats(), name="engine-heartbeats"),
+        ]
         return self.ready
+
+    async def _answer(self, frames: list[Any]) -> None:
+        reply = self._handle_engine_message(frames)
+        if reply is not None:
+            await self.input_socket.send_multipart(reply)
+
+    async def _process_input_socket(self) -> None:
+        """Engines joining, beating, draining and leaving while the gateway runs."""
+        while True:
+            await self._answer(await self.input_socket.recv_multipart())
+
+    async def _monitor_heartbeats(self) -> None:
+        interval = min(0.5, self.link.heartbeat_timeout_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            for engine in self._silent_engines():
+                self._lose(engine.index, f"no heartbeat for {self.link.heartbeat_timeout_s:g} s")
 
     def _engine_died(self, engine_index: int, reason: str) -> None:
         # NOTE: called from the watcher threads as well as from the loop.
@@ -69,9 +93,10 @@ class AsyncMPClient(MPClient):
             future = self._utility_calls.pop(call_id, None)
             if owner == engine_index and future is not None and not future.done():
                 future.set_exception(error)
-        if not self.alive_engines:
+        if not self.alive_engines and self.link.engine_address is None:
             self._mark_dead(reason)
         else:
+            # NOTE: with remote engines, others may still join: the gateway lives on.
             self.outputs_queue.put_nowait(lost)
 
     def _mark_dead(self, reason: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -59,10 +60,13 @@ class EngineProcess:
         input_address: str,
         output_address: str,
         on_exit: Callable[[int], None],
+        env: dict[str, str] | None = None,
     ) -> None:
         self.engine_index = engine_index
         argv = args.to_argv(engine_index, input_address, output_address)
-        self.proc = subprocess.Popen([sys.executable, "-m", "engine_proc", *argv])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engine_proc", *argv], env={**os.environ, **env} if env else None
+        )
         self._is_shutting_down = False
         self._watcher = threading.Thread(
             target=self._watch, args=(on_exit,), name=f"engine-{engine_index}-watch", daemon=True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from proto.handshake import EngineReady
 
 # NOTE: as vLLM's DP balancer: a waiting request weighs more than a running one.
@@ -17,6 +19,7 @@ class EngineState:
         self.ready = ready
         self.is_alive = True
         self.is_draining = False
+        self.last_seen = time.monotonic()
         # request id → prompt tokens, for requests with no output yet
         self.waiting: dict[str, int] = {}
         self.running: set[str] = set()

@@ -8,6 +8,7 @@ import itertools
 import logging
 import shutil
 import tempfile
+import time
 from typing import Any
 
 import zmq
@@ -15,9 +16,10 @@ import zmq
 from proto.codec import MsgpackDecoder, MsgpackEncoder
 from proto.engine_input import EngineCoreRequest, RequestType, UtilityCall
 from proto.engine_output import ENGINE_CORE_DEAD, EngineCoreOutputs, UtilityResult
-from proto.handshake import PROTOCOL_VERSION, EngineReady
+from proto.handshake import ANY_ENGINE_INDEX, PROTOCOL_VERSION, EngineAccept, EngineMessageType, EngineReady
 from proto.sockets import make_zmq_socket, new_ipc_address
-from service.core_client import EngineCoreClient, EngineDeadError
+from service.core_client import EngineDeadError, EngineCoreClient
+from service.curve import CurveServer, LinkSettings, remote_addresses
 from service.engine_launcher import EngineArgs, EngineProcess
 from service.engine_state import EngineLost, EngineState
 
@@ -27,18 +29,33 @@ logger = logging.getLogger(__name__)
 class MPClient(EngineCoreClient):
     """ROUTER (bound) sends requests to engine processes; PULL (bound) receives their outputs."""
 
-    def __init__(self, engine_args: EngineArgs, ctx: zmq.Context[Any], data_parallel_size: int = 1) -> None:
-        if data_parallel_size < 1:
-            raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
+    def __init__(
+        self,
+        engine_args: EngineArgs,
+        ctx: zmq.Context[Any],
+        data_parallel_size: int = 1,
+        link: LinkSettings | None = None,
+    ) -> None:
+        self.link = link or LinkSettings()
+        if data_parallel_size < 0 or (data_parallel_size == 0 and self.link.engine_address is None):
+            raise ValueError("--data-parallel-size must be >= 1, or 0 with --engine-address for remote engines only")
         self.engine_args = engine_args
         self.data_parallel_size = data_parallel_size
         self.ctx = ctx
         self.socket_dir = tempfile.mkdtemp(prefix="zeroserve-")
         self.input_address = new_ipc_address(self.socket_dir)
         self.output_address = new_ipc_address(self.socket_dir)
-        self.input_socket = make_zmq_socket(ctx, self.input_address, zmq.ROUTER, bind=True, linger=0)
-        self.output_socket = make_zmq_socket(ctx, self.output_address, zmq.PULL, bind=True, linger=0)
+        self.curve = CurveServer(ctx, self.link, self.socket_dir)
+        options = self.curve.socket_options
+        self.input_socket = make_zmq_socket(ctx, self.input_address, zmq.ROUTER, bind=True, linger=0, options=options)
+        self.output_socket = make_zmq_socket(ctx, self.output_address, zmq.PULL, bind=True, linger=0, options=options)
+        if self.link.engine_address is not None:
+            input_tcp, output_tcp = remote_addresses(self.link.engine_address)
+            self.input_socket.bind(input_tcp)
+            self.output_socket.bind(output_tcp)
+            logger.info("engines on other hosts join at %s (outputs to %s)", input_tcp, output_tcp)
         self.encoder = MsgpackEncoder()
+        self.ready_decoder: MsgpackDecoder[EngineReady] = MsgpackDecoder(EngineReady)
         self.outputs_decoder: MsgpackDecoder[EngineCoreOutputs] = MsgpackDecoder(EngineCoreOutputs)
         self.engines: dict[int, EngineState] = {}
         self.request_owner: dict[str, EngineState] = {}
@@ -47,37 +64,96 @@ class MPClient(EngineCoreClient):
         self.processes = [
             EngineProcess(
                 engine_args, index, self.input_address, self.output_address,
-                functools.partial(self._on_engine_exit, index),
+                functools.partial(self._on_engine_exit, index), self.curve.local_engine_env,
             )
             for index in range(data_parallel_size)
         ]
 
     @property
     def is_dead(self) -> bool:
-        return self._is_dead
+        """True once no engine is left serving (after the first joined)."""
+        return self._is_dead or (bool(self.engines) and not self.alive_engines)
 
     @property
     def alive_engines(self) -> list[EngineState]:
         return [engine for engine in self.engines.values() if engine.is_alive]
 
     # Handshake.
-    def _accept_ready(self, frames: list[Any]) -> EngineReady:
-        """Checks an engine's ready message (its first DEALER message) and registers the engine."""
-        identity, *payload = frames
-        ready: EngineReady = MsgpackDecoder(EngineReady).decode(payload)
-        if ready.protocol_version != PROTOCOL_VERSION:
-            raise EngineDeadError(
-                f"engine speaks protocol {ready.protocol_version}, gateway {PROTOCOL_VERSION}"
-            )
-        if self.engines:
-            first = next(iter(self.engines.values())).ready
-            if (ready.model_name, ready.vocab_size, ready.max_model_len) != (
-                first.model_name, first.vocab_size, first.max_model_len
-            ):
-                raise EngineDeadError(f"engine {ready.engine_index} serves another model than engine {first.engine_index}")
-        self.engines[ready.engine_index] = EngineState(ready, identity)
+    def _handle_engine_message(self, frames: list[Any]) -> list[Any] | None:
+        """An engine's READY (a registration or a heartbeat), DRAINING or GOODBYE; returns the
+        frames to send back, if any."""
+        identity, type_frame, *payload = frames
+        engine = self._engine_by_identity(identity)
+        message_type = EngineMessageType(type_frame)
+        if message_type is EngineMessageType.READY:
+            if engine is not None and engine.is_alive:
+                engine.last_seen = time.monotonic()
+                return None
+            accept = self._register(identity, self.ready_decoder.decode(payload))
+            return [identity, RequestType.HANDSHAKE.value, *self.encoder.encode(accept)]
+        if engine is None:
+            return None
+        if message_type is EngineMessageType.DRAINING:
+            logger.info("engine %d is draining: no new requests go to it", engine.index)
+            engine.is_draining = True
+        elif message_type is EngineMessageType.GOODBYE:
+            self._goodbye(engine)
+        return None
+
+    def _register(self, identity: bytes, ready: EngineReady) -> EngineAccept:
+        """Checks a new engine against the gateway and the engines already serving."""
+        error = self._refusal(ready)
+        if error is not None:
+            logger.error("refused engine %s from %s: %s", ready.engine_index, ready.host or "?", error)
+            return EngineAccept(ANY_ENGINE_INDEX, error)
+        index = ready.engine_index
+        known = self.engines.get(index)
+        if index == ANY_ENGINE_INDEX or (known is not None and known.identity != identity):
+            index = max([self.data_parallel_size - 1, *self.engines]) + 1
+        ready.engine_index = index
+        self.engines[index] = EngineState(ready, identity)
         self.ready = self.engines[min(self.engines)].ready
-        return ready
+        logger.info(
+            "engine %d joined from %s: %s, %d KV tokens", index, ready.host or "?", ready.model_name,
+            ready.num_kv_tokens,
+        )
+        return EngineAccept(index)
+
+    def _refusal(self, ready: EngineReady) -> str | None:
+        if ready.protocol_version != PROTOCOL_VERSION:
+            return f"it speaks protocol {ready.protocol_version}, the gateway {PROTOCOL_VERSION}"
+        expected = self.engine_args.model_name
+        if expected and ready.model_name != expected:
+            return f"it serves {ready.model_name!r}, the gateway {expected!r}"
+        serving = [e.ready for e in self.engines.values() if e.is_alive]
+        if serving:
+            first = serving[0]
+            if (ready.vocab_size, ready.max_model_len) != (first.vocab_size, first.max_model_len):
+                return (
+                    f"its vocabulary/context ({ready.vocab_size}, {ready.max_model_len}) differ from "
+                    f"the serving engines' ({first.vocab_size}, {first.max_model_len})"
+                )
+        if ready.num_kv_tokens < ready.max_model_len:
+            return f"its KV cache holds {ready.num_kv_tokens} tokens, less than one {ready.max_model_len}-token context"
+        return None
+
+    def _engine_by_identity(self, identity: bytes) -> EngineState | None:
+        for engine in self.engines.values():
+            if engine.identity == identity:
+                return engine
+        return None
+
+    def _goodbye(self, engine: EngineState) -> None:
+        if engine.request_ids:
+            self._engine_died(engine.index, "it left with requests in flight")
+        else:
+            engine.is_alive = False
+            logger.info("engine %d left", engine.index)
+
+    def _silent_engines(self) -> list[EngineState]:
+        """Engines whose heartbeat stopped."""
+        deadline = time.monotonic() - self.link.heartbeat_timeout_s
+        return [e for e in self.engines.values() if e.is_alive and e.last_seen < deadline]
 
     # Routing.
     def _route(self, request: EngineCoreRequest) -> EngineState:
@@ -163,6 +239,7 @@ class MPClient(EngineCoreClient):
     def _close(self) -> None:
         for process in self.processes:
             process.shutdown()
+        self.curve.stop()
         self.input_socket.close(0)
         self.output_socket.close(0)
         self.ctx.term()

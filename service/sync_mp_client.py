@@ -44,10 +44,18 @@ class SyncMPClient(MPClient):
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while not self.input_socket.poll(_POLL_MS):
-            if self.is_dead or time.monotonic() > deadline:
+        while not self.engines:
+            if self.input_socket.poll(_POLL_MS):
+                self._process_input_socket()
+            elif self.is_dead or time.monotonic() > deadline:
                 raise EngineDeadError("the engine process did not start; see its log above")
-        self._accept_ready(self.input_socket.recv_multipart())
+
+    def _process_input_socket(self) -> None:
+        """Answers the engine's handshake messages (its heartbeats need no answer)."""
+        while self.input_socket.poll(0):
+            reply = self._handle_engine_message(self.input_socket.recv_multipart())
+            if reply is not None:
+                self.input_socket.send_multipart(reply)
 
     @property
     def engine_pid(self) -> int:
@@ -55,6 +63,8 @@ class SyncMPClient(MPClient):
 
     def _process_outputs_socket(self) -> None:
         while not self._stop.is_set():
+            with self._lock:
+                self._process_input_socket()
             if not self.output_socket.poll(_POLL_MS):
                 continue
             outputs = self._decode_outputs(self.output_socket.recv_multipart(copy=False))

@@ -14,7 +14,7 @@ from engine_proc.core_proc import EngineCoreProc
 from proto.codec import MsgpackDecoder, MsgpackEncoder
 from proto.engine_input import EngineCoreRequest, RequestType, SamplingParams, UtilityCall
 from proto.engine_output import ENGINE_CORE_DEAD, EngineCoreOutput, EngineCoreOutputs, FinishReason, UtilityResult
-from proto.handshake import PROTOCOL_VERSION, EngineReady
+from proto.handshake import PROTOCOL_VERSION, EngineAccept, EngineMessageType, EngineReady
 from proto.sockets import engine_identity, make_zmq_socket, new_ipc_address
 
 
@@ -31,6 +31,9 @@ class FakeCore:
 
     def ready_message(self) -> EngineReady:
         return EngineReady(engine_index=3, model_name="fake", max_model_len=64)
+
+    def set_engine_index(self, engine_index: int) -> None:
+        assert engine_index == 3
 
     def add_request(self, request: EngineCoreRequest) -> None:
         if request.request_id == self.fail_on:
@@ -99,10 +102,13 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
 
 
 def recv_ready(gateway: Gateway) -> EngineReady:
+    """The engine's ready message; the gateway accepts it."""
     assert gateway.router.poll(5000)
-    identity, *frames = gateway.router.recv_multipart()
-    assert identity == engine_identity(3)
-    return MsgpackDecoder(EngineReady).decode(frames)
+    identity, message_type, *frames = gateway.router.recv_multipart()
+    assert identity == engine_identity(3) and message_type == EngineMessageType.READY.value
+    ready: EngineReady = MsgpackDecoder(EngineReady).decode(frames)
+    gateway.send(RequestType.HANDSHAKE, EngineAccept(ready.engine_index))
+    return ready
 
 
 def test_engine_registers_then_streams_outputs_and_answers_utilities(gateway: Gateway) -> None:

@@ -1,0 +1,97 @@
+"""The gateway's link to engines on other hosts: TCP addresses and ZeroMQ CURVE (encryption and
+authentication of both ends), with key files made by `zeroserve keys generate`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
+# NOTE: how the gateway hands its local engines an ephemeral CURVE identity (engine_proc/link.py).
+ENV_CURVE_PUBLIC = "ZEROSERVE_ENGINE_CURVE_PUBLIC"
+ENV_CURVE_SECRET = "ZEROSERVE_ENGINE_CURVE_SECRET"
+ENV_GATEWAY_PUBLIC = "ZEROSERVE_GATEWAY_CURVE_PUBLIC"
+
+
+@dataclass(frozen=True)
+class LinkSettings:
+    """Where engines on other hosts join, and what they must prove."""
+
+    engine_address: str | None = None  # tcp://HOST:PORT: requests on PORT, outputs on PORT + 1
+    curve_secret_key: str | None = None  # the gateway's secret key file
+    curve_authorized_keys: str | None = None  # a folder of the engines' public key files
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if self.engine_address is not None:
+            remote_addresses(self.engine_address)
+        if (self.curve_secret_key is None) != (self.curve_authorized_keys is None):
+            raise ValueError("--curve-secret-key and --curve-authorized-keys go together")
+        if self.heartbeat_timeout_s <= 0:
+            raise ValueError(f"--heartbeat-timeout must be > 0, got {self.heartbeat_timeout_s}")
+
+    @property
+    def is_curve(self) -> bool:
+        return self.curve_secret_key is not None
+
+
+def remote_addresses(engine_address: str) -> tuple[str, str]:
+    """The request and output addresses of `tcp://HOST:PORT` (outputs on PORT + 1)."""
+    host, _, port = engine_address.removeprefix("tcp://").rpartition(":")
+    if not engine_address.startswith("tcp://") or not host or not port.isdigit() or not 0 < int(port) < 65535:
+        raise ValueError(f"engine address must be tcp://HOST:PORT, got {engine_address!r}")
+    return f"tcp://{host}:{port}", f"tcp://{host}:{int(port) + 1}"
+
+
+def generate_keys(directory: Path, name: str) -> tuple[Path, Path]:
+    """A CURVE key pair: `name.key` (public, to share) and `name.key_secret` (keep it private)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(str(directory), name)
+    os.chmod(secret, 0o600)
+    return Path(public), Path(secret)
+
+
+class CurveServer:
+    """With CURVE on: the gateway's socket options, a ZAP authenticator that admits only
+    authorised engine keys, and an ephemeral key pair for the gateway's own engines."""
+
+    def __init__(self, ctx: zmq.Context[Any], link: LinkSettings, private_dir: str) -> None:
+        self.socket_options: dict[int, Any] = {}
+        self.local_engine_env: dict[str, str] = {}
+        self._authenticator: ThreadAuthenticator | None = None
+        if not link.is_curve:
+            return
+        assert link.curve_secret_key is not None and link.curve_authorized_keys is not None
+        public, secret = zmq.auth.load_certificate(link.curve_secret_key)
+        if secret is None:
+            raise ValueError(f"{link.curve_secret_key} holds no secret key")
+        self.socket_options = {zmq.CURVE_SERVER: 1, zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret}
+        authorized = Path(private_dir) / "authorized"
+        authorized.mkdir(mode=0o700)
+        for key_file in Path(link.curve_authorized_keys).glob("*.key"):
+            shutil.copy(key_file, authorized / key_file.name)
+        local_public, local_secret = zmq.curve_keypair()
+        (authorized / "local-engines.key").write_text(
+            f"metadata\ncurve\n    public-key = \"{local_public.decode()}\"\n"
+        )
+        self.local_engine_env = {
+            ENV_GATEWAY_PUBLIC: public.decode(),
+            ENV_CURVE_PUBLIC: local_public.decode(),
+            ENV_CURVE_SECRET: local_secret.decode(),
+        }
+        # NOTE: a sync view of the same libzmq context, so the ZAP handler serves its sockets.
+        self._authenticator = ThreadAuthenticator(zmq.Context.shadow(ctx.underlying))
+        self._authenticator.start()
+        self._authenticator.configure_curve(domain="*", location=str(authorized))
+
+    def stop(self) -> None:
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._authenticator = None
