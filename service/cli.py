@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 from service import envs
 from service.bench.cli import add_bench_parser, run_bench
+from service.engine_cli import add_engine_parser, add_keys_parser, run_engine, run_keys
+from service.engine_flags import add_engine_args, add_scale_out_args, engine_args_from, link_settings_from
 from service.generate_cli import add_generate_parser, run_generate
 from service.config import GatewayConfig
-from service.engine_launcher import EngineArgs
 from service.logging_setup import LOG_FORMATS, configure_logging
 from service.model_registry import DEFAULT_MODEL
 
@@ -48,38 +49,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--override-generation-config", type=json.loads, default=None, metavar="JSON",
         help='sampling defaults over the model\'s, e.g. \'{"temperature": 0.7}\'',
     )
-    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    serve.add_argument("--device", default="cpu", help="torch device of the engine (default: %(default)s)")
-    serve.add_argument(
-        "--kv-cache-memory", type=float, default=None,
-        help="GiB for the KV cache (default: a share of free GPU memory, or of free RAM on the CPU)",
-    )
-    serve.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    serve.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one step (default: %(default)s)")
-    serve.add_argument(
-        "--max-num-batched-tokens", type=int, default=2048, help="token budget of one step (default: %(default)s)"
-    )
-    serve.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: all cores)")
     serve.add_argument("--max-n", type=int, default=16, help="most choices one request may ask for (default: %(default)s)")
     serve.add_argument(
         "--max-request-body-bytes", type=int, default=8 * 2**20,
         help="larger request bodies get 413 before parsing (default: %(default)s)",
     )
     serve.add_argument(
-        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-        help="reuse the KV cache of shared prompt prefixes (default: on)",
-    )
-    serve.add_argument(
-        "--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
-        help="fcfs, or priority: lower `priority` values first, ties by arrival (default: %(default)s)",
-    )
-    serve.add_argument(
         "--log-format", default="text", choices=LOG_FORMATS,
         help="text lines, or one JSON object per line; finished requests' figures become keys (default: %(default)s)",
     )
+    add_engine_args(serve)
+    add_scale_out_args(serve)
     _add_operations_args(serve)
     add_bench_parser(commands)
     add_generate_parser(commands)
+    add_engine_parser(commands)
+    add_keys_parser(commands)
     # NOTE: last, so that every serve flag gets its variable.
     envs.document_flag_vars(serve)
     return parser
@@ -114,7 +99,7 @@ def _add_operations_args(serve: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--max-header-bytes", type=int, default=16 * 2**10, metavar="N",
-        help="larger request heads are refused by the HTTP server",
+        help="a larger request head (request line and headers) gets 431",
     )
 
 
@@ -145,19 +130,7 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
-    engine = EngineArgs(
-        model_path="",
-        model_name="",
-        dtype=args.dtype,
-        device=args.device,
-        kv_cache_memory_gib=args.kv_cache_memory,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_threads=args.num_threads,
-        enable_prefix_caching=args.enable_prefix_caching,
-        scheduling_policy=args.scheduling_policy,
-    )
+    engine = engine_args_from(args)
     return GatewayConfig(
         model=args.model,
         host=args.host,
@@ -165,6 +138,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         served_model_names=tuple(args.served_model_name or ()),
         generation_config=tuple((args.override_generation_config or {}).items()),
         engine=engine,
+        data_parallel_size=args.data_parallel_size,
+        link=link_settings_from(args),
         max_n=args.max_n,
         max_request_body_bytes=args.max_request_body_bytes,
         api_keys=tuple(args.api_key or ()),
@@ -187,7 +162,7 @@ async def serve(config: GatewayConfig) -> None:
     from service.api.admission import Admission, Phase
     from service.api.app import create_app
 
-    admission = Admission(config.max_num_in_flight, config.request_timeout_s)
+    admission = Admission(config.max_num_in_flight, config.request_timeout_s, config.max_header_bytes)
     app = create_app(None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, admission)
     stop = asyncio.Event()
 
@@ -245,8 +220,9 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
 
     resolved = await asyncio.to_thread(resolve_model, config.model)
     names = list(config.served_model_names or (resolved.name,))
-    engine_args = replace(config.engine, model_path=str(resolved.path), model_name=names[0])
-    client = AsyncMPClient(engine_args)
+    # NOTE: engines are named by the model's own name, which engines on other hosts also know.
+    engine_args = replace(config.engine, model_path=str(resolved.path), model_name=resolved.name)
+    client = AsyncMPClient(engine_args, config.data_parallel_size, config.link)
     try:
         # NOTE: the tokenizer loads here while the engine loads its weights.
         tokenizer = await asyncio.to_thread(Tokenizer.from_model, resolved.path)
@@ -254,7 +230,7 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
     except BaseException:
         client.shutdown()
         raise
-    metrics = PrometheusStatLogger(names[0])
+    metrics = PrometheusStatLogger(names[0], range(max(config.data_parallel_size, 1)))
     llm = AsyncLLM(client, tokenizer, ready, stat_loggers=[metrics, RequestLogger()])
     generation_defaults = {**resolved.generation_defaults, **dict(config.generation_config)}
     attach(app, ServerState(
@@ -283,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(args)
     if args.command == "generate":
         return run_generate(args)
+    if args.command == "engine":
+        return run_engine(args)
+    if args.command == "keys":
+        return run_keys(args)
     configure_logging(args.log_format)
     try:
         config = config_from_args(args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from service.curve import LinkSettings
 from service.engine_launcher import EngineArgs
 
 
@@ -17,6 +18,8 @@ class GatewayConfig:
     served_model_names: tuple[str, ...] = ()
     generation_config: tuple[tuple[str, float], ...] = ()
     engine: EngineArgs = field(default_factory=lambda: EngineArgs(model_path="", model_name=""))
+    data_parallel_size: int = 1
+    link: LinkSettings = field(default_factory=LinkSettings)
     max_n: int = 16
     max_request_body_bytes: int = 8 * 2**20
     api_keys: tuple[str, ...] = ()
@@ -30,6 +33,10 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        if self.data_parallel_size < 0 or (self.data_parallel_size == 0 and self.link.engine_address is None):
+            raise ValueError(
+                f"--data-parallel-size must be >= 1 (or 0 with --engine-address), got {self.data_parallel_size}"
+            )
         if self.max_n < 1:
             raise ValueError(f"--max-n must be >= 1, got {self.max_n}")
         if self.max_request_body_bytes < 1:
@@ -53,4 +60,4 @@ class GatewayConfig:
     @property
     def max_num_in_flight(self) -> int:
         """Generation requests the gateway holds at once: the engine's batch plus its queue."""
-        return self.engine.max_num_seqs + self.max_num_queued_requests
+        return self.engine.max_num_seqs * max(self.data_parallel_size, 1) + self.max_num_queued_requests

@@ -46,6 +46,10 @@ class EngineCoreClient:
     def is_dead(self) -> bool:
         return False
 
+    def is_serving_rank(self, rank: int) -> bool:
+        """Whether engine `rank` takes requests now (for a request's data_parallel_rank)."""
+        return rank == 0
+
     def shutdown(self) -> None:
         raise NotImplementedError
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from service.curve import LinkSettings
 from service.engine_launcher import EngineArgs
 from service.model_registry import DEFAULT_MODEL
 
@@ -52,4 +53,40 @@ def engine_args_from(args: argparse.Namespace, model_path: str = "", model_name:
         num_threads=args.num_threads,
         enable_prefix_caching=args.enable_prefix_caching,
         scheduling_policy=args.scheduling_policy,
+    )
+
+
+def add_scale_out_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("scale-out")
+    group.add_argument(
+        "--data-parallel-size", type=int, default=1, metavar="N",
+        help="engine processes this gateway starts; each request goes to the least loaded "
+        "(0: none, engines join from other hosts through --engine-address) (default: %(default)s)",
+    )
+    group.add_argument(
+        "--engine-address", default=None, metavar="tcp://HOST:PORT",
+        help="where engines on other hosts join (`zeroserve engine --gateway` it): requests on PORT, "
+        "outputs on PORT+1 (default: none; local engines use private ipc:// sockets)",
+    )
+    group.add_argument(
+        "--curve-secret-key", default=None, metavar="FILE",
+        help="the gateway's CURVE secret key (`zeroserve keys generate`): links to engines are "
+        "encrypted and both ends authenticated (default: off)",
+    )
+    group.add_argument(
+        "--curve-authorized-keys", default=None, metavar="DIR",
+        help="folder of the public keys (*.key) of engines allowed to join (with --curve-secret-key)",
+    )
+    group.add_argument(
+        "--heartbeat-timeout", type=float, default=5.0, metavar="SECONDS",
+        help="an engine silent this long is taken out of rotation, its requests failed (default: %(default)s)",
+    )
+
+
+def link_settings_from(args: argparse.Namespace) -> LinkSettings:
+    return LinkSettings(
+        engine_address=args.engine_address,
+        curve_secret_key=args.curve_secret_key,
+        curve_authorized_keys=args.curve_authorized_keys,
+        heartbeat_timeout_s=args.heartbeat_timeout,
     )

@@ -74,6 +74,10 @@ class MPClient(EngineCoreClient):
         """True once no engine is left serving (after the first joined)."""
         return self._is_dead or (bool(self.engines) and not self.alive_engines)
 
+    def is_serving_rank(self, rank: int) -> bool:
+        engine = self.engines.get(rank)
+        return engine is not None and engine.is_routable
+
     @property
     def alive_engines(self) -> list[EngineState]:
         return [engine for engine in self.engines.values() if engine.is_alive]

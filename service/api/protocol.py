@@ -71,6 +71,7 @@ class SamplingRequest(OpenAIModel):
     include_stop_str_in_output: bool = False
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     priority: int = 0
+    data_parallel_rank: int | None = Field(default=None, ge=0)
 
     @field_validator("logit_bias")
     @classmethod

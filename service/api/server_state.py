@@ -74,6 +74,9 @@ class ServerState:
         """Validates every child now (a 400 before any streaming), then streams their outputs as
         (choice index, delta); choice `i * n + j` is sample j of prompt i. A timeout or the end of
         a drain ends every unfinished choice with finish_reason "abort", then raises."""
+        rank = body.data_parallel_rank
+        if rank is not None and not self.llm.engine_client.is_serving_rank(rank):
+            raise APIError(f"'data_parallel_rank' {rank} is not a serving engine.", param="data_parallel_rank")
         streams = []
         for prompt_index, prompt_token_ids in enumerate(prompts):
             parent_id = request_id if len(prompts) == 1 else f"{request_id}-p{prompt_index}"
@@ -88,6 +91,7 @@ class ServerState:
                     raise APIError(str(exc), param="max_tokens") from exc
                 except ValueError as exc:
                     raise APIError(str(exc), param="prompt") from exc
+                request.data_parallel_rank = body.data_parallel_rank
                 stop_checker = StopChecker(body.stop_strings, body.include_stop_str_in_output)
                 streams.append(self.llm.generate(request, stop_checker=stop_checker))
         return self.admission.guard(merge_streams(streams), len(streams))

@@ -1,0 +1,72 @@
+"""`zeroserve engine --gateway tcp://HOST:PORT [MODEL]`: a headless engine that joins a gateway
+on another host, and `zeroserve keys generate`: CURVE key files for such links."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from service.curve import generate_keys, remote_addresses
+from service.engine_flags import add_engine_args, add_model_arg, engine_args_from
+
+
+def add_engine_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "engine",
+        help="run a headless engine that joins a gateway (zeroserve serve --engine-address) on another host",
+        description=(
+            "Loads the model and joins the gateway at --gateway: it registers (protocol, model, KV "
+            "capacity), sends a heartbeat every second and takes requests until SIGTERM, when it "
+            "drains (finishes what it has) and leaves."
+        ),
+    )
+    add_model_arg(parser)
+    parser.add_argument("--gateway", required=True, metavar="tcp://HOST:PORT", help="the gateway's --engine-address")
+    parser.add_argument("--curve-secret-key", default=None, help="this engine's CURVE secret key file (key_secret)")
+    parser.add_argument("--gateway-public-key", default=None, help="the gateway's CURVE public key file (.key)")
+    parser.add_argument(
+        "--accept-timeout", type=float, default=60.0,
+        help="give up if the gateway has not accepted this engine after so many seconds (default: %(default)s)",
+    )
+    add_engine_args(parser)
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    """Resolves (fetches) the model, then becomes the engine process."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        input_address, output_address = remote_addresses(args.gateway)
+        if (args.curve_secret_key is None) != (args.gateway_public_key is None):
+            raise ValueError("--curve-secret-key and --gateway-public-key go together")
+    except ValueError as exc:
+        print(f"zeroserve engine: error: {exc}", file=sys.stderr)
+        return 2
+    from service.model_registry import resolve_model
+
+    resolved = resolve_model(args.model)
+    engine = engine_args_from(args, str(resolved.path), resolved.name)
+    argv = [*engine.to_argv(-1, input_address, output_address), "--headless"]
+    argv += ["--accept-timeout", str(args.accept_timeout)]
+    if args.curve_secret_key is not None:
+        argv += ["--curve-secret-key", args.curve_secret_key, "--gateway-public-key", args.gateway_public_key]
+    os.execv(sys.executable, [sys.executable, "-m", "engine_proc", *argv])
+
+
+def add_keys_parser(commands: Any) -> None:
+    keys = commands.add_parser("keys", help="CURVE key files for links to engines on other hosts")
+    actions = keys.add_subparsers(dest="keys_command", required=True)
+    generate = actions.add_parser(
+        "generate", help="write NAME.key (public, share it) and NAME.key_secret (keep it private)"
+    )
+    generate.add_argument("--dir", type=Path, required=True, help="folder to write the key files into")
+    generate.add_argument("--name", default="gateway", help="file name stem (default: %(default)s)")
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    public, secret = generate_keys(args.dir, args.name)
+    print(f"public key: {public}\nsecret key: {secret}")
+    return 0
