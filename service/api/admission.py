@@ -28,9 +28,15 @@ class Phase(enum.Enum):
 class Admission:
     """Which requests the gateway takes now, how many are in flight, and when their streams end."""
 
-    def __init__(self, max_num_in_flight: int | None = None, request_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        max_num_in_flight: int | None = None,
+        request_timeout_s: float | None = None,
+        max_header_bytes: int | None = None,
+    ) -> None:
         self.max_num_in_flight = max_num_in_flight
         self.request_timeout_s = request_timeout_s
+        self.max_header_bytes = max_header_bytes
         self.phase = Phase.LOADING
         self.num_in_flight = 0
         self.is_aborting = False
@@ -38,16 +44,17 @@ class Admission:
         self._idle.set()
         self._timeouts: set[asyncio.Timeout] = set()
 
-    def refusal(self, path: str) -> Response | None:
+    def refusal(self, path: str, num_header_bytes: int = 0) -> Response | None:
         """The answer to a request for `path` that is not admitted now, or None to admit it."""
+        if self.max_header_bytes is not None and num_header_bytes > self.max_header_bytes:
+            return error_response(APIError(f"The request's headers are larger than {self.max_header_bytes} bytes.",
+                                           431, code="request_header_fields_too_large"))
         if self.phase is Phase.LOADING and path not in ALWAYS_OPEN_PATHS:
             return error_response(APIError("The model is loading; retry shortly.", 503, error_type="server_error",
                                             code="model_loading"))
         if self.phase is Phase.DRAINING and path not in OPEN_WHILE_DRAINING_PATHS:
-            response = error_response(APIError("The server is shutting down.", 503, error_type="server_error",
-                                               code="server_shutting_down"))
-            response.headers["Connection"] = "close"
-            return response
+            return error_response(APIError("The server is shutting down.", 503, error_type="server_error",
+                                           code="server_shutting_down"))
         if (
             path in GENERATION_PATHS and self.max_num_in_flight is not None
             and self.num_in_flight >= self.max_num_in_flight
@@ -129,9 +136,17 @@ def _aborted_output(request_id: str) -> RequestOutput:
     return RequestOutput(request_id, None, [], [CompletionOutput(0, "", [], finish_reason="abort")], finished=True)
 
 
+async def refuse(response: Response, scope: Scope, receive: Receive, send: Send) -> None:
+    """Sends a refusal without reading the request's body, and then closes the connection."""
+    # NOTE: with the body unread the connection cannot carry another request; a client told
+    # nothing would send its next one there and find the connection closed under it.
+    response.headers["Connection"] = "close"
+    await response(scope, receive, send)
+
+
 class AdmissionMiddleware:
-    """Refuses what `Admission` does not admit (503 loading/draining, 429 with Retry-After past
-    the cap) before the body is read, and counts generation requests until their response ends."""
+    """Refuses what `Admission` does not admit (431 headers too large, 503 loading or draining,
+    429 with Retry-After past the cap) before the body is read, and counts generation requests until their response ends."""
 
     def __init__(self, app: ASGIApp, admission: Admission) -> None:
         self.app = app
@@ -142,9 +157,11 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        refusal = self.admission.refusal(path)
+        # NOTE: hypercorn caps only a head that arrives in pieces; one read of 64 KiB passes whole.
+        num_header_bytes = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+        refusal = self.admission.refusal(path, num_header_bytes)
         if refusal is not None:
-            await refusal(scope, receive, send)
+            await refuse(refusal, scope, receive, send)
             return
         if path not in GENERATION_PATHS:
             await self.app(scope, receive, send)

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.api.admission import refuse
 from service.api.errors import APIError, error_response
 
 
@@ -38,4 +39,4 @@ class APIKeyMiddleware:
             "Incorrect API key provided. Send it as `Authorization: Bearer KEY`.", 401, code="invalid_api_key",
         ))
         response.headers["WWW-Authenticate"] = "Bearer"
-        await response(scope, receive, send)
+        await refuse(response, scope, receive, send)

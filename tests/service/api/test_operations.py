@@ -173,6 +173,9 @@ def test_api_keys_guard_every_route_but_health(ops_server: ServerProcess) -> Non
                 assert response.json()["error"]["type"] == "invalid_request_error"
                 assert response.json()["error"]["code"] == "invalid_api_key"
         assert client.get("/v1/models", headers={"Authorization": "Bearer k2"}).status_code == 200
+        too_large = client.get("/health", headers={"X-Padding": "x" * 20_000})
+        assert too_large.status_code == 431
+        assert too_large.json()["error"]["code"] == "request_header_fields_too_large"
     base_url = f"{ops_server.base_url}/v1"
     with openai.OpenAI(base_url=base_url, api_key="k1", max_retries=0) as sdk:
         assert sdk.completions.create(model="tiny", prompt="hi", max_tokens=2).choices

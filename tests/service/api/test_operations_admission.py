@@ -86,6 +86,13 @@ def test_each_phase_refuses_what_it_should() -> None:
     assert draining is not None and draining.status_code == 503
 
 
+def test_a_head_past_the_cap_gets_431_on_any_route() -> None:
+    admission = Admission(max_header_bytes=100)
+    assert admission.refusal("/health", 100) is None
+    too_large = admission.refusal("/health", 101)
+    assert too_large is not None and too_large.status_code == 431
+
+
 @pytest.mark.parametrize(
     ("path", "authorization", "status"),
     [
