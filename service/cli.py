@@ -175,7 +175,12 @@ async def serve(config: GatewayConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     load = asyncio.create_task(_load(config, app), name="load-engine")
-    load.add_done_callback(lambda _: stop.set() if _failed(load) else None)
+
+    def on_loaded(task: asyncio.Task[AsyncLLM]) -> None:
+        if _failed(task):
+            stop.set()
+
+    load.add_done_callback(on_loaded)
 
     async def shutdown_trigger() -> None:
         await stop.wait()
@@ -199,8 +204,8 @@ async def serve(config: GatewayConfig) -> None:
         await asyncio.gather(load, return_exceptions=True)
         if not _failed(load):
             load.result().shutdown()
-    if not load.cancelled() and load.exception() is not None:
-        raise load.exception()  # type: ignore[misc]
+    if not load.cancelled():
+        load.result()  # NOTE: raises why the engine did not load, if it did not.
 
 
 def _failed(task: asyncio.Task[AsyncLLM]) -> bool:

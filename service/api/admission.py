@@ -19,6 +19,10 @@ OPEN_WHILE_DRAINING_PATHS = ALWAYS_OPEN_PATHS | {"/metrics"}
 RETRY_AFTER_S = 1
 
 
+class RequestTimeoutError(APIError):
+    """A request ran past the server's request timeout (408; retrying it would time out again)."""
+
+
 class Phase(enum.Enum):
     LOADING = "loading"
     SERVING = "serving"
@@ -128,8 +132,8 @@ class Admission:
         if self.is_aborting:
             return APIError("The server shut down before the request finished.", 503, error_type="server_error",
                             code="server_shutting_down")
-        return APIError(f"The request ran longer than the server's request timeout ({self.request_timeout_s:g} s) "
-                        "and was aborted.", 408, code="request_timeout")
+        return RequestTimeoutError(f"The request ran longer than the server's request timeout "
+                                   f"({self.request_timeout_s:g} s) and was aborted.", 408, code="request_timeout")
 
 
 def _aborted_output(request_id: str) -> RequestOutput:

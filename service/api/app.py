@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from service.api.admission import Admission, AdmissionMiddleware, Phase
+from service.api.admission import Admission, AdmissionMiddleware, Phase, RequestTimeoutError
 from service.api.auth import APIKeyMiddleware
 from service.api.chat_completions import create_chat_completion
 from service.api.completions import create_completion
@@ -79,6 +79,14 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
 
+async def _request_timeout(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestTimeoutError)
+    response = error_response(exc)
+    # NOTE: OpenAI's SDKs retry a 408 unless told not to; the retry would only time out again.
+    response.headers["x-should-retry"] = "false"
+    return response
+
+
 async def _engine_dead(request: Request, exc: Exception) -> Response:
     return error_response(APIError(str(exc), 503, error_type="server_error", code="engine_dead"))
 
@@ -122,6 +130,7 @@ def create_app(
         ],
         exception_handlers={
             APIError: _api_error,
+            RequestTimeoutError: _request_timeout,
             EngineDeadError: _engine_dead,
             HTTPException: _http_error,
             Exception: _unexpected,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +21,7 @@ import openai
 import psutil
 import pytest
 
-from tests.server_process import ServerProcess, running_server
+from tests.server_process import ServerProcess, free_port, running_server
 from tests.service.api.sse_client import stream_events
 
 CHAT = "/v1/chat/completions"
@@ -84,6 +86,13 @@ def test_health_is_503_while_loading_then_200_and_503_once_the_engine_is_gone(ti
         assert client.get("/health").json() == {"status": "dead"}
 
 
+def test_a_model_that_cannot_load_ends_the_server_with_status_2(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "service", "serve", str(tmp_path / "missing.gguf"), "--port", str(free_port())]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "missing.gguf" in result.stderr.splitlines()[-1]
+
+
 def test_sigkill_of_the_gateway_leaves_no_engine_process(tiny_model_dir: Path) -> None:
     with running_server(tiny_model_dir) as server:
         (engine_pid,) = server.engine_pids()
@@ -136,6 +145,7 @@ def test_request_timeout_aborts_and_reports_it(tiny_model_dir: Path) -> None:
         assert time.monotonic() - started < 5
         assert response.status_code == 408
         assert response.json()["error"]["code"] == "request_timeout"
+        assert response.headers["x-should-retry"] == "false"
         body = {"messages": [{"role": "user", "content": "Count"}], "max_tokens": 2000, "ignore_eos": True,
                 "n": 2, "stream": True}
         events = stream_events(client, CHAT, body)
