@@ -1,0 +1,102 @@
+"""Headless engines joining and leaving a running gateway over TCP (loopback): one that leaves
+cleanly drains first, one that disappears is taken out of rotation and only its requests fail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server_process import ServerProcess, free_port, running_server
+
+ENGINE_FLAGS = ["--num-threads", "1", "--kv-cache-memory", "0.05", "--max-model-len", "1024"]
+
+
+@pytest.fixture
+def gateway(tiny_model_dir: Path, tmp_path: Path) -> Iterator[tuple[ServerProcess, str, Path]]:
+    engine_address = f"tcp://127.0.0.1:{free_port()}"
+    log = tmp_path / "gateway.log"
+    with running_server(
+        tiny_model_dir, "--data-parallel-size", "0", "--engine-address", engine_address, "--heartbeat-timeout", "2",
+        *ENGINE_FLAGS, log_file=log, wait_healthy=False,
+    ) as server:
+        yield server, engine_address, log
+
+
+def start_engine(model: Path, engine_address: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "service", "engine", str(model), "--gateway", engine_address, *ENGINE_FLAGS],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def wait_joined(log: Path, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while log.read_text().count(" joined from ") < count:
+        assert time.monotonic() < deadline, "engines did not join"
+        time.sleep(0.2)
+
+
+async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> tuple[int, str | None, str]:
+    """(tokens streamed, finish reason, error message) of one streamed completion."""
+    body = {
+        "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    num_tokens, finish_reason, error = 0, None, ""
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                error = event["error"]["message"]
+            elif event.get("usage"):
+                num_tokens = event["usage"]["completion_tokens"]
+            if event.get("choices"):
+                finish_reason = event["choices"][0]["finish_reason"] or finish_reason
+    return num_tokens, finish_reason, error
+
+
+async def test_a_lost_engine_fails_its_streams_and_a_leaving_one_drains(
+    gateway: tuple[ServerProcess, str, Path], tiny_model_dir: Path
+) -> None:
+    server, engine_address, log = gateway
+    engines = [start_engine(tiny_model_dir, engine_address) for _ in range(3)]
+    try:
+        wait_joined(log, 3)
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as client:
+            assert (await client.get("/health")).status_code == 200
+            long_streams = [asyncio.create_task(stream(client, f"long {i}", 600)) for i in range(6)]
+            await asyncio.sleep(2.0)
+            engines[0].send_signal(signal.SIGKILL)
+            lost_at = time.monotonic()
+            results = await asyncio.gather(*long_streams)
+            lost = [r for r in results if r[2]]
+            assert lost and all("engine" in r[2] and "lost" in r[2] for r in lost), results
+            assert time.monotonic() - lost_at < 30
+            # NOTE: the engines that remain keep serving, new requests included.
+            assert all(r == (600, "length", "") for r in results if not r[2])
+            assert (await stream(client, "after the loss", 5)) == (5, "length", "")
+
+            draining = [asyncio.create_task(stream(client, f"drain {i}", 300)) for i in range(4)]
+            await asyncio.sleep(1.5)
+            engines[1].send_signal(signal.SIGTERM)
+            assert all(r == (300, "length", "") for r in await asyncio.gather(*draining))
+            assert engines[1].wait(30) == 0
+            assert (await stream(client, "after the drain", 5)) == (5, "length", "")
+        assert " left" in log.read_text()
+    finally:
+        for engine in engines:
+            if engine.poll() is None:
+                engine.kill()
+            engine.wait()
