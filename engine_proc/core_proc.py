@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from dataclasses import replace
 from typing import Any, Protocol
 
 import zmq
@@ -12,7 +13,7 @@ import zmq
 from engine_proc.input_thread import InputItem, InputThread
 from engine_proc.output_thread import OutputItem, OutputThread, Shutdown
 from proto.engine_input import EngineCoreRequest, RequestType, UtilityCall
-from proto.engine_output import EngineCoreOutputs
+from proto.engine_output import EngineCoreOutput, EngineCoreOutputs
 from proto.handshake import EngineAccept, EngineReady
 
 logger = logging.getLogger(__name__)
@@ -54,8 +55,8 @@ class EngineCoreProc:
     def __init__(
         self,
         engine_core: CoreLike,
-        input_address: str,
-        output_address: str,
+        input_address: str | list[str],
+        output_address: str | list[str],
         socket_options: dict[int, Any] | None = None,
         accept_timeout_s: float | None = None,
     ) -> None:
@@ -64,10 +65,19 @@ class EngineCoreProc:
         self.output_queue: queue.Queue[OutputItem] = queue.Queue()
         self.ctx: zmq.Context[Any] = zmq.Context()
         ready = engine_core.ready_message()
-        self.input_thread = InputThread(self.ctx, input_address, ready, self.input_queue, socket_options)
+        # NOTE: one address pair per gateway (several with --api-server-count).
+        input_addresses = [input_address] if isinstance(input_address, str) else input_address
+        output_addresses = [output_address] if isinstance(output_address, str) else output_address
+        if len(input_addresses) != len(output_addresses):
+            raise ValueError("one output address per input address, please")
+        self.input_thread = InputThread(self.ctx, input_addresses, ready, self.input_queue, socket_options)
         self.output_thread = OutputThread(
-            self.ctx, output_address, self.output_queue, max(ready.engine_index, 0), socket_options
+            self.ctx, output_addresses, self.output_queue, max(ready.engine_index, 0), socket_options
         )
+        self.num_clients = len(input_addresses)
+        # request id → the client (gateway) it came from, when there are several
+        self.client_of: dict[str, int] = {}
+        self.accepted_by: set[int] = set()
         self.is_running = True
         self.is_accepted = False
         self.accept_deadline = None if accept_timeout_s is None else time.monotonic() + accept_timeout_s
@@ -130,7 +140,7 @@ class EngineCoreProc:
             self.is_running = False
         if not self.is_accepted and self.accept_deadline is not None and now >= self.accept_deadline:
             raise EngineRefusedError(
-                f"the gateway at {self.input_thread.address} did not accept this engine in time "
+                f"the gateway at {', '.join(self.input_thread.addresses)} did not accept this engine in time "
                 "(unreachable, or it does not authorise this engine's CURVE key)"
             )
 
@@ -138,25 +148,41 @@ class EngineCoreProc:
         if not self.engine_core.has_work:
             return
         outputs = self.engine_core.step()
-        if outputs.outputs:
-            self.output_queue.put_nowait(outputs)
+        if not outputs.outputs:
+            return
+        if self.num_clients == 1:
+            self.output_queue.put_nowait((0, outputs))
+            return
+        by_client: dict[int, list[EngineCoreOutput]] = {}
+        for output in outputs.outputs:
+            client_index = self.client_of.get(output.request_id, 0)
+            if output.is_finished:
+                self.client_of.pop(output.request_id, None)
+            by_client.setdefault(client_index, []).append(output)
+        for client_index, client_outputs in by_client.items():
+            self.output_queue.put_nowait((client_index, replace(outputs, outputs=client_outputs)))
 
     def _handle_input(self, request_type: RequestType, message: Any) -> None:
         if request_type is RequestType.ADD:
+            if self.num_clients > 1:
+                self.client_of[message.request_id] = message.client_index
             self.engine_core.add_request(message)
         elif request_type is RequestType.ABORT:
+            for request_id in message:
+                self.client_of.pop(request_id, None)
             self.engine_core.abort_requests(message)
         elif request_type is RequestType.UTILITY:
             result = self.engine_core.call_utility(message)
-            self.output_queue.put_nowait(EngineCoreOutputs(utility_output=result))
+            self.output_queue.put_nowait((message.client_index, EngineCoreOutputs(utility_output=result)))
         elif request_type is RequestType.HANDSHAKE:
-            self._accept(message)
+            self._accept(*message)
 
-    def _accept(self, accept: EngineAccept) -> None:
+    def _accept(self, client_index: int, accept: EngineAccept) -> None:
         if accept.error is not None:
             raise EngineRefusedError(f"the gateway refused this engine: {accept.error}")
-        if not self.is_accepted:
-            logger.info("accepted by the gateway as engine %d", accept.engine_index)
-        self.is_accepted = True
+        if client_index not in self.accepted_by:
+            logger.info("accepted by gateway %d as engine %d", client_index, accept.engine_index)
+            self.accepted_by.add(client_index)
+        self.is_accepted = len(self.accepted_by) == self.num_clients
         self.engine_core.set_engine_index(accept.engine_index)
         self.output_thread.engine_index = accept.engine_index

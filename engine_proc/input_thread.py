@@ -27,20 +27,20 @@ HEARTBEAT_INTERVAL_S = 1.0
 
 
 class InputThread(threading.Thread):
-    """DEALER connected to the gateway's ROUTER, read with a Poller; identity = the engine's index,
-    or random bytes for an engine that asks the gateway for an index."""
+    """One DEALER per gateway, connected to its ROUTER, all read with one Poller; identity = the
+    engine's index, or random bytes for an engine that asks the gateway for an index."""
 
     def __init__(
         self,
         ctx: zmq.Context[Any],
-        address: str,
+        addresses: list[str],
         ready: EngineReady,
         input_queue: queue.Queue[InputItem],
         socket_options: dict[int, Any] | None = None,
     ) -> None:
         super().__init__(name="engine-input", daemon=True)
         self.ctx = ctx
-        self.address = address
+        self.addresses = addresses
         self.ready = ready
         self.input_queue = input_queue
         self.socket_options = socket_options or {}
@@ -56,41 +56,56 @@ class InputThread(threading.Thread):
         }
 
     def run(self) -> None:
-        sock = make_zmq_socket(
-            self.ctx, self.address, zmq.DEALER, bind=False, identity=self.identity, linger=0,
-            options=self.socket_options,
-        )
-        encoder = MsgpackEncoder()
-        ready_frames = [EngineMessageType.READY.value, *encoder.encode(self.ready)]
+        sockets = [
+            make_zmq_socket(
+                self.ctx, address, zmq.DEALER, bind=False, identity=self.identity, linger=0,
+                options=self.socket_options,
+            )
+            for address in self.addresses
+        ]
+        client_of = {sock: client_index for client_index, sock in enumerate(sockets)}
+        ready_frames = [EngineMessageType.READY.value, *MsgpackEncoder().encode(self.ready)]
         try:
-            # The first message registers our identity with the ROUTER and says we are ready;
+            # The first message registers our identity with each ROUTER and says we are ready;
             # repeated, it is our heartbeat.
-            sock.send_multipart(ready_frames)
+            self._send_all(sockets, ready_frames)
             last_beat, has_sent_drain = time.monotonic(), False
             poller = zmq.Poller()
-            poller.register(sock, zmq.POLLIN)
+            for sock in sockets:
+                poller.register(sock, zmq.POLLIN)
             while not self.stop_event.is_set():
                 for ready_sock, _ in poller.poll(_POLL_MS):
                     type_frame, *frames = ready_sock.recv_multipart(copy=False)
-                    self._handle(bytes(type_frame.buffer), frames)
+                    self._handle(bytes(type_frame.buffer), frames, client_of[ready_sock])
                 if time.monotonic() - last_beat >= HEARTBEAT_INTERVAL_S:
-                    sock.send_multipart(ready_frames)
+                    self._send_all(sockets, ready_frames)
                     last_beat = time.monotonic()
                 if self.drain_event.is_set() and not has_sent_drain:
-                    sock.send(EngineMessageType.DRAINING.value)
+                    self._send_all(sockets, [EngineMessageType.DRAINING.value])
                     has_sent_drain = True
                 if self.goodbye_event.is_set():
-                    sock.send(EngineMessageType.GOODBYE.value)
-                    sock.setsockopt(zmq.LINGER, _GOODBYE_LINGER_MS)
+                    self._send_all(sockets, [EngineMessageType.GOODBYE.value])
+                    for sock in sockets:
+                        sock.setsockopt(zmq.LINGER, _GOODBYE_LINGER_MS)
                     return
         finally:
-            sock.close()
+            for sock in sockets:
+                sock.close()
 
-    def _handle(self, type_byte: bytes, frames: list[Any]) -> None:
+    @staticmethod
+    def _send_all(sockets: list[zmq.Socket[Any]], frames: list[bytes]) -> None:
+        for sock in sockets:
+            sock.send_multipart(frames)
+
+    def _handle(self, type_byte: bytes, frames: list[Any], client_index: int) -> None:
         try:
             request_type = RequestType(type_byte)
             message = self.decoders[request_type].decode(frames)
         except Exception:  # noqa: BLE001 - one bad message must not stop the engine
             logger.exception("dropping undecodable message of type %r", type_byte)
             return
+        if request_type in (RequestType.ADD, RequestType.UTILITY):
+            message.client_index = client_index
+        elif request_type is RequestType.HANDSHAKE:
+            message = (client_index, message)
         self.input_queue.put_nowait((request_type, message))

@@ -17,8 +17,12 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument("--model", required=True, help="a .gguf file or a Hugging Face model directory")
     parser.add_argument("--model-name", default="")
     parser.add_argument("--engine-index", type=int, default=0)
-    parser.add_argument("--input-address", required=True, help="the gateway's ROUTER address")
-    parser.add_argument("--output-address", required=True, help="the gateway's PULL address")
+    parser.add_argument(
+        "--input-address", required=True, help="the gateway's ROUTER address (comma-separated: several gateways)"
+    )
+    parser.add_argument(
+        "--output-address", required=True, help="the gateway's PULL address (comma-separated, in the same order)"
+    )
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument(
         "--quantization", default="auto", choices=QUANTIZATIONS,
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     link = parse_link_args(argv)
     engine_core = EngineCore(config)
     proc = EngineCoreProc(
-        engine_core, config.input_address, config.output_address, socket_options(link), link.accept_timeout_s
+        engine_core, config.input_address.split(","), config.output_address.split(","), socket_options(link),
+        link.accept_timeout_s,
     )
     if link.is_headless:
         signal.signal(signal.SIGTERM, lambda signum, frame: proc.begin_drain())

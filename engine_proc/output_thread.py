@@ -1,4 +1,4 @@
-"""Output socket IO thread: the busy loop's outputs → encoded → PUSH to the gateway."""
+"""Output socket IO thread: the busy loop's outputs → encoded → PUSH to the gateway that asked."""
 
 from __future__ import annotations
 
@@ -27,16 +27,17 @@ class Shutdown:
         self.is_dead = is_dead
 
 
-OutputItem = EngineCoreOutputs | Shutdown
+# NOTE: (client index, outputs): each gateway (client) has its own PULL socket.
+OutputItem = tuple[int, EngineCoreOutputs] | Shutdown
 
 
 class OutputThread(threading.Thread):
-    """PUSH connected to the gateway's PULL; zero-copy, tracked sends with reused buffers."""
+    """One PUSH per gateway, connected to its PULL; zero-copy, tracked sends with reused buffers."""
 
     def __init__(
         self,
         ctx: zmq.Context[Any],
-        address: str,
+        addresses: list[str],
         output_queue: queue.Queue[OutputItem],
         engine_index: int = 0,
         socket_options: dict[int, Any] | None = None,
@@ -45,14 +46,15 @@ class OutputThread(threading.Thread):
         self.engine_index = engine_index
         self.socket_options = socket_options
         self.ctx = ctx
-        self.address = address
+        self.addresses = addresses
         self.output_queue = output_queue
         self.free_buffers: list[bytearray] = []
 
     def run(self) -> None:
-        sock = make_zmq_socket(
-            self.ctx, self.address, zmq.PUSH, bind=False, linger=_LINGER_MS, options=self.socket_options
-        )
+        sockets = [
+            make_zmq_socket(self.ctx, address, zmq.PUSH, bind=False, linger=_LINGER_MS, options=self.socket_options)
+            for address in self.addresses
+        ]
         encoder = MsgpackEncoder()
         # (tracker, outputs, buffer): outputs are kept alive until zmq is done with their memory.
         pending: deque[tuple[zmq.MessageTracker, EngineCoreOutputs, bytearray]] = deque()
@@ -61,18 +63,21 @@ class OutputThread(threading.Thread):
                 item = self.output_queue.get()
                 if isinstance(item, Shutdown):
                     if item.is_dead:
-                        sock.send_multipart([ENGINE_CORE_DEAD, self.engine_index.to_bytes(2, "little")])
+                        for sock in sockets:
+                            sock.send_multipart([ENGINE_CORE_DEAD, (self.engine_index & 0xFFFF).to_bytes(2, "little")])
                     return
+                client_index, outputs = item
                 self._reclaim(pending)
                 buffer = self.free_buffers.pop() if self.free_buffers else bytearray()
-                frames = encoder.encode_into(item, buffer)
-                tracker = sock.send_multipart(frames, copy=False, track=True)
+                frames = encoder.encode_into(outputs, buffer)
+                tracker = sockets[client_index].send_multipart(frames, copy=False, track=True)
                 if tracker.done:
                     self.free_buffers.append(buffer)
                 else:
-                    pending.appendleft((tracker, item, buffer))
+                    pending.appendleft((tracker, outputs, buffer))
         finally:
-            sock.close()
+            for sock in sockets:
+                sock.close()
 
     def _reclaim(self, pending: deque[tuple[zmq.MessageTracker, EngineCoreOutputs, bytearray]]) -> None:
         while pending and pending[-1][0].done:

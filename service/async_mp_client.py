@@ -28,7 +28,11 @@ class AsyncMPClient(MPClient):
     output_socket: zmq.asyncio.Socket
 
     def __init__(
-        self, engine_args: EngineArgs, data_parallel_size: int = 1, link: LinkSettings | None = None
+        self,
+        engine_args: EngineArgs,
+        data_parallel_size: int = 1,
+        link: LinkSettings | None = None,
+        engine_addresses: tuple[str, str] | None = None,
     ) -> None:
         self.outputs_queue: asyncio.Queue[OutputItem] = asyncio.Queue()
         self._dead = asyncio.Event()
@@ -36,7 +40,7 @@ class AsyncMPClient(MPClient):
         self._utility_owner: dict[int, int] = {}
         self._loop = asyncio.get_running_loop()
         self._tasks: list[asyncio.Task[None]] = []
-        super().__init__(engine_args, zmq.asyncio.Context(), data_parallel_size, link)
+        super().__init__(engine_args, zmq.asyncio.Context(), data_parallel_size, link, engine_addresses)
 
     async def wait_ready(self, timeout: float = 300.0) -> EngineReady:
         """Waits for every local engine's ready message (or, with none, the first remote one)."""
@@ -93,7 +97,7 @@ class AsyncMPClient(MPClient):
             future = self._utility_calls.pop(call_id, None)
             if owner == engine_index and future is not None and not future.done():
                 future.set_exception(error)
-        if not self.alive_engines and self.link.engine_address is None:
+        if not self.alive_engines and self.link.engine_address is None and self.processes:
             self._mark_dead(reason)
         else:
             # NOTE: with remote engines, others may still join: the gateway lives on.

@@ -140,6 +140,12 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         engine=engine,
         data_parallel_size=args.data_parallel_size,
         link=link_settings_from(args),
+        api_server_count=args.api_server_count,
+        api_server_index=args.api_server_index,
+        listen_fd=args.listen_fd,
+        engine_addresses=(
+            None if args.engine_input_address is None else (args.engine_input_address, args.engine_output_address)
+        ),
         max_n=args.max_n,
         max_request_body_bytes=args.max_request_body_bytes,
         api_keys=tuple(args.api_key or ()),
@@ -189,7 +195,7 @@ async def serve(config: GatewayConfig) -> None:
         admission.phase = Phase.DRAINING
 
     hypercorn_config = hypercorn.config.Config()
-    hypercorn_config.bind = [f"{config.host}:{config.port}"]
+    hypercorn_config.bind = [f"{config.host}:{config.port}" if config.listen_fd is None else f"fd://{config.listen_fd}"]
     hypercorn_config.graceful_timeout = ABORT_GRACE_S
     hypercorn_config.h11_max_incomplete_size = config.max_header_bytes
     hypercorn_config.h2_max_header_list_size = config.max_header_bytes
@@ -227,7 +233,7 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
     names = list(config.served_model_names or (resolved.name,))
     # NOTE: engines are named by the model's own name, which engines on other hosts also know.
     engine_args = replace(config.engine, model_path=str(resolved.path), model_name=resolved.name)
-    client = AsyncMPClient(engine_args, config.data_parallel_size, config.link)
+    client = AsyncMPClient(engine_args, config.data_parallel_size, config.link, config.engine_addresses)
     try:
         # NOTE: the tokenizer loads here while the engine loads its weights.
         tokenizer = await asyncio.to_thread(Tokenizer.from_model, resolved.path)
@@ -268,12 +274,16 @@ def main(argv: list[str] | None = None) -> int:
         return run_engine(args)
     if args.command == "keys":
         return run_keys(args)
-    configure_logging(args.log_format)
+    configure_logging(args.log_format, api_server=args.api_server_index)
     try:
         config = config_from_args(args)
     except ValueError as exc:
         print(f"zeroserve: error: {_naming_the_variable(str(exc), argv)}", file=sys.stderr)
         return 2
+    if config.api_server_count > 1:
+        from service.api_servers import run_api_servers
+
+        return run_api_servers(config, sys.argv[1:] if argv is None else argv)
     import uvloop
 
     from service.core_client import EngineDeadError

@@ -20,6 +20,11 @@ class GatewayConfig:
     engine: EngineArgs = field(default_factory=lambda: EngineArgs(model_path="", model_name=""))
     data_parallel_size: int = 1
     link: LinkSettings = field(default_factory=LinkSettings)
+    api_server_count: int = 1
+    # NOTE: set only in one of several gateway processes (service/api_servers.py starts them).
+    api_server_index: int | None = None
+    listen_fd: int | None = None
+    engine_addresses: tuple[str, str] | None = None
     max_n: int = 16
     max_request_body_bytes: int = 8 * 2**20
     api_keys: tuple[str, ...] = ()
@@ -36,6 +41,15 @@ class GatewayConfig:
         if self.data_parallel_size < 0 or (self.data_parallel_size == 0 and self.link.engine_address is None):
             raise ValueError(
                 f"--data-parallel-size must be >= 1 (or 0 with --engine-address), got {self.data_parallel_size}"
+            )
+        if self.api_server_count < 1:
+            raise ValueError(f"--api-server-count must be >= 1, got {self.api_server_count}")
+        if self.api_server_count > 1 and (
+            self.data_parallel_size < 1 or self.link.engine_address is not None or self.link.is_curve
+        ):
+            raise ValueError(
+                "--api-server-count > 1 shares the gateway's own engines (--data-parallel-size >= 1); "
+                "it does not take --engine-address or CURVE keys"
             )
         if self.max_n < 1:
             raise ValueError(f"--max-n must be >= 1, got {self.max_n}")

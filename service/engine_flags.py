@@ -78,6 +78,15 @@ def add_scale_out_args(parser: argparse.ArgumentParser) -> None:
         help="folder of the public keys (*.key) of engines allowed to join (with --curve-secret-key)",
     )
     group.add_argument(
+        "--api-server-count", type=int, default=1, metavar="K",
+        help="gateway processes sharing the port, each connected to every engine (default: %(default)s)",
+    )
+    # NOTE: how a gateway process of several learns its place (service/api_servers.py sets them).
+    group.add_argument("--api-server-index", type=int, default=None, help=argparse.SUPPRESS)
+    group.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
+    group.add_argument("--engine-input-address", default=None, help=argparse.SUPPRESS)
+    group.add_argument("--engine-output-address", default=None, help=argparse.SUPPRESS)
+    group.add_argument(
         "--heartbeat-timeout", type=float, default=5.0, metavar="SECONDS",
         help="an engine silent this long is taken out of rotation, its requests failed (default: %(default)s)",
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -48,6 +50,13 @@ class EngineArgs:
         if self.num_threads is not None:
             argv += ["--num-threads", str(self.num_threads)]
         return argv
+
+
+def die_with_parent() -> None:
+    """Linux (in a child, before exec): the kernel kills this process when its parent dies."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 class EngineProcess:

@@ -116,6 +116,8 @@ def _flag_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 def document_flag_vars(parser: argparse.ArgumentParser) -> None:
     """Ends each flag's --help line with its default and its variable."""
     for action in _flag_actions(parser):
+        if action.help == argparse.SUPPRESS:
+            continue  # NOTE: internal flags stay hidden.
         text = action.help or ""
         if "default" not in text:
             text = f"{text} (default: %(default)s)"

@@ -35,7 +35,10 @@ class MPClient(EngineCoreClient):
         ctx: zmq.Context[Any],
         data_parallel_size: int = 1,
         link: LinkSettings | None = None,
+        engine_addresses: tuple[str, str] | None = None,
     ) -> None:
+        """`engine_addresses` (input, output): engines someone else started connect there (a
+        gateway process of several sharing engines); without them this client starts its own."""
         self.link = link or LinkSettings()
         if data_parallel_size < 0 or (data_parallel_size == 0 and self.link.engine_address is None):
             raise ValueError("--data-parallel-size must be >= 1, or 0 with --engine-address for remote engines only")
@@ -43,8 +46,9 @@ class MPClient(EngineCoreClient):
         self.data_parallel_size = data_parallel_size
         self.ctx = ctx
         self.socket_dir = tempfile.mkdtemp(prefix="zeroserve-")
-        self.input_address = new_ipc_address(self.socket_dir)
-        self.output_address = new_ipc_address(self.socket_dir)
+        self.input_address, self.output_address = engine_addresses or (
+            new_ipc_address(self.socket_dir), new_ipc_address(self.socket_dir)
+        )
         self.curve = CurveServer(ctx, self.link, self.socket_dir)
         options = self.curve.socket_options
         self.input_socket = make_zmq_socket(ctx, self.input_address, zmq.ROUTER, bind=True, linger=0, options=options)
@@ -66,7 +70,7 @@ class MPClient(EngineCoreClient):
                 engine_args, index, self.input_address, self.output_address,
                 functools.partial(self._on_engine_exit, index), self.curve.local_engine_env,
             )
-            for index in range(data_parallel_size)
+            for index in range(0 if engine_addresses else data_parallel_size)
         ]
 
     @property

@@ -181,3 +181,33 @@ def test_output_thread_reuses_buffers_once_sent(gateway: Gateway) -> None:
     thread.join(5)
     # Far fewer buffers than messages: each went back to the pool after its send completed.
     assert 1 <= len(proc.output_thread.free_buffers) < 10
+
+
+def test_one_engine_serves_two_gateways_each_on_its_own_sockets(tmp_path: Path) -> None:
+    first, second = Gateway(tmp_path), Gateway(tmp_path)
+    try:
+        proc = EngineCoreProc(
+            FakeCore(), [first.input_address, second.input_address], [first.output_address, second.output_address]
+        )
+        thread = threading.Thread(target=proc.run, daemon=True)
+        thread.start()
+        recv_ready(first)
+        recv_ready(second)
+        first.send(RequestType.ADD, EngineCoreRequest("from-first", [1, 2], SamplingParams()))
+        second.send(RequestType.ADD, EngineCoreRequest("from-second", [7, 8, 9], SamplingParams()))
+        second.send(RequestType.UTILITY, UtilityCall(5, "ping"))
+        for gateway, request_id, expected in ((first, "from-first", [2, 1]), (second, "from-second", [9, 8, 7])):
+            tokens = []
+            while len(tokens) < len(expected):
+                outputs = gateway.recv_outputs()
+                if outputs.utility_output is not None:
+                    assert gateway is second and outputs.utility_output.result == ["ping"]
+                    continue
+                assert {o.request_id for o in outputs.outputs} == {request_id}
+                tokens += [t for o in outputs.outputs for t in o.new_token_ids]
+            assert tokens == expected
+        proc.is_running = False
+        thread.join(5)
+    finally:
+        first.close()
+        second.close()
