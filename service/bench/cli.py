@@ -28,6 +28,16 @@ def run_bench(args: argparse.Namespace) -> int:
     return handler(args)
 
 
+def add_random_dataset_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-prompts", type=int, default=1000, help="requests to run (default: %(default)s)")
+    parser.add_argument("--random-input-len", type=int, default=1024, help="prompt tokens (default: %(default)s)")
+    parser.add_argument("--random-output-len", type=int, default=128, help="max_tokens (default: %(default)s)")
+    parser.add_argument(
+        "--random-range-ratio", type=float, default=0.0,
+        help="lengths drawn from [len·(1−r), len·(1+r)]; 0 gives exact lengths (default: %(default)s)",
+    )
+
+
 def add_serve_parser(commands: Any) -> None:
     serve = commands.add_parser(
         "serve", help="stream requests at a server and report throughput and latency, as `vllm bench serve`"
@@ -44,13 +54,7 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument(
         "--dataset-path", type=Path, default=None, help="a JSONL file, one OpenAI request body a line (implies jsonl)"
     )
-    serve.add_argument("--num-prompts", type=int, default=1000, help="requests to send (default: %(default)s)")
-    serve.add_argument("--random-input-len", type=int, default=1024, help="prompt tokens (default: %(default)s)")
-    serve.add_argument("--random-output-len", type=int, default=128, help="max_tokens (default: %(default)s)")
-    serve.add_argument(
-        "--random-range-ratio", type=float, default=0.0,
-        help="lengths drawn from [len·(1−r), len·(1+r)]; 0 gives exact lengths (default: %(default)s)",
-    )
+    add_random_dataset_args(serve)
     serve.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: all)")
     serve.add_argument(
         "--request-rate", type=float, default=math.inf,
@@ -86,13 +90,7 @@ def add_throughput_parser(commands: Any) -> None:
     throughput.add_argument(
         "--dataset-path", type=Path, default=None, help="a JSONL file of completions bodies (default: random prompts)"
     )
-    throughput.add_argument("--num-prompts", type=int, default=1000, help="requests to run (default: %(default)s)")
-    throughput.add_argument("--random-input-len", type=int, default=1024, help="prompt tokens (default: %(default)s)")
-    throughput.add_argument("--random-output-len", type=int, default=128, help="max_tokens (default: %(default)s)")
-    throughput.add_argument(
-        "--random-range-ratio", type=float, default=0.0,
-        help="lengths drawn from [len·(1−r), len·(1+r)]; 0 gives exact lengths (default: %(default)s)",
-    )
+    add_random_dataset_args(throughput)
     throughput.add_argument("--seed", type=int, default=0, help="seeds the prompts (default: %(default)s)")
     throughput.add_argument("--num-warmups", type=int, default=0, help="prompts run first, left out of the figures")
     throughput.add_argument(
