@@ -88,52 +88,52 @@ class PagedAttention:
             return
         if metadata.decode_slots is not None:
             self._decode_rows = self._block_rows(metadata.decode_slots)
-            self._decode_mask = self._padded_mask(metadata)
+            self._decode_mask = self._additive_mask(metadata)
         self._prefill_rows = [self._block_rows(span.context_slots) for span in metadata.prefills]
 
     def _block_rows(self, slots: torch.Tensor) -> torch.Tensor:
-        """Rows [..., kv_heads, num_blocks_used] of the block view for the blocks holding `slots`."""
+        """Rows [2, ..., kv_heads, num_blocks_used] of the block view for the K and V blocks holding `slots`."""
         block_ids = slots[..., :: self.block_size] // self.block_size
-        heads = torch.arange(self.num_kv_heads, device=slots.device).unsqueeze(-1)
+        heads = torch.arange(2 * self.num_kv_heads, device=slots.device).view(2, *[1] * (block_ids.dim() - 1), -1, 1)
         return heads * self.num_blocks + block_ids.unsqueeze(-2)
 
-    def _padded_mask(self, metadata: AttentionMetadata) -> torch.Tensor | None:
-        """The decode mask widened to whole blocks (the tail of the last block is masked)."""
+    def _additive_mask(self, metadata: AttentionMetadata) -> torch.Tensor | None:
+        """The decode mask widened to whole blocks, as 0 (attend) or -inf to add to the scores."""
         assert metadata.decode_slots is not None
         num_decodes, max_len = metadata.decode_slots.shape
         padded_len = -(-max_len // self.block_size) * self.block_size
-        if padded_len == max_len:
-            return metadata.decode_mask
-        mask = torch.zeros(num_decodes, 1, 1, padded_len, dtype=torch.bool, device=metadata.decode_slots.device)
-        if metadata.decode_mask is None:
-            mask[..., :max_len] = True
-        else:
-            mask[..., :max_len] = metadata.decode_mask
-        return mask
+        if padded_len == max_len and metadata.decode_mask is None:
+            return None
+        is_valid = torch.zeros(num_decodes, 1, 1, padded_len, dtype=torch.bool, device=metadata.decode_slots.device)
+        is_valid[..., :max_len] = True if metadata.decode_mask is None else metadata.decode_mask
+        mask = torch.zeros(is_valid.shape, dtype=self._dtype, device=is_valid.device)
+        return mask.masked_fill_(~is_valid, float("-inf"))
 
-    def _gather(self, cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """[..., kv_heads, blocks * block_size, head_dim] for block rows [..., kv_heads, blocks]."""
-        blocks = cache.view(self.num_kv_heads * self.num_blocks, self.block_size * self.head_dim)
+    def _gather(self, cache: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [..., kv_heads, blocks * block_size, head_dim] for rows [2, ..., kv_heads, blocks]."""
+        blocks = cache.view(2 * self.num_kv_heads * self.num_blocks, self.block_size * self.head_dim)
         gathered = blocks.index_select(0, rows.reshape(-1))
-        return gathered.view(*rows.shape[:-1], rows.shape[-1] * self.block_size, self.head_dim)
+        keys, values = gathered.view(*rows.shape[:-1], rows.shape[-1] * self.block_size, self.head_dim)
+        return keys, values
 
     def forward(
         self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     ) -> torch.Tensor:
         meta = self._metadata
         assert meta is not None, "attention metadata must be set before the forward"
-        k_cache, v_cache = self.kv_caches[layer_idx]
-        k_cache.index_copy_(1, meta.slot_mapping, key.transpose(0, 1))
-        v_cache.index_copy_(1, meta.slot_mapping, value.transpose(0, 1))
-        out = torch.empty_like(query)
+        cache = self.kv_caches[layer_idx]
+        # NOTE: one copy for K and V: [num_tokens, 2, kv_heads, head_dim] -> [2, kv_heads, num_tokens, head_dim].
+        cache.index_copy_(2, meta.slot_mapping, torch.stack((key, value), dim=1).permute(1, 2, 0, 3))
         if meta.num_decodes:
             assert self._decode_rows is not None
-            out[: meta.num_decodes] = _decode_attention(
-                query[: meta.num_decodes],
-                self._gather(k_cache, self._decode_rows),
-                self._gather(v_cache, self._decode_rows),
-                self._decode_mask,
+            decoded = _decode_attention(
+                query[: meta.num_decodes], *self._gather(cache, self._decode_rows), self._decode_mask
             )
+            if not meta.prefills:
+                return decoded
+        out = torch.empty_like(query)
+        if meta.num_decodes:
+            out[: meta.num_decodes] = decoded
         for span, rows in zip(meta.prefills, self._prefill_rows, strict=True):
             end = span.start + span.num_tokens
             q = query[span.start : end].transpose(0, 1)
@@ -141,8 +141,7 @@ class PagedAttention:
                 k, v = key[span.start : end].transpose(0, 1), value[span.start : end].transpose(0, 1)
             else:
                 context_len = span.context_slots.shape[0]
-                k = self._gather(k_cache, rows)[:, :context_len]
-                v = self._gather(v_cache, rows)[:, :context_len]
+                k, v = (kv[:, :context_len] for kv in self._gather(cache, rows))
             o = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=span.mask, is_causal=span.mask is None, enable_gqa=True
             )
@@ -153,13 +152,13 @@ class PagedAttention:
 def _decode_attention(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
-    """One query token per sequence: query [B, H, D], keys/values [B, KVH, L, D]."""
+    """One query token per sequence: query [B, H, D], keys/values [B, KVH, L, D], mask [B, 1, 1, L] additive."""
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = keys.shape[1]
     # NOTE: group the query heads that share a KV head, so GQA needs no repeated K/V.
-    q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    q = query.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = torch.matmul(q, keys.transpose(2, 3)) * head_dim**-0.5
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores + mask
     probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
-    return torch.matmul(probs, values).reshape(num_seqs, num_heads, head_dim)
+    return torch.matmul(probs, values).view(num_seqs, num_heads, head_dim)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
+
+DTYPES = ("float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "dummy")
+QUANTIZATIONS = ("auto", "gguf", "none")
 
 
 @dataclass(frozen=True)
@@ -24,10 +30,18 @@ class EngineConfig:
     num_threads: int | None = None
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
+    quantization: str = "auto"
+    load_format: str = "auto"
+    hf_overrides: str = ""  # a JSON object of model config fields to replace, or ""
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
+        self.hf_overrides_dict  # noqa: B018 - validates the JSON
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -37,3 +51,12 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+
+    @property
+    def hf_overrides_dict(self) -> dict[str, Any]:
+        if not self.hf_overrides:
+            return {}
+        overrides = json.loads(self.hf_overrides)
+        if not isinstance(overrides, dict):
+            raise ValueError(f"hf_overrides must be a JSON object, got {self.hf_overrides!r}")
+        return overrides

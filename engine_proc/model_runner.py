@@ -11,6 +11,7 @@ from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan
 from engine_proc.config import EngineConfig
 from engine_proc.kv_cache_memory import num_kv_blocks, release_memory
 from engine_proc.loader import load_model
+from engine_proc.models.llama import LlamaForCausalLM
 from engine_proc.penalties import TokenCounts
 from engine_proc.prompt_logprobs import PromptLogprobs
 from engine_proc.request import Request
@@ -39,8 +40,8 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = _DTYPES[config.dtype]
         self.block_size = config.block_size
-        self.model_path = config.model_path
-        self.model = load_model(config.model_path, dtype=self.dtype, device=self.device)
+        self.config = config
+        self.model = self._load_model()
         self.sleep_level = 0
         self.model_config = self.model.config
         mc = self.model_config
@@ -119,10 +120,17 @@ class ModelRunner:
 
     def wake_up(self) -> None:
         if self.sleep_level >= 2:
-            self.model = load_model(self.model_path, dtype=self.dtype, device=self.device)
+            self.model = self._load_model()
         if self.sleep_level >= 1:
             self.attention.allocate_cache()
         self.sleep_level = 0
+
+    def _load_model(self) -> LlamaForCausalLM:
+        config = self.config
+        return load_model(
+            config.model_path, dtype=self.dtype, device=self.device, quantization=config.quantization,
+            load_format=config.load_format, hf_overrides=config.hf_overrides_dict,
+        )
 
     def free_request(self, request_id: str) -> None:
         self._generators.pop(request_id, None)

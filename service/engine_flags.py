@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from service.curve import LinkSettings
 from service.engine_launcher import EngineArgs
@@ -18,7 +19,23 @@ def add_model_arg(parser: argparse.ArgumentParser) -> None:
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
-    group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    group.add_argument(
+        "--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+        help="activations and KV cache; float32 matches transformers token for token (default: %(default)s)",
+    )
+    group.add_argument(
+        "--quantization", default="auto", choices=["auto", "gguf", "none"],
+        help="auto: a GGUF's 4-bit weights run as int4 for small batches when the dtype is bfloat16; "
+        "gguf: require that; none: dequantize every weight (default: %(default)s)",
+    )
+    group.add_argument(
+        "--load-format", default="auto", choices=["auto", "dummy"],
+        help="dummy: random weights of the model's shape, reading only its config (default: %(default)s)",
+    )
+    group.add_argument(
+        "--hf-overrides", default=None, metavar="JSON", type=_json_object,
+        help='model config fields to replace, e.g. \'{"num_hidden_layers": 1, "hidden_size": 64}\'',
+    )
     group.add_argument("--device", default="cpu", help="torch device of the engine (default: %(default)s)")
     group.add_argument(
         "--kv-cache-memory", type=float, default=None,
@@ -53,7 +70,21 @@ def engine_args_from(args: argparse.Namespace, model_path: str = "", model_name:
         num_threads=args.num_threads,
         enable_prefix_caching=args.enable_prefix_caching,
         scheduling_policy=args.scheduling_policy,
+        quantization=args.quantization,
+        load_format=args.load_format,
+        hf_overrides=args.hf_overrides or "",
     )
+
+
+def _json_object(text: str) -> str:
+    """The flag's text, once checked to be a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return text
 
 
 def add_scale_out_args(parser: argparse.ArgumentParser) -> None:

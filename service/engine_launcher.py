@@ -27,6 +27,9 @@ class EngineArgs:
     num_threads: int | None = None
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
+    quantization: str = "auto"
+    load_format: str = "auto"
+    hf_overrides: str = ""
 
     def to_argv(self, engine_index: int, input_address: str, output_address: str) -> list[str]:
         argv = [
@@ -40,7 +43,11 @@ class EngineArgs:
             "--max-num-seqs", str(self.max_num_seqs),
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
             "--scheduling-policy", self.scheduling_policy,
+            "--quantization", self.quantization,
+            "--load-format", self.load_format,
         ]
+        if self.hf_overrides:
+            argv += ["--hf-overrides", self.hf_overrides]
         if self.kv_cache_memory_gib is not None:
             argv += ["--kv-cache-memory", str(self.kv_cache_memory_gib)]
         if not self.enable_prefix_caching:

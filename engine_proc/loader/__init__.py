@@ -1,35 +1,120 @@
-"""Build a ready model from a GGUF file or a Hugging Face directory."""
+"""Build a ready model from a GGUF file or a Hugging Face directory (or random weights of its shape)."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from engine_proc.config import LOAD_FORMATS, QUANTIZATIONS
 from engine_proc.loader.gguf_loader import load_gguf, load_gguf_config
 from engine_proc.loader.hf_loader import load_hf_config, load_hf_dir
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.int4_linear import Q4Blocks, is_int4_supported
 from engine_proc.models.llama import LlamaForCausalLM
 
 __all__ = ["load_gguf", "load_hf_dir", "load_model", "load_model_config"]
 
+logger = logging.getLogger(__name__)
 
-def load_model_config(path: str | Path) -> ModelConfig:
+_DUMMY_SCALE = 0.02
+
+
+def load_model_config(path: str | Path, hf_overrides: Mapping[str, Any] | None = None) -> ModelConfig:
     """The config of a `.gguf` file or a Hugging Face directory, without reading the weights."""
-    return load_gguf_config(path) if _is_gguf(path) else load_hf_config(path)
+    config = load_gguf_config(path) if _is_gguf(path) else load_hf_config(path)
+    return with_overrides(config, hf_overrides or {})
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    *,
+    quantization: str = "none",
+    load_format: str = "auto",
+    hf_overrides: Mapping[str, Any] | None = None,
 ) -> LlamaForCausalLM:
-    """Load a `.gguf` file or a Hugging Face directory into an inference-ready model."""
-    config, weights = load_gguf(path) if _is_gguf(path) else load_hf_dir(path)
+    """Load a `.gguf` file or a Hugging Face directory into an inference-ready model.
+
+    `quantization`: "auto" runs a GGUF's 4-bit blocks as int4 (for small batches) when the
+    dtype allows it, "gguf" insists on it, "none" dequantizes every weight.
+    `load_format="dummy"` reads only the config and fills the weights with random values;
+    `hf_overrides` replaces config fields (Hugging Face names) before the model is built.
+    """
+    if load_format not in LOAD_FORMATS or quantization not in QUANTIZATIONS:
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, quantization one of {QUANTIZATIONS}")
+    device = torch.device(device)
+    is_dummy = load_format == "dummy"
+    weights: dict[str, torch.Tensor] | None = None
+    int4_blocks: dict[str, Q4Blocks] = {}
+    if is_dummy:
+        config = load_model_config(path)
+    elif _is_gguf(path):
+        config, weights, int4_blocks = load_gguf(path)
+    else:
+        config, weights = load_hf_dir(path)
+    config = with_overrides(config, hf_overrides or {})
     # NOTE: built on the meta device so no memory or time goes to random initialisation.
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model = model.to(dtype=dtype).to_empty(device=device)
-    model.load_weights(weights)
+    if weights is None:
+        _fill_random(model)
+    else:
+        model.load_weights(weights)
+    if quantization != "none":
+        _load_int4(model, int4_blocks, dtype, device, is_required=quantization == "gguf")
     return model.eval().requires_grad_(False)
+
+
+def with_overrides(config: ModelConfig, overrides: Mapping[str, Any]) -> ModelConfig:
+    """The config with some fields replaced; head_dim follows hidden_size / heads unless it is given."""
+    fields = {field.name for field in dataclasses.fields(ModelConfig)}
+    unknown = sorted(overrides.keys() - fields)
+    if unknown:
+        raise ValueError(f"unknown hf_overrides keys {unknown}; known: {sorted(fields)}")
+    changes = dict(overrides)
+    is_derived = config.head_dim == config.hidden_size // config.num_attention_heads
+    if "head_dim" not in changes and is_derived and changes.keys() & {"hidden_size", "num_attention_heads"}:
+        num_heads = changes.get("num_attention_heads", config.num_attention_heads)
+        changes["head_dim"] = changes.get("hidden_size", config.hidden_size) // num_heads
+    if "eos_token_ids" in changes:
+        changes["eos_token_ids"] = tuple(changes["eos_token_ids"])
+    return dataclasses.replace(config, **changes)
+
+
+def _load_int4(
+    model: LlamaForCausalLM,
+    int4_blocks: dict[str, Q4Blocks],
+    dtype: torch.dtype,
+    device: torch.device,
+    is_required: bool,
+) -> None:
+    num_packed = model.load_int4_weights(int4_blocks) if is_int4_supported(dtype, device) else 0
+    if is_required and num_packed == 0:
+        raise ValueError(
+            "quantization 'gguf' needs a GGUF file with Q4_0/Q4_1 weights, dtype bfloat16 and the CPU"
+        )
+    if num_packed:
+        logger.info("int4 weights (GGUF 4-bit blocks) for %d projections", num_packed)
+
+
+@torch.no_grad()
+def _fill_random(model: LlamaForCausalLM) -> None:
+    """Random weights of the right shape (norms at one), reproducible across processes."""
+    generator = torch.Generator().manual_seed(0)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.fill_(1.0)
+        else:
+            values = torch.randn(param.shape, generator=generator) * _DUMMY_SCALE
+            param.copy_(values)
+    model.model.rotary_emb.reset_cache()
 
 
 def _is_gguf(path: str | Path) -> bool:

@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 from tqdm import tqdm
 
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.int4_linear import Q4Blocks
 from engine_proc.models.llama import inverse_frequencies
 
 _ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -43,25 +44,51 @@ def load_gguf_config(path: str | Path) -> ModelConfig:
     return _config_from_reader(GGUFReader(path))
 
 
-def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Config and float32 tensors, named as in Hugging Face checkpoints, of a GGUF file."""
+def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Q4Blocks]]:
+    """Config, float32 tensors and the 4-bit blocks of the Q4_0/Q4_1 ones, named as in Hugging Face checkpoints."""
     reader = GGUFReader(path)
     config = _config_from_reader(reader)
     # NOTE: convert_hf_to_gguf.py permutes Q/K rows of llama-architecture models only.
     is_permuted = _metadata(reader, "general.architecture") == "llama"
+    num_heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     weights: dict[str, torch.Tensor] = {}
-    for tensor in tqdm(reader.tensors, desc=f"Dequantizing {Path(path).name}", unit="tensor"):
+    int4_blocks: dict[str, Q4Blocks] = {}
+    for tensor in tqdm(reader.tensors, desc=f"Loading {Path(path).name}", unit="tensor"):
         if tensor.name == _ROPE_FREQS:
             continue
         name = _hf_name(tensor.name)
+        permuted_heads = num_heads.get(name.split(".")[-2]) if is_permuted else None
+        if tensor.tensor_type in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1):
+            arrays = _q4_arrays(tensor)
+            if permuted_heads is not None:
+                arrays = tuple(_unpermute(array, permuted_heads) for array in arrays)
+            blocks = Q4Blocks(*(torch.from_numpy(np.ascontiguousarray(array)) for array in arrays))
+            int4_blocks[name] = blocks
+            weights[name] = blocks.dequantize()
+            continue
         array = dequantize(tensor.data, tensor.tensor_type)
         array = array.reshape(tuple(int(dim) for dim in reversed(tensor.shape)))
-        if is_permuted and name.endswith("q_proj.weight"):
-            array = _unpermute(array, config.num_attention_heads)
-        elif is_permuted and name.endswith("k_proj.weight"):
-            array = _unpermute(array, config.num_key_value_heads)
+        if permuted_heads is not None:
+            array = _unpermute(array, permuted_heads)
         weights[name] = _to_tensor(array)
-    return config, weights
+    return config, weights, int4_blocks
+
+
+def _q4_arrays(tensor: ReaderTensor) -> tuple[np.ndarray, ...]:
+    """(codes, scales, mins) of a Q4_0/Q4_1 tensor: w = code * scale + min per block of 32.
+
+    A block is a float16 scale (Q4_1: then a float16 min) and 16 bytes of codes, element j in
+    the low nibble of byte j and element j + 16 in the high nibble.
+    """
+    num_rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
+    has_min = tensor.tensor_type == GGMLQuantizationType.Q4_1
+    header = 4 if has_min else 2
+    raw = np.asarray(tensor.data).reshape(num_rows, -1, header + 16)
+    scales = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    mins = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if has_min else -8 * scales
+    packed = raw[..., header:]
+    codes = np.concatenate((packed & 0x0F, packed >> 4), axis=-1).reshape(num_rows, -1)
+    return codes, scales, mins
 
 
 def _hf_name(gguf_name: str) -> str:

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.int4_linear import Linear, Q4Blocks
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
 _FUSED_PROJECTIONS = (
@@ -56,14 +57,14 @@ def inverse_frequencies(config: ModelConfig) -> Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """A cos/sin table for every position, looked up once per forward ("rotate_half" layout)."""
+    """A (cos, cos, -sin, sin) table for every position, looked up once per forward ("rotate_half" layout)."""
 
     cos_sin_cache: Tensor
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        cache = torch.empty(config.max_position_embeddings, config.head_dim)
+        cache = torch.empty(config.max_position_embeddings, 2 * config.head_dim)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
         self.reset_cache()
 
@@ -75,18 +76,23 @@ class RotaryEmbedding(nn.Module):
         inv_freq = inverse_frequencies(self.config).to(self.cos_sin_cache.device)
         positions = torch.arange(self.config.max_position_embeddings, device=inv_freq.device).float()
         freqs = torch.outer(positions, inv_freq)
-        self.cos_sin_cache.copy_(torch.cat((freqs.cos(), freqs.sin()), dim=-1))
+        cos, sin = freqs.cos(), freqs.sin()
+        self.cos_sin_cache.copy_(torch.cat((cos, cos, -sin, sin), dim=-1))
 
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos and sin, each [num_tokens, 1, head_dim // 2] to broadcast over heads."""
+        """(cos, cos) and (-sin, sin), each [num_tokens, 1, head_dim] to broadcast over heads."""
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         return cos, sin
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x [num_tokens, num_heads, head_dim]: the first and second halves form the pairs."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """Rotate x [num_tokens, num_heads, head_dim]: the first and second halves form the pairs.
+
+    With cos = (cos, cos) and sin = (-sin, sin) this is Hugging Face's
+    `x * cos + rotate_half(x) * sin` bit for bit, where rotate_half(x) = (-x2, x1): swapping
+    the halves is a roll by half the head.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class LlamaAttention(nn.Module):
@@ -97,25 +103,25 @@ class LlamaAttention(nn.Module):
         self.config = config
         self.layer_idx = layer_idx
         qkv_size = config.q_size + 2 * config.kv_size
-        self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
+        self.o_proj = Linear(config.q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attn: AttentionBackend) -> Tensor:
         config = self.config
-        num_tokens = hidden.shape[0]
-        query, key, value = self.qkv_proj(hidden).split(
-            [config.q_size, config.kv_size, config.kv_size], dim=-1
-        )
-        query = query.view(num_tokens, config.num_attention_heads, config.head_dim)
-        key = key.view(num_tokens, config.num_key_value_heads, config.head_dim)
-        value = value.view(num_tokens, config.num_key_value_heads, config.head_dim)
+        num_tokens, num_heads = hidden.shape[0], config.num_attention_heads
+        qkv = self.qkv_proj(hidden)
+        # NOTE: queries and keys side by side, so one rotary call covers both.
+        query_key = qkv[:, : config.q_size + config.kv_size].view(num_tokens, -1, config.head_dim)
+        value = qkv[:, config.q_size + config.kv_size :].view(num_tokens, -1, config.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            query, key = self.q_norm(query), self.k_norm(key)
-        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-        out = attn.forward(self.layer_idx, query, key, value)
-        return self.o_proj(out.reshape(num_tokens, config.q_size))
+            query_key = torch.cat(
+                (self.q_norm(query_key[:, :num_heads]), self.k_norm(query_key[:, num_heads:])), dim=1
+            )
+        query_key = apply_rotary(query_key, cos, sin)
+        out = attn.forward(self.layer_idx, query_key[:, :num_heads], query_key[:, num_heads:], value)
+        return self.o_proj(out.view(num_tokens, config.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -123,8 +129,8 @@ class LlamaMLP(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -211,6 +217,24 @@ class LlamaForCausalLM(nn.Module):
                 )
             target.copy_(tensor)
         self.model.rotary_emb.reset_cache()
+
+    @torch.no_grad()
+    def load_int4_weights(self, blocks: dict[str, Q4Blocks]) -> int:
+        """Give each projection whose shards all come as 4-bit blocks its int4 form; returns how many."""
+        num_packed = 0
+        for module_name, module in self.named_modules():
+            if not isinstance(module, Linear):
+                continue
+            fused = next((item for item in _FUSED_PROJECTIONS if module_name.endswith(item[0])), None)
+            names = (
+                [f"{module_name}.weight"] if fused is None
+                else [f"{module_name.removesuffix(fused[0])}{shard}.weight" for shard in fused[1]]
+            )
+            if not all(name in blocks for name in names):
+                continue
+            module.set_int4(Q4Blocks.cat([blocks[name] for name in names]), module.weight.dtype)
+            num_packed += 1
+        return num_packed
 
     def _hf_targets(self) -> dict[str, tuple[Tensor, int, int]]:
         """Each Hugging Face name mapped to (parameter, first row, number of rows) it fills."""

@@ -48,8 +48,11 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{GGUF_LAYER_NAMES[module]}.{suffix}"
 
 
-def write_tiny_gguf(path: Path, hf_model: transformers.PreTrainedModel) -> None:
-    """Write the tiny HF llama as an F32 llama-architecture GGUF, as llama.cpp would."""
+def write_tiny_gguf(
+    path: Path, hf_model: transformers.PreTrainedModel, quant: gguf.GGMLQuantizationType | None = None
+) -> None:
+    """Write the tiny HF llama as a llama-architecture GGUF, as llama.cpp would: F32, or the
+    projections in `quant`."""
     config = hf_model.config
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_block_count(config.num_hidden_layers)
@@ -79,7 +82,10 @@ def write_tiny_gguf(path: Path, hf_model: transformers.PreTrainedModel) -> None:
             array = permute(array, config.num_attention_heads)
         elif name.endswith("k_proj.weight"):
             array = permute(array, config.num_key_value_heads)
-        writer.add_tensor(gguf_name(name), array)
+        if quant is not None and "proj" in name:
+            writer.add_tensor(gguf_name(name), gguf.quants.quantize(array, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(gguf_name(name), array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -101,6 +107,31 @@ def test_tiny_gguf_logits_match_hugging_face(tmp_path: Path, kind: str) -> None:
     with torch.no_grad():
         expected = hf_model(prompt[None]).logits[0]
     torch.testing.assert_close(run(model, [prompt]), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("quant", [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1])
+def test_4bit_gguf_runs_its_blocks_as_int4(tmp_path: Path, quant: gguf.GGMLQuantizationType) -> None:
+    gguf_path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf_path, save_tiny_checkpoint(tmp_path, "llama"), quant)
+    reference = load_model(gguf_path)
+    reader_tensor = next(t for t in gguf.GGUFReader(gguf_path).tensors if t.name == "blk.0.ffn_down.weight")
+    expected_down = gguf.quants.dequantize(reader_tensor.data, reader_tensor.tensor_type)
+    assert np.array_equal(reference.model.layers[0].mlp.down_proj.weight.numpy(), expected_down)
+
+    model = load_model(gguf_path, dtype=torch.bfloat16, quantization="gguf")
+    projections = [module for name, module in model.named_modules() if name.endswith("proj")]
+    assert projections and all(module.int4_weight is not None for module in projections)
+    prompt = torch.randint(0, TINY["vocab_size"], (12,))
+    torch.testing.assert_close(run(model, [prompt]), run(reference, [prompt]), atol=0.05, rtol=0)
+
+
+def test_int4_needs_a_4bit_gguf_and_bfloat16(tmp_path: Path) -> None:
+    gguf_path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf_path, save_tiny_checkpoint(tmp_path, "llama"))
+    with pytest.raises(ValueError, match="quantization 'gguf' needs"):
+        load_model(gguf_path, dtype=torch.bfloat16, quantization="gguf")
+    model = load_model(gguf_path, dtype=torch.bfloat16, quantization="auto")
+    assert model.model.layers[0].mlp.down_proj.int4_weight is None
 
 
 @pytest.mark.real_model

@@ -1,0 +1,80 @@
+"""Linear layers that also run 4-bit group-32 weights (a GGUF's own Q4_0/Q4_1 blocks) for small batches.
+
+A Q4_1 block holds 32 codes q in 0..15, a scale d and a minimum m: w = q·d + m. The CPU int4
+kernel computes w = (q − 8)·scale + zero per group of 32, so scale = d and zero = m + 8·d map
+the file's blocks onto it without re-quantizing (Q4_0 is the case m = −8·d). Scales and zeros
+are rounded to the activations' dtype (bfloat16), so results match the dequantized weights
+within a tolerance, not bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+GROUP_SIZE = 32
+# NOTE: measured on a 2-core Zen 4 (shared/PERF_NOTES.md): the int4 kernel beats bfloat16
+# matmuls up to a batch of about 16 tokens (3.8x at one token, even at 16), bfloat16 wins
+# from there on (1.7x at 64 tokens, more for prefills).
+INT4_MAX_TOKENS = 16
+
+
+class Q4Blocks(NamedTuple):
+    """A weight [rows, cols] as 4-bit codes with a scale and a minimum per group of 32 columns."""
+
+    codes: Tensor  # [rows, cols] uint8, values 0..15
+    scales: Tensor  # [rows, cols // 32] float32
+    mins: Tensor  # [rows, cols // 32] float32
+
+    def dequantize(self) -> Tensor:
+        rows, cols = self.codes.shape
+        groups = self.codes.view(rows, cols // GROUP_SIZE, GROUP_SIZE).float()
+        return (groups * self.scales.unsqueeze(-1) + self.mins.unsqueeze(-1)).view(rows, cols)
+
+    @staticmethod
+    def cat(parts: list[Q4Blocks]) -> Q4Blocks:
+        """The blocks of the weights stacked by rows (a fused projection from its shards)."""
+        return Q4Blocks(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
+
+
+def is_int4_supported(dtype: torch.dtype, device: torch.device) -> bool:
+    """The CPU int4 kernel is fast with 16-bit activations only (its float32 path is a slow reference)."""
+    return device.type == "cpu" and dtype == torch.bfloat16
+
+
+class Linear(nn.Linear):
+    """A dense linear layer that, once given 4-bit blocks, runs batches of few tokens on them."""
+
+    int4_weight: Tensor | None
+    int4_scales_and_zeros: Tensor | None
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.register_buffer("int4_weight", None, persistent=False)
+        self.register_buffer("int4_scales_and_zeros", None, persistent=False)
+
+    def set_int4(self, blocks: Q4Blocks, dtype: torch.dtype) -> None:
+        """Packs the blocks (the same weight as `self.weight`) for the int4 kernel."""
+        if blocks.codes.shape != self.weight.shape or self.in_features % GROUP_SIZE:
+            raise ValueError(f"int4 blocks of shape {tuple(blocks.codes.shape)} for a {tuple(self.weight.shape)} weight")
+        device = self.weight.device
+        self.int4_weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            blocks.codes.to(device=device, dtype=torch.int32), 1
+        )
+        zeros = blocks.mins + 8 * blocks.scales
+        # NOTE: the kernel wants [cols // 32, rows, 2] pairs of (scale, zero).
+        self.int4_scales_and_zeros = (
+            torch.stack((blocks.scales, zeros), dim=-1).transpose(0, 1).contiguous().to(device=device, dtype=dtype)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.int4_weight is None or x.shape[0] > INT4_MAX_TOKENS:
+            return F.linear(x, self.weight, self.bias)
+        assert self.int4_scales_and_zeros is not None
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, self.int4_weight, GROUP_SIZE, self.int4_scales_and_zeros
+        )
+        return out if self.bias is None else out + self.bias

@@ -1,0 +1,54 @@
+"""4-bit group-32 weights: the int4 kernel against the dequantized weights' matmul."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine_proc.models.int4_linear import INT4_MAX_TOKENS, Linear, Q4Blocks
+
+
+def random_blocks(rows: int, cols: int, has_min: bool = True) -> Q4Blocks:
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (rows, cols), dtype=torch.uint8, generator=generator)
+    scales = torch.rand(rows, cols // 32, generator=generator) * 0.02 + 0.001
+    mins = -torch.rand(rows, cols // 32, generator=generator) * 0.2 if has_min else -8 * scales
+    # NOTE: GGUF stores scales and minimums as float16.
+    return Q4Blocks(codes, scales.half().float(), mins.half().float())
+
+
+def int4_linear(blocks: Q4Blocks) -> Linear:
+    rows, cols = blocks.codes.shape
+    linear = Linear(cols, rows).to(torch.bfloat16).requires_grad_(False)
+    linear.weight.copy_(blocks.dequantize())
+    linear.set_int4(blocks, torch.bfloat16)
+    return linear
+
+
+@pytest.mark.parametrize("has_min", [True, False], ids=["q4_1", "q4_0"])
+@pytest.mark.parametrize("num_tokens", [1, 5, INT4_MAX_TOKENS])
+def test_int4_matmul_matches_the_dequantized_weights(has_min: bool, num_tokens: int) -> None:
+    blocks = random_blocks(96, 128, has_min)
+    linear = int4_linear(blocks)
+    x = torch.randn(num_tokens, 128)
+    expected = x @ blocks.dequantize().T
+    with torch.no_grad():
+        out = linear(x.bfloat16()).float()
+    # NOTE: within bfloat16 rounding of the activations, scales and zeros (about 2**-8 relative).
+    torch.testing.assert_close(out, expected, atol=0.02 * expected.abs().max().item(), rtol=0)
+    dense = F.linear(x.bfloat16(), linear.weight).float()
+    assert (out - expected).abs().max() <= 2 * (dense - expected).abs().max() + 1e-2
+
+
+def test_large_batches_run_the_dense_weights() -> None:
+    linear = int4_linear(random_blocks(64, 64))
+    x = torch.randn(INT4_MAX_TOKENS + 1, 64).bfloat16()
+    with torch.no_grad():
+        assert torch.equal(linear(x), F.linear(x, linear.weight))
+
+
+def test_blocks_of_another_shape_are_rejected() -> None:
+    linear = Linear(64, 32)
+    with pytest.raises(ValueError, match="int4 blocks of shape"):
+        linear.set_int4(random_blocks(32, 96), torch.bfloat16)
