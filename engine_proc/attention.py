@@ -155,10 +155,8 @@ def _decode_attention(
     """One query token per sequence: query [B, H, D], keys/values [B, KVH, L, D], mask [B, 1, 1, L] additive."""
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = keys.shape[1]
-    # NOTE: group the query heads that share a KV head, so GQA needs no repeated K/V.
+    # NOTE: the query heads that share a KV head become that head's "query positions", so GQA
+    # needs no repeated K/V and every one of them sees the sequence's whole (masked) context.
     q = query.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.matmul(q, keys.transpose(2, 3)) * head_dim**-0.5
-    if mask is not None:
-        scores = scores + mask
-    probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
-    return torch.matmul(probs, values).view(num_seqs, num_heads, head_dim)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    return out.view(num_seqs, num_heads, head_dim)

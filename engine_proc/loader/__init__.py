@@ -14,7 +14,7 @@ from engine_proc.config import LOAD_FORMATS, QUANTIZATIONS
 from engine_proc.loader.gguf_loader import load_gguf, load_gguf_config
 from engine_proc.loader.hf_loader import load_hf_config, load_hf_dir
 from engine_proc.models.config import ModelConfig
-from engine_proc.models.int4_linear import Q4Blocks, is_int4_supported
+from engine_proc.models.quantized_linear import Q4Blocks, is_int4_supported
 from engine_proc.models.llama import LlamaForCausalLM
 
 __all__ = ["load_gguf", "load_hf_dir", "load_model", "load_model_config"]
@@ -69,6 +69,9 @@ def load_model(
         model.load_weights(weights)
     if quantization != "none":
         _load_int4(model, int4_blocks, dtype, device, is_required=quantization == "gguf")
+        if model.model.layers[0].mlp.down_proj.int4_weight is not None and weights is not None:
+            name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+            model.set_int8_lm_head(weights[name])
     return model.eval().requires_grad_(False)
 
 

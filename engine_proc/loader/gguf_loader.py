@@ -13,7 +13,7 @@ from gguf.quants import dequantize
 from tqdm import tqdm
 
 from engine_proc.models.config import ModelConfig
-from engine_proc.models.int4_linear import Q4Blocks
+from engine_proc.models.quantized_linear import Q4Blocks
 from engine_proc.models.llama import inverse_frequencies
 
 _ARCHITECTURES = ("llama", "qwen2", "qwen3")

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
-from engine_proc.models.int4_linear import Linear, Q4Blocks
+from engine_proc.models.quantized_linear import INT8_MAX_ROWS, Int8Rows, Linear, Q4Blocks
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
 _FUSED_PROJECTIONS = (
@@ -166,6 +166,9 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """A Llama-family causal LM: hidden states for a flat batch, then logits for chosen rows."""
 
+    int8_lm_head_weight: Tensor | None
+    int8_lm_head_scales: Tensor | None
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -176,6 +179,9 @@ class LlamaForCausalLM(nn.Module):
             if config.tie_word_embeddings
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+        # NOTE: buffers, so that freeing the weights (`to_empty(device="meta")`) frees these too.
+        self.register_buffer("int8_lm_head_weight", None, persistent=False)
+        self.register_buffer("int8_lm_head_scales", None, persistent=False)
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
         """Final-normed hidden states [num_tokens, hidden_size] for the tokens of several sequences."""
@@ -187,8 +193,18 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """Float32 logits [n, vocab_size] for hidden states [n, hidden_size]."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.int8_lm_head_weight is not None and hidden.shape[0] <= INT8_MAX_ROWS:
+            return Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales).matmul(hidden).float()
+        return F.linear(hidden, self.lm_head_weight).float()
+
+    @property
+    def lm_head_weight(self) -> Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def set_int8_lm_head(self, weight: Tensor) -> None:
+        """Also keep the output head (float32 `weight`, as loaded) as int8 rows for few-row logits."""
+        rows = Int8Rows.quantize(weight.to(self.lm_head_weight.device), self.lm_head_weight.dtype)
+        self.int8_lm_head_weight, self.int8_lm_head_scales = rows.weight, rows.scales
 
     @torch.no_grad()
     def load_weights(self, weights: dict[str, Tensor]) -> None:

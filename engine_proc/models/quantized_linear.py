@@ -1,10 +1,13 @@
-"""Linear layers that also run 4-bit group-32 weights (a GGUF's own Q4_0/Q4_1 blocks) for small batches.
+"""Weight-only quantized matmuls for small batches: 4-bit group-32 projections, an 8-bit output head.
 
 A Q4_1 block holds 32 codes q in 0..15, a scale d and a minimum m: w = q·d + m. The CPU int4
 kernel computes w = (q − 8)·scale + zero per group of 32, so scale = d and zero = m + 8·d map
 the file's blocks onto it without re-quantizing (Q4_0 is the case m = −8·d). Scales and zeros
 are rounded to the activations' dtype (bfloat16), so results match the dequantized weights
 within a tolerance, not bit for bit.
+
+The output head (49152 × 576 for SmolLM2) is the largest single matmul of a decode step; with
+int8 rows and one scale per row it reads half the bytes of bfloat16.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ GROUP_SIZE = 32
 # matmuls up to a batch of about 16 tokens (3.8x at one token, even at 16), bfloat16 wins
 # from there on (1.7x at 64 tokens, more for prefills).
 INT4_MAX_TOKENS = 16
+# NOTE: the int8 kernel is 2.8x faster than bfloat16 for one row, slower from about 8 rows.
+INT8_MAX_ROWS = 4
 
 
 class Q4Blocks(NamedTuple):
@@ -78,3 +83,20 @@ class Linear(nn.Linear):
             x, self.int4_weight, GROUP_SIZE, self.int4_scales_and_zeros
         )
         return out if self.bias is None else out + self.bias
+
+
+class Int8Rows(NamedTuple):
+    """A weight [rows, cols] as int8 with one scale per row (symmetric), for `x @ weight.T`."""
+
+    weight: Tensor  # [rows, cols] int8
+    scales: Tensor  # [rows], the activations' dtype
+
+    @staticmethod
+    def quantize(weight: Tensor, dtype: torch.dtype) -> Int8Rows:
+        """Per-row absmax int8 of a float32 weight."""
+        scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+        codes = (weight / scales.unsqueeze(1)).round_().clamp_(-127, 127).to(torch.int8)
+        return Int8Rows(codes, scales.to(dtype))
+
+    def matmul(self, x: Tensor) -> Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_proc.models.int4_linear import INT4_MAX_TOKENS, Linear, Q4Blocks
+from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, Q4Blocks
 
 
 def random_blocks(rows: int, cols: int, has_min: bool = True) -> Q4Blocks:
