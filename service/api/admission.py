@@ -24,6 +24,8 @@ class RequestTimeoutError(APIError):
 
 
 class Phase(enum.Enum):
+    """Where the gateway is in its life; only SERVING admits every route."""
+
     LOADING = "loading"
     SERVING = "serving"
     DRAINING = "draining"
@@ -54,8 +56,10 @@ class Admission:
             return error_response(APIError(f"The request's headers are larger than {self.max_header_bytes} bytes.",
                                            431, code="request_header_fields_too_large"))
         if self.phase is Phase.LOADING and path not in ALWAYS_OPEN_PATHS:
-            return error_response(APIError("The model is loading; retry shortly.", 503, error_type="server_error",
-                                            code="model_loading"))
+            response = error_response(APIError("The model is loading; retry shortly.", 503,
+                                               error_type="server_error", code="model_loading"))
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return response
         if self.phase is Phase.DRAINING and path not in OPEN_WHILE_DRAINING_PATHS:
             return error_response(APIError("The server is shutting down.", 503, error_type="server_error",
                                            code="server_shutting_down"))
