@@ -73,5 +73,7 @@ class GatewayConfig:
 
     @property
     def max_num_in_flight(self) -> int:
-        """Generation requests the gateway holds at once: the engine's batch plus its queue."""
-        return self.engine.max_num_seqs * max(self.data_parallel_size, 1) + self.max_num_queued_requests
+        """Generation requests one gateway process holds at once: its share (of --api-server-count)
+        of the engines' batches plus the queue."""
+        total = self.engine.max_num_seqs * max(self.data_parallel_size, 1) + self.max_num_queued_requests
+        return -(-total // self.api_server_count)

@@ -106,18 +106,18 @@ def flag_var_name(action: argparse.Action) -> str:
     return FLAG_VAR_PREFIX + _flag_name(action).lstrip("-").replace("-", "_").upper()
 
 
-def _flag_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+def flag_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The flags (and positionals) that have a variable: all but help and internal (hidden) ones."""
     return [
         action for action in parser._actions
-        if not isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction))
+        if action.help != argparse.SUPPRESS
+        and not isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction))
     ]
 
 
 def document_flag_vars(parser: argparse.ArgumentParser) -> None:
     """Ends each flag's --help line with its default and its variable."""
-    for action in _flag_actions(parser):
-        if action.help == argparse.SUPPRESS:
-            continue  # NOTE: internal flags stay hidden.
+    for action in flag_actions(parser):
         text = action.help or ""
         if "default" not in text:
             text = f"{text} (default: %(default)s)"
@@ -128,7 +128,7 @@ def flag_defaults_from_env(parser: argparse.ArgumentParser, environ: Mapping[str
     """The defaults ZEROSERVE_<FLAG> variables give `parser`'s flags; a bad value raises
     ValueError naming the variable. Lists (`--api-key`, `--served-model-name`) are comma-separated."""
     defaults: dict[str, Any] = {}
-    for action in _flag_actions(parser):
+    for action in flag_actions(parser):
         name = flag_var_name(action)
         raw = environ.get(name)
         if raw is None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from engine_proc.config import EngineConfig
 from engine_proc.main import parse_args
+from service import envs
 from service.cli import build_parser, config_from_args, main
 from service.cli import parse_args as parse_serve_args
 
@@ -53,6 +56,8 @@ def test_operations_flags_default_and_override() -> None:
     ]))
     assert custom.api_keys == ("a", "b") and custom.is_metrics_auth
     assert (custom.max_num_in_flight, custom.request_timeout_s, custom.shutdown_timeout_s) == (3, 2.5, 0.0)
+    shared = config_from_args(parser.parse_args(["serve", "--api-server-count", "3", "--max-num-queued-requests", "8"]))
+    assert shared.max_num_in_flight == (64 + 8) // 3
 
 
 def test_every_serve_flag_reads_its_variable_and_the_flag_beats_it() -> None:
@@ -123,3 +128,12 @@ def test_help_shows_each_flag_default_and_variable(
         line = text[text.index(f"{flag} "):text.index(f"[env: {variable}]")]
         assert f"(default: {default})" in line
     assert "[env: ZEROSERVE_MODEL]" in text and "[env: ZEROSERVE_API_KEY]" in text
+    variables = [envs.flag_var_name(action) for action in envs.flag_actions(serve_parser())]
+    assert all(f"[env: {variable}]" in text for variable in variables)
+    assert len(set(variables)) == len(variables) and not set(variables) & set(envs.ENV_VARS)
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    parser: argparse.ArgumentParser = commands.choices["serve"]
+    return parser
