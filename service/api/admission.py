@@ -97,7 +97,8 @@ class Admission:
         self.is_aborting = True
         now = asyncio.get_running_loop().time()
         for timeout in list(self._timeouts):
-            timeout.reschedule(now)
+            if not timeout.expired():  # NOTE: an expiring one cannot be rescheduled; it ends anyway.
+                timeout.reschedule(now)
 
     async def guard(
         self, outputs: AsyncGenerator[tuple[int, RequestOutput], None], num_choices: int

@@ -122,3 +122,15 @@ def test_metrics_auth_closes_metrics_too() -> None:
     with TestClient(create_app(None, api_keys=["k1"], is_metrics_auth=True)) as client:
         assert client.get("/metrics").status_code == 401
         assert client.get("/health").status_code == 503
+
+
+async def test_a_drain_ending_as_a_request_times_out_ends_it_once() -> None:
+    admission = Admission(request_timeout_s=60)
+    waiting = asyncio.create_task(drain(admission.guard(HangingStream().outputs(), 2)))
+    await asyncio.sleep(0.05)
+    (timeout,) = admission._timeouts
+    timeout._on_timeout()  # NOTE: the timeout fires, and the drain ends before the stream sees it.
+    admission.abort_all()
+    finish_reasons, error = await asyncio.wait_for(waiting, 5)
+    assert finish_reasons == {0: "length", 1: "abort"}
+    assert error.status_code in (408, 503)
