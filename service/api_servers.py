@@ -36,6 +36,10 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
     resolved = resolve_model(config.model)
     socket_dir = tempfile.mkdtemp(prefix="zeroserve-")
     os.chmod(socket_dir, 0o700)
+    # NOTE: the gateways share their metrics' values through files here (prometheus_client's
+    # multiprocess mode), so a scrape that lands on any of them sees all of them.
+    metrics_dir = os.path.join(socket_dir, "metrics")
+    os.mkdir(metrics_dir)
     num_servers = config.api_server_count
     inputs = [new_ipc_address(socket_dir) for _ in range(num_servers)]
     outputs = [new_ipc_address(socket_dir) for _ in range(num_servers)]
@@ -57,6 +61,7 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
             ],
             pass_fds=[listener.fileno()],
             preexec_fn=die_with_parent,
+            env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir},
         )
         for k in range(num_servers)
     ]

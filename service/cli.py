@@ -241,7 +241,7 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
     except BaseException:
         client.shutdown()
         raise
-    metrics = PrometheusStatLogger(names[0], range(max(config.data_parallel_size, 1)))
+    metrics = PrometheusStatLogger(names[0], range(max(config.data_parallel_size, 1)), config.api_server_index)
     llm = AsyncLLM(client, tokenizer, ready, stat_loggers=[metrics, RequestLogger()])
     generation_defaults = {**resolved.generation_defaults, **dict(config.generation_config)}
     attach(app, ServerState(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from proto.engine_output import FinishReason, SchedulerStats
 from service.stats import IterationStats
@@ -53,9 +54,10 @@ class _EngineMetrics:
 class _Families:
     """The metric families, registered in one registry."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
         def gauge(name: str, documentation: str) -> Gauge:
-            return Gauge(name, documentation, LABELS, registry=registry)
+            # NOTE: across gateway processes, the value most recently set by any of them.
+            return Gauge(name, documentation, LABELS, registry=registry, multiprocess_mode="mostrecent")
 
         def counter(name: str, documentation: str, extra: tuple[str, ...] = ()) -> Counter:
             # NOTE: prometheus_client appends `_total` to a counter's name when it exposes it.
@@ -96,14 +98,25 @@ class PrometheusStatLogger:
     """Feeds engine statistics into its own registry (so several servers in one process never clash).
 
     The series of `engine_indexes` exist from the start, at zero, so the first increments are not
-    lost to `rate()`; other engines' appear with their first statistics."""
+    lost to `rate()`; other engines' appear with their first statistics.
+
+    One of several gateway processes (`api_server_index` set) keeps its values in prometheus_client's
+    files under PROMETHEUS_MULTIPROC_DIR (set by whoever started the processes, before they import
+    prometheus_client), and its registry reads every process's files, so a scrape of any process
+    sees the sum. Every process sees the same engine totals, so only process 0 counts them."""
 
     def __init__(
-        self, model_name: str, engine_indexes: Sequence[int] = (0,), registry: CollectorRegistry | None = None
+        self, model_name: str, engine_indexes: Sequence[int] = (0,), api_server_index: int | None = None
     ) -> None:
         self.model_name = model_name
-        self.registry = CollectorRegistry() if registry is None else registry
-        self._families = _Families(self.registry)
+        self.registry = CollectorRegistry()
+        if api_server_index is None:
+            self._families = _Families(self.registry)
+        else:
+            # NOTE: raises when PROMETHEUS_MULTIPROC_DIR is unset.
+            MultiProcessCollector(self.registry)  # type: ignore[no-untyped-call]
+            self._families = _Families(None)
+        self.counts_engine_totals = api_server_index in (None, 0)
         self._engines: dict[int, _EngineMetrics] = {}
         for engine_index in engine_indexes:
             self._engine(engine_index)
@@ -113,7 +126,7 @@ class PrometheusStatLogger:
     ) -> None:
         metrics = self._engine(engine_index)
         if scheduler_stats is not None:
-            _record_scheduler_stats(metrics, scheduler_stats)
+            _record_scheduler_stats(metrics, scheduler_stats, self.counts_engine_totals)
         if iteration_stats is not None:
             _record_iteration_stats(metrics, iteration_stats)
 
@@ -127,10 +140,14 @@ class PrometheusStatLogger:
         return metrics
 
 
-def _record_scheduler_stats(metrics: _EngineMetrics, stats: SchedulerStats) -> None:
+def _record_scheduler_stats(metrics: _EngineMetrics, stats: SchedulerStats, counts_engine_totals: bool) -> None:
     metrics.num_requests_running.set(stats.num_running_reqs)
     metrics.num_requests_waiting.set(stats.num_waiting_reqs)
     metrics.kv_cache_usage.set(stats.kv_cache_usage)
+    if not counts_engine_totals:
+        return
+    # NOTE: the totals grow monotonically, so the delta since this process last saw them is exact
+    # however many steps it did not see.
     counted = metrics.counted
     metrics.prefix_cache_queries.inc(_delta(stats.num_prefix_cache_queries, counted.num_prefix_cache_queries))
     metrics.prefix_cache_hits.inc(_delta(stats.num_prefix_cache_hits, counted.num_prefix_cache_hits))

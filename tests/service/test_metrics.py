@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -102,3 +107,48 @@ def test_the_given_engines_series_exist_at_zero_before_any_statistics() -> None:
         assert value(samples, "zeroserve:e2e_request_latency_seconds_count", engine=engine) == 0
         for reason in ("stop", "length", "abort", "error"):
             assert value(samples, "zeroserve:request_success_total", engine=engine, finished_reason=reason) == 0
+
+
+# NOTE: prometheus_client picks its multiprocess mode when imported, so each gateway is a process.
+GATEWAY_SCRIPT = """
+import sys
+from prometheus_client import generate_latest
+from proto.engine_output import SchedulerStats
+from service.metrics import PrometheusStatLogger
+from service.stats import IterationStats
+
+index, num_prompt_tokens, num_running = (int(arg) for arg in sys.argv[1:])
+stat_logger = PrometheusStatLogger("tiny", api_server_index=index)
+stat_logger.record(0, SchedulerStats(num_running_reqs=num_running, num_prefix_cache_queries=10), None)
+stat_logger.record(0, SchedulerStats(num_running_reqs=num_running, num_prefix_cache_queries=30), None)
+stat_logger.record(0, None, IterationStats(num_prompt_tokens=num_prompt_tokens))
+sys.stdout.write(generate_latest(stat_logger.registry).decode())
+"""
+
+
+def run_gateway(metrics_dir: Path, *args: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    result = subprocess.run(
+        [sys.executable, "-c", GATEWAY_SCRIPT, *map(str, args)], env=env, capture_output=True, text=True, check=True
+    )
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(result.stdout)
+        for sample in family.samples
+    }
+
+
+def test_gateway_processes_share_their_values_and_count_engine_totals_once(tmp_path: Path) -> None:
+    run_gateway(tmp_path, 0, 5, 3)
+    samples = run_gateway(tmp_path, 1, 7, 2)
+    assert value(samples, "zeroserve:prompt_tokens_total") == 12
+    # NOTE: both saw the engine's total reach 30; only gateway 0 counts it.
+    assert value(samples, "zeroserve:prefix_cache_queries_total") == 30
+    assert value(samples, "zeroserve:num_requests_running") == 2
+    assert value(samples, "zeroserve:request_success_total", finished_reason="stop") == 0
+
+
+def test_a_gateway_process_without_the_shared_directory_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    with pytest.raises(ValueError):
+        PrometheusStatLogger("tiny", api_server_index=0)

@@ -151,3 +151,25 @@ def test_names_keep_their_colons_whatever_the_scraper_accepts(server: ServerProc
     assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert "\nzeroserve:prompt_tokens_total{" in response.text
     assert "zeroserve_" not in response.text
+
+
+def test_every_gateway_process_shows_the_totals_of_all(tiny_model_dir: Path, tmp_path: Path) -> None:
+    num_requests = 8
+    with running_server(
+        tiny_model_dir, "--api-server-count", "2", "--kv-cache-memory", "0.05", log_file=tmp_path / "server.log"
+    ) as server:
+        results = send_concurrently(server, [f"Two gateways {i}: count me once" for i in range(num_requests)])
+        num_prompt = sum(r["usage"]["prompt_tokens"] for r in results)
+        time.sleep(0.3)
+        # NOTE: a new connection per scrape, so the kernel picks either process each time.
+        scrapes = []
+        for _ in range(6):
+            with httpx.Client(base_url=server.base_url, timeout=30) as client:
+                scrapes.append(scrape(client))
+    for samples in scrapes:
+        assert samples["zeroserve:prompt_tokens_total"] == num_prompt
+        assert samples["zeroserve:generation_tokens_total"] == num_requests * MAX_TOKENS
+        assert samples["zeroserve:request_success_total{length}"] == num_requests
+        assert samples["zeroserve:e2e_request_latency_seconds_count"] == num_requests
+        assert samples["zeroserve:prefix_cache_queries_total"] >= num_prompt
+        assert samples["zeroserve:num_requests_running"] == 0
