@@ -8,6 +8,11 @@ import torch
 import torch.nn.functional as F
 
 
+# NOTE: measured on 2 Zen 4 cores: the fused kernel is ~4x faster for one sequence, on par at
+# 16, and a third slower than two batched matmuls at 64 sequences (3 query heads per KV head).
+_SDPA_MAX_DECODES = 16
+
+
 @dataclass
 class PrefillSpan:
     """Query tokens `[start, start + num_tokens)` of one sequence with more than one new token."""
@@ -158,5 +163,12 @@ def _decode_attention(
     # NOTE: the query heads that share a KV head become that head's "query positions", so GQA
     # needs no repeated K/V and every one of them sees the sequence's whole (masked) context.
     q = query.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    if num_seqs <= _SDPA_MAX_DECODES:
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    else:
+        scores = torch.matmul(q, keys.transpose(2, 3)) * head_dim**-0.5
+        if mask is not None:
+            scores = scores + mask
+        probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
+        out = torch.matmul(probs, values)
     return out.view(num_seqs, num_heads, head_dim)

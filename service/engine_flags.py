@@ -44,7 +44,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     group.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one step (default: %(default)s)")
     group.add_argument(
-        "--max-num-batched-tokens", type=int, default=2048, help="token budget of one step (default: %(default)s)"
+        "--max-num-batched-tokens", type=int, default=512,
+        help="token budget of one step: prompts longer than what is left of it are prefilled in "
+        "chunks, so running streams keep their pace (default: %(default)s)",
     )
     group.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: all cores)")
     group.add_argument(
