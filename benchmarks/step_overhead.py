@@ -1,13 +1,16 @@
 """How much of an engine step is bookkeeping rather than the model, at a given decode batch.
 
     .venv/bin/python -m benchmarks.step_overhead --batch 32
+    .venv/bin/python -m benchmarks.step_overhead --batch 1 --dtype float32 --quantization none
 
 Runs EngineCore in process on the default model with `--batch` greedy requests, lets them
 reach steady decoding, then times each phase of the following steps: scheduling
 (`Scheduler.schedule`), building the index tensors (`ModelRunner._prepare_inputs`), the
 forward and sampling (the rest of `execute_model`), and turning sampled ids into outputs
 (`Scheduler.update_from_output`). Prints the median milliseconds per phase and the
-bookkeeping share (schedule + prepare + update) of the whole step.
+bookkeeping share (schedule + prepare + update) of the whole step. Then profiles a few more
+steps and splits their time by kind of torch op (linears, attention, sampling, other ops);
+what the ops leave of the step's wall time is host work (Python, dispatch).
 """
 
 from __future__ import annotations
@@ -19,10 +22,39 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import torch
+from torch.profiler import profile
+
 from engine_proc.config import EngineConfig
 from engine_proc.core import EngineCore
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.model_registry import DEFAULT_MODEL, resolve_model
+
+
+# Kinds of torch ops, by the name of the (innermost) aten op that spends the time.
+OP_KINDS = {
+    "linears": ("aten::mm", "aten::addmm", "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm"),
+    "attention": (
+        "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::bmm", "aten::index_select",
+        "aten::index_copy_", "aten::_softmax",
+    ),
+    "sampling": ("aten::argmax", "aten::topk", "aten::sort", "aten::exponential_", "aten::log_softmax"),
+}
+
+
+def op_time_by_kind(core: EngineCore, num_steps: int) -> tuple[dict[str, float], float]:
+    """Milliseconds per step of each kind of op (self time), and the steps' median wall time."""
+    walls = []
+    with profile() as prof:
+        for _ in range(num_steps):
+            started = time.perf_counter()
+            core.step()
+            walls.append(time.perf_counter() - started)
+    by_kind: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        kind = next((kind for kind, names in OP_KINDS.items() if event.key in names), "other ops")
+        by_kind[kind] += event.self_cpu_time_total / 1000 / num_steps
+    return dict(by_kind), 1000 * statistics.median(walls)
 
 
 def timed(timings: dict[str, list[float]], name: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -42,11 +74,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=230)
     parser.add_argument("--num-steps", type=int, default=30)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--quantization", default="auto", choices=["auto", "gguf", "none"])
     parser.add_argument("--num-threads", type=int, default=2)
     args = parser.parse_args()
     config = EngineConfig(
         model_path=str(resolve_model(args.model).path), dtype=args.dtype, num_threads=args.num_threads,
+        quantization=args.quantization,
         kv_cache_memory_gib=2.0, max_model_len=2048, max_num_seqs=max(64, args.batch),
     )
     core = EngineCore(config)
@@ -80,6 +114,11 @@ def main() -> None:
     print(f"  whole step          {median_ms['step']:8.2f} ms")
     print(f"bookkeeping share: {100 * bookkeeping_ms / median_ms['step']:.1f}% "
           f"({bookkeeping_ms:.2f} ms of {median_ms['step']:.2f} ms)")
+    by_kind, wall_ms = op_time_by_kind(core, min(args.num_steps, 10))
+    print(f"profiled steps ({torch.get_num_threads()} threads, the profiler adds some overhead): {wall_ms:.2f} ms")
+    for kind in ("linears", "attention", "sampling", "other ops"):
+        print(f"  {kind:<18}{by_kind.get(kind, 0.0):8.2f} ms")
+    print(f"  {'host work':<18}{wall_ms - sum(by_kind.values()):8.2f} ms")
 
 
 if __name__ == "__main__":
