@@ -103,11 +103,12 @@ def test_sigkill_of_the_gateway_leaves_no_engine_process(tiny_model_dir: Path) -
 
 def test_sigterm_drains_finishes_short_streams_aborts_long_ones_and_exits_0(tiny_model_dir: Path) -> None:
     with (
-        running_server(tiny_model_dir, "--shutdown-timeout", "3") as server,
+        running_server(tiny_model_dir, "--shutdown-timeout", "2") as server,
         httpx.Client(base_url=server.base_url, timeout=30) as client,
     ):
         (engine_pid,) = server.engine_pids()
-        short_body = {**LONG_STREAM, "max_tokens": 150}
+        # NOTE: 2000 steps take well over 2 s in this engine; 100 take a fraction of a second.
+        short_body = {**LONG_STREAM, "max_tokens": 100}
         with (
             client.stream("POST", COMPLETIONS, json=short_body) as short,
             client.stream("POST", COMPLETIONS, json={**LONG_STREAM, "max_tokens": 2000}) as long,
@@ -133,6 +134,22 @@ def test_sigterm_drains_finishes_short_streams_aborts_long_ones_and_exits_0(tiny
         assert is_gone(engine_pid)
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{server.base_url}/health")
+
+
+def test_a_second_sigterm_aborts_the_drain_at_once(tiny_model_dir: Path) -> None:
+    with (
+        running_server(tiny_model_dir, "--shutdown-timeout", "120") as server,
+        httpx.Client(base_url=server.base_url, timeout=30) as client,
+        client.stream("POST", COMPLETIONS, json={**LONG_STREAM, "max_tokens": 2000}) as long,
+    ):
+        lines = long.iter_lines()
+        first_data_line(lines)
+        server.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: client.get("/health").status_code == 503, 5)
+        server.proc.send_signal(signal.SIGTERM)
+        events = data_events(lines)
+        assert finish_reasons(events) == {0: "abort"}
+        assert server.proc.wait(20) == 0
 
 
 def test_request_timeout_aborts_and_reports_it(tiny_model_dir: Path) -> None:
