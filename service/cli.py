@@ -116,7 +116,9 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
     except ValueError as exc:
         serve.error(str(exc))
     # NOTE: an appending flag (--api-key) would add to its variable's list; given, it replaces it.
-    defaults = {dest: value for dest, value in defaults.items() if not (isinstance(value, list) and getattr(args, dest))}
+    defaults = {
+        dest: value for dest, value in defaults.items() if not (isinstance(value, list) and getattr(args, dest))
+    }
     serve.set_defaults(**defaults)
     return parser.parse_args(argv)
 

@@ -136,7 +136,8 @@ def flag_defaults_from_env(parser: argparse.ArgumentParser, environ: Mapping[str
         try:
             defaults[action.dest] = _flag_value(action, raw)
         except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
-            raise ValueError(f"Bad value {raw!r} for environment variable {name} ({_flag_name(action)}): {exc}") from exc
+            flag = _flag_name(action)
+            raise ValueError(f"Bad value {raw!r} for environment variable {name} ({flag}): {exc}") from exc
     return defaults
 
 

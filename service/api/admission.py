@@ -155,7 +155,8 @@ async def refuse(response: Response, scope: Scope, receive: Receive, send: Send)
 
 class AdmissionMiddleware:
     """Refuses what `Admission` does not admit (431 headers too large, 503 loading or draining,
-    429 with Retry-After past the cap) before the body is read, and counts generation requests until their response ends."""
+    429 with Retry-After past the cap) before the body is read, and counts generation requests
+    until their response ends."""
 
     def __init__(self, app: ASGIApp, admission: Admission) -> None:
         self.app = app
