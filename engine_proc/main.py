@@ -10,6 +10,7 @@ import sys
 
 from engine_proc.config import DTYPES, LOAD_FORMATS, QUANTIZATIONS, EngineConfig
 from engine_proc.link import add_link_args, parse_link_args, socket_options
+from proto.log_format import LOG_FORMATS, TEXT_FORMAT, JsonFormatter
 
 
 def parse_args(argv: list[str] | None = None) -> EngineConfig:
@@ -52,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     )
     parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
     add_link_args(parser)
+    parser.add_argument("--log-format", default="text", choices=LOG_FORMATS)
     args = parser.parse_args(argv)
     return EngineConfig(
         model_path=args.model,
@@ -75,6 +77,14 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     )
 
 
+def _log_format(argv: list[str] | None) -> str:
+    """--log-format, read before the rest so the first lines already have it."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--log-format", default="text", choices=LOG_FORMATS)
+    log_format: str = parser.parse_known_args(argv)[0].log_format
+    return log_format
+
+
 def _die_with_parent() -> None:
     """Linux: the kernel sends SIGKILL to this process when the gateway dies."""
     if sys.platform.startswith("linux"):
@@ -83,7 +93,10 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    handler = logging.StreamHandler()
+    is_json = _log_format(argv) == "json"
+    handler.setFormatter(JsonFormatter() if is_json else logging.Formatter(TEXT_FORMAT.replace("%(name)s", "engine")))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     config = parse_args(argv)
     if not parse_link_args(argv).is_headless:
         _die_with_parent()

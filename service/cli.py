@@ -132,7 +132,8 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
-    engine = engine_args_from(args)
+    # NOTE: the engines write their log lines in the gateway's format.
+    engine = replace(engine_args_from(args), log_format=args.log_format)
     return GatewayConfig(
         model=args.model,
         host=args.host,

@@ -30,6 +30,7 @@ class EngineArgs:
     quantization: str = "auto"
     load_format: str = "auto"
     hf_overrides: str = ""
+    log_format: str = "text"
 
     def to_argv(self, engine_index: int, input_address: str, output_address: str) -> list[str]:
         argv = [
@@ -45,6 +46,7 @@ class EngineArgs:
             "--scheduling-policy", self.scheduling_policy,
             "--quantization", self.quantization,
             "--load-format", self.load_format,
+            "--log-format", self.log_format,
         ]
         if self.hf_overrides:
             argv += ["--hf-overrides", self.hf_overrides]

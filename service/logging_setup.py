@@ -2,35 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from datetime import datetime, timezone
-from typing import Any
 
-LOG_FORMATS = ("text", "json")
-TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+from proto.log_format import LOG_FORMATS, TEXT_FORMAT, JsonFormatter
 
-# NOTE: every attribute a bare LogRecord has; anything else on a record came from `extra=`.
-_RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """A record as one JSON line: timestamp, level, logger, message, and its `extra=` fields as keys."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "timestamp": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _RECORD_ATTRIBUTES and key not in entry:
-                entry[key] = value
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
+__all__ = ["LOG_FORMATS", "JsonFormatter", "configure_logging"]
 
 def configure_logging(log_format: str = "text", level: int = logging.INFO, api_server: int | None = None) -> None:
     """Sends the root logger's records to stderr in the given format (once: a configured root is

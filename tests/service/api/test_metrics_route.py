@@ -139,8 +139,9 @@ def test_json_log_has_one_parseable_line_per_finished_request(server: ServerProc
         assert entry["num_prompt_tokens"] == result["usage"]["prompt_tokens"]
         assert entry["num_generation_tokens"] == result["usage"]["completion_tokens"]
         assert 0 < entry["ttft"] <= entry["e2e_latency"]
-    # NOTE: the HTTP server's own lines follow the format too.
+    # NOTE: the HTTP server's own lines follow the format too, and so do the engine's.
     assert any(e["logger"].startswith("hypercorn") for e in entries)
+    assert any(e["logger"].startswith("engine_proc") and "ready in" in e["message"] for e in entries)
 
 
 def test_names_keep_their_colons_whatever_the_scraper_accepts(server: ServerProcess) -> None:
