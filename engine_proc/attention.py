@@ -131,9 +131,8 @@ class PagedAttention:
         cache.index_copy_(2, meta.slot_mapping, torch.stack((key, value), dim=1).permute(1, 2, 0, 3))
         if meta.num_decodes:
             assert self._decode_rows is not None
-            decoded = _decode_attention(
-                query[: meta.num_decodes], *self._gather(cache, self._decode_rows), self._decode_mask
-            )
+            decode_query = query[: meta.num_decodes] if meta.prefills else query
+            decoded = _decode_attention(decode_query, *self._gather(cache, self._decode_rows), self._decode_mask)
             if not meta.prefills:
                 return decoded
         out = torch.empty_like(query)

@@ -6,7 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-DTYPES = ("float32", "bfloat16", "float16")
+# NOTE: "auto": bfloat16 for a GGUF with 4-bit weights, else the checkpoint's own dtype (see loader).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "dummy")
 QUANTIZATIONS = ("auto", "gguf", "none")
 

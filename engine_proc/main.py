@@ -24,7 +24,11 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument(
         "--output-address", required=True, help="the gateway's PULL address (comma-separated, in the same order)"
     )
-    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument(
+        "--dtype", default="auto", choices=DTYPES,
+        help="auto: bfloat16 for a GGUF with 4-bit weights, else the checkpoint's dtype; "
+        "float32 matches transformers token for token",
+    )
     parser.add_argument(
         "--quantization", default="auto", choices=QUANTIZATIONS,
         help="auto: a GGUF's 4-bit weights run as int4 for small batches when the dtype is bfloat16; "

@@ -20,6 +20,7 @@ from engine_proc.sampling_metadata import SamplingMetadata
 from engine_proc.scheduler import ScheduledRequest, SchedulerOutput
 from proto.engine_output import Logprobs
 
+# NOTE: "auto" is missing on purpose: the loader picks the dtype from the checkpoint.
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -38,10 +39,11 @@ class ModelRunner:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
-        self.dtype = _DTYPES[config.dtype]
+        self.dtype = _DTYPES.get(config.dtype)
         self.block_size = config.block_size
         self.config = config
         self.model = self._load_model()
+        self.dtype = self.model.lm_head_weight.dtype
         self.sleep_level = 0
         self.model_config = self.model.config
         mc = self.model_config

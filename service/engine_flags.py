@@ -20,8 +20,9 @@ def add_model_arg(parser: argparse.ArgumentParser) -> None:
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument(
-        "--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
-        help="activations and KV cache; float32 matches transformers token for token (default: %(default)s)",
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="activations and KV cache; auto: bfloat16 for a GGUF with 4-bit weights, else the "
+        "checkpoint's dtype; float32 matches transformers token for token (default: %(default)s)",
     )
     group.add_argument(
         "--quantization", default="auto", choices=["auto", "gguf", "none"],

@@ -32,7 +32,7 @@ def load_model_config(path: str | Path, hf_overrides: Mapping[str, Any] | None =
 
 def load_model(
     path: str | Path,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = torch.float32,
     device: str | torch.device = "cpu",
     *,
     quantization: str = "none",
@@ -41,6 +41,8 @@ def load_model(
 ) -> LlamaForCausalLM:
     """Load a `.gguf` file or a Hugging Face directory into an inference-ready model.
 
+    `dtype=None` ("auto") picks bfloat16 for a GGUF with 4-bit weights (which run as int4 with
+    bfloat16 activations) and for dummy weights, else the checkpoint's own floating dtype.
     `quantization`: "auto" runs a GGUF's 4-bit blocks as int4 (for small batches) when the
     dtype allows it, "gguf" insists on it, "none" dequantizes every weight.
     `load_format="dummy"` reads only the config and fills the weights with random values;
@@ -59,6 +61,8 @@ def load_model(
     else:
         config, weights = load_hf_dir(path)
     config = with_overrides(config, hf_overrides or {})
+    if dtype is None:
+        dtype = _auto_dtype(weights, int4_blocks, device)
     # NOTE: built on the meta device so no memory or time goes to random initialisation.
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -73,6 +77,15 @@ def load_model(
             name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
             model.set_int8_lm_head(weights[name])
     return model.eval().requires_grad_(False)
+
+
+def _auto_dtype(
+    weights: dict[str, torch.Tensor] | None, int4_blocks: dict[str, Q4Blocks], device: torch.device
+) -> torch.dtype:
+    if weights is None or (int4_blocks and is_int4_supported(torch.bfloat16, device)):
+        return torch.bfloat16
+    dtypes = [tensor.dtype for tensor in weights.values() if tensor.is_floating_point()]
+    return max(set(dtypes), key=dtypes.count) if dtypes else torch.float32
 
 
 def with_overrides(config: ModelConfig, overrides: Mapping[str, Any]) -> ModelConfig:

@@ -123,7 +123,7 @@ def test_help_shows_each_flag_default_and_variable(
         parse_serve_args(["serve", "--help"], {})
     text = " ".join(capsys.readouterr().out.split())
     for flag, default in [("--max-num-queued-requests", "256"), ("--shutdown-timeout", "30.0"),
-                          ("--sse-keepalive", "15.0"), ("--port", "8000"), ("--dtype", "bfloat16")]:
+                          ("--sse-keepalive", "15.0"), ("--port", "8000"), ("--dtype", "auto")]:
         variable = "ZEROSERVE_" + flag[2:].replace("-", "_").upper()
         line = text[text.index(f"{flag} "):text.index(f"[env: {variable}]")]
         assert f"(default: {default})" in line

@@ -134,6 +134,16 @@ def test_int4_needs_a_4bit_gguf_and_bfloat16(tmp_path: Path) -> None:
     assert model.model.layers[0].mlp.down_proj.int4_weight is None
 
 
+def test_auto_dtype_is_bfloat16_for_4bit_weights_else_the_checkpoints(tmp_path: Path) -> None:
+    hf_model = save_tiny_checkpoint(tmp_path, "llama")
+    assert load_model(tmp_path, dtype=None).lm_head_weight.dtype == torch.float32
+    gguf_path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf_path, hf_model, gguf.GGMLQuantizationType.Q4_1)
+    model = load_model(gguf_path, dtype=None, quantization="auto")
+    assert model.lm_head_weight.dtype == torch.bfloat16
+    assert model.model.layers[0].mlp.down_proj.int4_weight is not None
+
+
 @pytest.mark.real_model
 def test_default_model_matches_hugging_face_gguf_loader(
     default_model_path: Path, hf_reference_model: transformers.PreTrainedModel
