@@ -31,6 +31,7 @@ def run_throughput_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     llm = LLM(
         args.model,
         dtype=engine.dtype,
+        quantization=engine.quantization,
         device=engine.device,
         kv_cache_memory=engine.kv_cache_memory_gib,
         max_model_len=engine.max_model_len,
