@@ -79,7 +79,7 @@ def offline_figures(args: argparse.Namespace, concurrency: int, result_path: Pat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto")
     parser.add_argument("--num-threads", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--num-prompts", type=int, default=None, help="default: 4 × concurrency")
