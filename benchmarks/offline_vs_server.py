@@ -1,6 +1,6 @@
 """Offline `LLM.generate` against the HTTP server, same model, same prompts, same concurrency.
 
-    .venv/bin/python -m benchmarks.offline_vs_server                 # 16 and 64 at once, bf16
+    .venv/bin/python -m benchmarks.offline_vs_server                 # 16 and 64 at once
     .venv/bin/python -m benchmarks.offline_vs_server --concurrency 16 --num-prompts 64
 
 For each concurrency C: a server with `--max-num-seqs C` is started and `zeroserve bench serve
@@ -37,6 +37,7 @@ def serve_figures(args: argparse.Namespace, concurrency: int, result_path: Path)
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "service", "serve", args.model, "--port", str(port), "--dtype", args.dtype,
+         "--kv-cache-memory", "1",
          "--max-num-seqs", str(concurrency), "--num-threads", str(args.num_threads)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -67,6 +68,7 @@ def serve_figures(args: argparse.Namespace, concurrency: int, result_path: Path)
 def offline_figures(args: argparse.Namespace, concurrency: int, result_path: Path) -> dict[str, float]:
     run([
         sys.executable, "-m", "service", "bench", "throughput", args.model, "--dtype", args.dtype,
+        "--kv-cache-memory", "1",
         "--max-num-seqs", str(concurrency), "--num-threads", str(args.num_threads),
         "--num-prompts", str(args.num_prompts), "--random-input-len", str(args.input_len),
         "--random-output-len", str(args.output_len), "--num-warmups", "2", "--output-json", str(result_path),
@@ -94,6 +96,8 @@ def main() -> None:
             served = serve_figures(run_args, concurrency, Path(tmp) / f"serve-{concurrency}.json")
             offline = offline_figures(run_args, concurrency, Path(tmp) / f"offline-{concurrency}.json")
             rows.append((concurrency, num_prompts, served["output_throughput"], offline["output_throughput"]))
+            print(f"concurrency {concurrency}: HTTP {served['output_throughput']:.1f} tok/s, "
+                  f"LLM.generate {offline['output_throughput']:.1f} tok/s", flush=True)
     print(f"{'concurrency':>11} {'prompts':>7} {'HTTP tok/s':>10} {'LLM.generate tok/s':>18} {'ratio':>6}")
     for concurrency, num_prompts, served_tps, offline_tps in rows:
         print(f"{concurrency:>11} {num_prompts:>7} {served_tps:>10.1f} {offline_tps:>18.1f} {offline_tps / served_tps:>6.2f}")
