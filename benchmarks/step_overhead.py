@@ -38,7 +38,7 @@ OP_KINDS = {
         "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::bmm", "aten::index_select",
         "aten::index_copy_", "aten::_softmax",
     ),
-    "sampling": ("aten::argmax", "aten::topk", "aten::sort", "aten::exponential_", "aten::log_softmax"),
+    "sampling": ("aten::argmax", "aten::max", "aten::topk", "aten::sort", "aten::exponential_", "aten::log_softmax"),
 }
 
 
