@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 GROUP_SIZE = 32
-# NOTE: measured on a 2-core Zen 4 (shared/PERF_NOTES.md): the int4 kernel beats bfloat16
-# matmuls up to a batch of about 16 tokens (3.8x at one token, even at 16), bfloat16 wins
-# from there on (1.7x at 64 tokens, more for prefills).
-INT4_MAX_TOKENS = 16
+# NOTE: measured on a 2-core Zen 4, all 120 projections of SmolLM2-135M: int4 11 ms vs
+# bfloat16 23 ms at 4 tokens, even at 8 (24 vs 25), bfloat16 ahead from 12 tokens on
+# (23 vs 34 ms at 12, 26 vs 32 at 16, and 1.7x at 64).
+INT4_MAX_TOKENS = 8
 # NOTE: the int8 kernel is 2.8x faster than bfloat16 for one row, slower from about 8 rows.
 INT8_MAX_ROWS = 4
 

@@ -16,6 +16,7 @@ import torch
 
 from engine_proc.config import EngineConfig
 from engine_proc.core import EngineCore
+from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.tokenizer import Tokenizer
 from tests.engine_proc.test_fidelity import MAX_NEW_TOKENS, QUESTIONS
@@ -50,10 +51,10 @@ def test_int4_greedy_tokens_follow_transformers(default_model_path: Path, hf_ref
             )
         references.append(generated[0, len(prompt):].tolist())
 
-    # NOTE: a 16-token budget chunks every prefill, so each forward takes the int4 path.
+    # NOTE: a budget this small chunks every prefill, so each forward takes the int4 path.
     config = EngineConfig(
         model_path=str(default_model_path), dtype="bfloat16", quantization="gguf",
-        max_num_batched_tokens=16, kv_cache_memory_gib=0.25, max_model_len=2048,
+        max_num_batched_tokens=INT4_MAX_TOKENS, kv_cache_memory_gib=0.25, max_model_len=2048,
     )
     core = EngineCore(config)
     forced = run(

@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from engine_proc.loader import load_model, load_model_config
+from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
 from engine_proc.models.llama import inverse_frequencies
 from tests.engine_proc.models.test_llama import TINY, run, save_tiny_checkpoint
 
@@ -121,7 +122,7 @@ def test_4bit_gguf_runs_its_blocks_as_int4(tmp_path: Path, quant: gguf.GGMLQuant
     model = load_model(gguf_path, dtype=torch.bfloat16, quantization="gguf")
     projections = [module for name, module in model.named_modules() if name.endswith("proj")]
     assert projections and all(module.int4_weight is not None for module in projections)
-    prompt = torch.randint(0, TINY["vocab_size"], (12,))
+    prompt = torch.randint(0, TINY["vocab_size"], (INT4_MAX_TOKENS,))
     torch.testing.assert_close(run(model, [prompt]), run(reference, [prompt]), atol=0.05, rtol=0)
 
 
