@@ -92,6 +92,9 @@ def add_throughput_parser(commands: Any) -> None:
     )
     add_random_dataset_args(throughput)
     throughput.add_argument("--seed", type=int, default=0, help="seeds the prompts (default: %(default)s)")
+    throughput.add_argument(
+        "--temperature", type=float, default=None, help="sampling temperature (default: the model's default)"
+    )
     throughput.add_argument("--num-warmups", type=int, default=0, help="prompts run first, left out of the figures")
     throughput.add_argument(
         "--multiprocessing", action=argparse.BooleanOptionalAction, default=None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ def run_throughput_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     )
     try:
         tokenizer = llm.get_tokenizer()
+        defaults = llm.get_default_sampling_params()
         samples = load_samples(args, tokenizer)
         prompts: list[TokensPrompt] = []
         params: list[SamplingParams] = []
@@ -52,8 +54,12 @@ def run_throughput_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             if not isinstance(text, str):
                 raise ValueError("bench throughput takes completions bodies with a text `prompt`")
             prompts.append(TokensPrompt(prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=True)))
-            # NOTE: as vLLM's benchmark: sampled, and every request runs to its max_tokens.
-            params.append(SamplingParams(temperature=1.0, max_tokens=sample.expected_output_len or 16, ignore_eos=True))
+            # NOTE: as `bench serve` against a server: the model's sampling defaults unless
+            # --temperature says otherwise, and every request runs to its max_tokens.
+            params.append(replace(
+                defaults, max_tokens=sample.expected_output_len or 16, ignore_eos=True,
+                temperature=defaults.temperature if args.temperature is None else args.temperature,
+            ))
         if args.num_warmups:
             llm.generate(prompts[: args.num_warmups], params[: args.num_warmups], use_tqdm=False)
         started = time.perf_counter()
