@@ -24,10 +24,11 @@ logger = logging.getLogger(__name__)
 
 
 class _ParentState:
-    """Which of a request's n samples are still running."""
+    """A request's n samples: their child request ids, and how many are still running."""
 
-    def __init__(self, n: int) -> None:
-        self.num_unfinished = n
+    def __init__(self, child_ids: list[str]) -> None:
+        self.child_ids = child_ids
+        self.num_unfinished = len(child_ids)
 
 
 class LLMEngine:
@@ -82,7 +83,7 @@ class LLMEngine:
             )
             for index in range(params.n)
         ]
-        self._parents[request_id] = _ParentState(params.n)
+        self._parents[request_id] = _ParentState([request.request_id for request in requests])
         for index, request in enumerate(requests):
             self._children[request.request_id] = (request_id, index)
             stop_checker = StopChecker(params.stop, params.include_stop_str_in_output)
@@ -114,9 +115,6 @@ class LLMEngine:
                 del self._parents[parent_id]
         return output
 
-    def _child_ids(self, request_id: str) -> list[str]:
-        return [child for child, (parent, _) in self._children.items() if parent == request_id]
-
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()
 
@@ -125,7 +123,11 @@ class LLMEngine:
 
     def abort_request(self, request_ids: list[str]) -> None:
         """Stops requests (by the ids they were added with); their outputs end where they are."""
-        child_ids = [child for request_id in request_ids for child in self._child_ids(request_id)]
+        # NOTE: the parents' samples still running (a finished one is already out of `_children`).
+        child_ids = [
+            child for request_id in request_ids if request_id in self._parents
+            for child in self._parents[request_id].child_ids if child in self._children
+        ]
         self.output_processor.abort_requests(child_ids)
         self.engine_core.abort_requests(child_ids)
         for child in child_ids:
