@@ -116,6 +116,7 @@ class ModelRunner:
         """Frees the KV cache and, at level 2, the weights too (reloaded on wake-up)."""
         self.attention.free_cache()
         if level >= 2:
+            self.model.unpack()
             self.model.to_empty(device="meta")
         self.sleep_level = max(self.sleep_level, level)
         release_memory(self.device)

@@ -76,6 +76,7 @@ def load_model(
         if model.model.layers[0].mlp.down_proj.int4_weight is not None and weights is not None:
             name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
             model.set_int8_lm_head(weights[name])
+    model.prepack()
     return model.eval().requires_grad_(False)
 
 

@@ -10,7 +10,14 @@ from torch import Tensor, nn
 
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
-from engine_proc.models.quantized_linear import INT8_MAX_ROWS, Int8Rows, Linear, Q4Blocks
+from engine_proc.models.quantized_linear import (
+    INT8_MAX_ROWS,
+    Int8Rows,
+    Linear,
+    PackedWeight,
+    Q4Blocks,
+    is_prepack_supported,
+)
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
 _FUSED_PROJECTIONS = (
@@ -185,6 +192,7 @@ class LlamaForCausalLM(nn.Module):
         # NOTE: buffers, so that freeing the weights (`to_empty(device="meta")`) frees these too.
         self.register_buffer("int8_lm_head_weight", None, persistent=False)
         self.register_buffer("int8_lm_head_scales", None, persistent=False)
+        self.packed_lm_head: PackedWeight | None = None
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
         """Final-normed hidden states [num_tokens, hidden_size] for the tokens of several sequences."""
@@ -198,7 +206,24 @@ class LlamaForCausalLM(nn.Module):
         """Float32 logits [n, vocab_size] for hidden states [n, hidden_size]."""
         if self.int8_lm_head_weight is not None and hidden.shape[0] <= INT8_MAX_ROWS:
             return Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales).matmul(hidden).float()
+        if self.packed_lm_head is not None:
+            return self.packed_lm_head.linear(hidden).float()
         return F.linear(hidden, self.lm_head_weight).float()
+
+    def prepack(self) -> None:
+        """Reorders every dense weight once for oneDNN where it has them (bfloat16 on the CPU)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.prepack()
+        weight = self.lm_head_weight
+        self.packed_lm_head = PackedWeight(weight) if is_prepack_supported(weight) else None
+
+    def unpack(self) -> None:
+        """Drops the reordered copies (before the weights are freed)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.unpack()
+        self.packed_lm_head = None
 
     @property
     def lm_head_weight(self) -> Tensor:

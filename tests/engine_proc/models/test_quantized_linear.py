@@ -27,7 +27,7 @@ def int4_linear(blocks: Q4Blocks) -> Linear:
 
 
 @pytest.mark.parametrize("has_min", [True, False], ids=["q4_1", "q4_0"])
-@pytest.mark.parametrize("num_tokens", [1, 5, INT4_MAX_TOKENS])
+@pytest.mark.parametrize("num_tokens", [1, 3, INT4_MAX_TOKENS])
 def test_int4_matmul_matches_the_dequantized_weights(has_min: bool, num_tokens: int) -> None:
     blocks = random_blocks(96, 128, has_min)
     linear = int4_linear(blocks)
@@ -52,3 +52,22 @@ def test_blocks_of_another_shape_are_rejected() -> None:
     linear = Linear(64, 32)
     with pytest.raises(ValueError, match="int4 blocks of shape"):
         linear.set_int4(random_blocks(32, 96), torch.bfloat16)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+@pytest.mark.parametrize("num_tokens", [1, 7, 64, 300])
+def test_prepacked_weights_give_the_plain_matmul_bit_for_bit(num_tokens: int) -> None:
+    linear = Linear(96, 160, bias=True).to(torch.bfloat16).requires_grad_(False)
+    linear.prepack()
+    assert linear.packed is not None
+    x = torch.randn(num_tokens, 96).bfloat16()
+    with torch.no_grad():
+        assert torch.equal(linear(x), F.linear(x, linear.weight, linear.bias))
+    linear.unpack()
+    assert linear.packed is None
+
+
+def test_float32_weights_are_not_prepacked() -> None:
+    linear = Linear(64, 32).requires_grad_(False)
+    linear.prepack()
+    assert linear.packed is None
