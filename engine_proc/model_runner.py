@@ -86,7 +86,7 @@ class ModelRunner:
         if not sampling_order:
             return ModelRunnerOutput([], {}, {})
         rows = torch.tensor([sampling[id(s)] for s in sampling_order], device=self.device)
-        logits = self.model.compute_logits(hidden[rows])
+        logits = self.model.compute_raw_logits(hidden[rows])
         requests = [s.request for s in sampling_order]
         sampler_output = self.sampler(logits, self._sampling_metadata(requests, logits.shape[-1]))
         prompt_logprobs = {r.request_id: self.prompt_logprobs.pop(r.request_id) for r in requests}

@@ -15,6 +15,7 @@ from engine_proc.sampling_metadata import SamplingMetadata
 
 
 _TOP_P_CANDIDATES = 256
+_ARGMAX_BLOCK = 128
 
 
 class SamplerOutput(NamedTuple):
@@ -30,7 +31,15 @@ class Sampler:
     """Greedy and random sampling with every OpenAI/vLLM knob; seeded rows use their own generator."""
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """logits [num_seqs, vocab] float32 → one token id per row."""
+        """logits [num_seqs, vocab] in any float dtype → one token id per row."""
+        is_plain_greedy = (
+            metadata.is_all_greedy and metadata.max_num_logprobs is None
+            and metadata.output_counts is None and metadata.logit_bias is None
+        )
+        if is_plain_greedy:
+            # NOTE: widening to float32 changes no value, so the model dtype's argmax is the
+            # same, without a float32 copy of every row; bans (-inf) hold in any dtype.
+            return SamplerOutput(greedy_ids(_apply_bias_and_bans(logits, metadata)), None, None, None)
         logits = logits.float()
         raw_logprobs = logits.log_softmax(dim=-1) if metadata.max_num_logprobs is not None else None
         logits = _apply_bias_and_bans(logits, metadata)
@@ -41,8 +50,7 @@ class Sampler:
                 logits, metadata.output_counts, metadata.prompt_mask,
                 metadata.presence_penalty, metadata.frequency_penalty, metadata.repetition_penalty,
             )
-        # NOTE: max's indices are argmax's (the first maximum) and come 1.7x faster on the CPU.
-        token_ids = logits.max(dim=-1).indices
+        token_ids = greedy_ids(logits)
         if not metadata.is_all_greedy:
             sampled_ids = _sample(logits, metadata)
             token_ids = torch.where(metadata.is_greedy, token_ids, sampled_ids)
@@ -52,13 +60,35 @@ class Sampler:
         return _gather_logprobs(raw_logprobs, token_ids, metadata.max_num_logprobs)
 
 
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax (its first maximum), in two levels: the best block of 128, then within it.
+
+    `amax` is vectorized where max-with-indices is not: [256, 49152] float32 takes 1.8 ms
+    this way against 12.3 ms for `max(dim=-1)` on 2 cores, with the same ids.
+    """
+    num_rows, vocab_size = logits.shape
+    num_blocks = vocab_size // _ARGMAX_BLOCK
+    if num_blocks < 2:
+        return logits.max(dim=-1).indices
+    blocks = logits[:, : num_blocks * _ARGMAX_BLOCK].view(num_rows, num_blocks, _ARGMAX_BLOCK)
+    best_blocks = blocks.amax(dim=-1).max(dim=-1)
+    rows = torch.arange(num_rows, device=logits.device)
+    token_ids = best_blocks.indices * _ARGMAX_BLOCK + blocks[rows, best_blocks.indices].max(dim=-1).indices
+    if num_blocks * _ARGMAX_BLOCK == vocab_size:
+        return token_ids
+    tail = logits[:, num_blocks * _ARGMAX_BLOCK :].max(dim=-1)
+    # NOTE: the blocks come first, so the tail wins only when strictly greater.
+    is_tail = tail.values > best_blocks.values
+    return torch.where(is_tail, tail.indices + num_blocks * _ARGMAX_BLOCK, token_ids)
+
+
 def _apply_bias_and_bans(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
     if metadata.logit_bias is not None:
         rows, token_ids, biases = metadata.logit_bias
         logits = logits.index_put((rows, token_ids), biases, accumulate=True)
     if metadata.banned is not None:
         rows, token_ids = metadata.banned
-        logits = logits.index_put((rows, token_ids), torch.tensor(float("-inf"), device=logits.device))
+        logits = logits.index_put((rows, token_ids), torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
     return logits
 
 

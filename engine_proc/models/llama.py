@@ -204,11 +204,15 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """Float32 logits [n, vocab_size] for hidden states [n, hidden_size]."""
+        return self.compute_raw_logits(hidden).float()
+
+    def compute_raw_logits(self, hidden: Tensor) -> Tensor:
+        """Logits in the output head's dtype: greedy picks need no float32 copy of [n, vocab_size]."""
         if self.int8_lm_head_weight is not None and hidden.shape[0] <= INT8_MAX_ROWS:
-            return Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales).matmul(hidden).float()
+            return Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales).matmul(hidden)
         if self.packed_lm_head is not None:
-            return self.packed_lm_head.linear(hidden).float()
-        return F.linear(hidden, self.lm_head_weight).float()
+            return self.packed_lm_head.linear(hidden)
+        return F.linear(hidden, self.lm_head_weight)
 
     def prepack(self) -> None:
         """Reorders every dense weight once for oneDNN where it has them (bfloat16 on the CPU)."""

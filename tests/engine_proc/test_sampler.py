@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from engine_proc.sampler import Sampler, SamplerOutput
+from engine_proc.sampler import Sampler, SamplerOutput, greedy_ids
 from engine_proc.sampling_metadata import SamplingMetadata
 from proto.engine_input import SamplingParams
 
@@ -147,3 +148,27 @@ def test_top_p_fast_path_and_sorted_fallback_agree() -> None:
 
     fast = apply_top_p(logits.clone(), top_p)
     assert torch.equal(fast.isinf(), _sorted_top_p(logits, top_p).isinf())
+
+
+@pytest.mark.parametrize("vocab_size", [7, 128, 300, 49152, 49152 + 77])
+def test_greedy_ids_are_the_first_maximum_of_each_row(vocab_size: int) -> None:
+    generator = torch.Generator().manual_seed(vocab_size)
+    logits = torch.randn(9, vocab_size, generator=generator)
+    # Ties: the first maximum wins, in a block, across blocks and against the tail.
+    logits[1, [3, vocab_size - 1]] = 100.0
+    logits[2, :] = 5.0
+    logits[3, :] = float("-inf")
+    logits[4, vocab_size - 1] = 50.0
+    assert torch.equal(greedy_ids(logits), logits.max(dim=-1).indices)
+    assert greedy_ids(logits)[1].item() == 3 and greedy_ids(logits)[2].item() == 0
+
+
+def test_greedy_rows_pick_the_same_ids_from_bfloat16_logits_as_from_float32() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 1000, generator=generator).bfloat16()
+    params = [SamplingParams(temperature=0.0, min_tokens=2, ignore_eos=False)] * 6
+    banned = [[int(logits[row].float().argmax())] for row in range(6)]
+    low = sample(logits, params, banned=banned).token_ids
+    high = sample(logits.float(), params, banned=banned).token_ids
+    assert torch.equal(low, high)
+    assert all(low[row].item() != banned[row][0] for row in range(6))
