@@ -133,7 +133,8 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
     if origin in (list, tuple, Sequence) or origin is typing.Sequence:
         inner = _converter(args[0]) if args else _identity
         if inner is _identity:
-            return list if origin is not tuple else tuple
+            # NOTE: msgpack arrays decode as lists already.
+            return _identity if origin is not tuple else tuple
         return lambda v: [inner(x) for x in v]
     if origin is dict:
         inner = _converter(args[1]) if args else _identity
@@ -143,11 +144,31 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
 
 def _dataclass_converter(cls: type) -> Callable[[Any], Any]:
     hints = typing.get_type_hints(cls)
-    fields = [(f.name, _converter(hints[f.name])) for f in dataclasses.fields(cls)]
+    names = frozenset(f.name for f in dataclasses.fields(cls))
+    # NOTE: only fields that need work are visited, and None needs none: a step's outputs
+    # decode with one dict copy and a few lookups each.
+    converted = [
+        (f.name, conv) for f in dataclasses.fields(cls)
+        if (conv := _converter(_without_none(hints[f.name]))) is not _identity
+    ]
 
     def convert(value: dict[str, Any]) -> Any:
         # NOTE: unknown keys are dropped, missing ones take defaults: peers may differ by
         # a field within one protocol version.
-        return cls(**{name: conv(value[name]) for name, conv in fields if name in value})
+        kwargs = dict(value) if value.keys() <= names else {k: v for k, v in value.items() if k in names}
+        for name, conv in converted:
+            field_value = kwargs.get(name)
+            if field_value is not None:
+                kwargs[name] = conv(field_value)
+        return cls(**kwargs)
 
     return convert
+
+
+def _without_none(tp: Any) -> Any:
+    """`X` for `X | None` (the caller keeps None as it is); any other type unchanged."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(members) == 1 and len(members) < len(typing.get_args(tp)):
+            return members[0]
+    return tp
