@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
+import aiohttp
 from tqdm import tqdm
 
 from service.bench.arrivals import arrival_offsets
@@ -68,9 +68,9 @@ async def benchmark(
     config: ServeBenchConfig, samples: Sequence[SampleRequest]
 ) -> tuple[str, list[RequestFuncOutput], float]:
     """(model id, one output per sample, duration in s) of a run after its warm-up requests."""
-    limits = httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency)
-    timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    connector = aiohttp.TCPConnector(limit=config.max_concurrency or 0)
+    timeout = aiohttp.ClientTimeout(total=None, connect=_CONNECT_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         model_id = config.model or await fetch_model_id(client, config)
         inputs = [
             RequestFuncInput(config.api_url, streaming_body(s.body, model_id, config.ignore_eos), s.prompt_len)
@@ -98,13 +98,12 @@ async def benchmark(
     return model_id, list(outputs), duration_s
 
 
-async def fetch_model_id(client: httpx.AsyncClient, config: ServeBenchConfig) -> str:
+async def fetch_model_id(client: aiohttp.ClientSession, config: ServeBenchConfig) -> str:
     """The first model the server lists; the tokenizer's name when the server does not answer."""
     try:
-        response = await client.get(config.models_url)
-        response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        async with client.get(config.models_url, raise_for_status=True) as response:
+            return str((await response.json())["data"][0]["id"])
+    except (aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError) as exc:
         print(
             f"warning: could not read the model from {config.models_url} ({type(exc).__name__}: {exc}); "
             f"sending model {config.tokenizer!r}",
@@ -114,7 +113,7 @@ async def fetch_model_id(client: httpx.AsyncClient, config: ServeBenchConfig) ->
 
 
 async def _limited(
-    client: httpx.AsyncClient, semaphore: asyncio.Semaphore, request: RequestFuncInput, progress: tqdm[Any] | None
+    client: aiohttp.ClientSession, semaphore: asyncio.Semaphore, request: RequestFuncInput, progress: tqdm[Any] | None
 ) -> RequestFuncOutput:
     async with semaphore:
         output = await request_openai_stream(client, request)

@@ -93,11 +93,11 @@ def test_an_unreachable_server_counts_failed_requests_and_exits_cleanly(tmp_path
     )
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
-    assert "every request failed" in run.stderr and "ConnectError" in run.stderr
+    assert "every request failed" in run.stderr and "Cannot connect" in run.stderr
     assert "Failed requests:                         5" in run.stdout
     result = json.loads(result_path.read_text())
     assert (result["completed"], result["failed"]) == (0, 5)
-    assert all(error.startswith("ConnectError") for error in result["errors"])
+    assert all(error.startswith("ClientConnectorError") for error in result["errors"])
 
 
 def test_bad_arguments_are_an_error_message_not_a_traceback() -> None:
