@@ -159,8 +159,21 @@ def test_greedy_ids_are_the_first_maximum_of_each_row(vocab_size: int) -> None:
     logits[2, :] = 5.0
     logits[3, :] = float("-inf")
     logits[4, vocab_size - 1] = 50.0
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        typed = logits.to(dtype)
+        assert torch.equal(greedy_ids(typed), typed.max(dim=-1).indices), dtype
+        assert greedy_ids(typed)[1].item() == 3 and greedy_ids(typed)[2].item() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_greedy_ids_of_rows_with_no_positive_logit(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(1)
+    logits = -torch.rand(5, 1000, generator=generator).to(dtype) - 0.5
+    logits[1, 10] = 0.0
+    logits[2, :] = float("-inf")
+    logits[3, 600] = -0.01
+    logits[4, 999] = 3.0
     assert torch.equal(greedy_ids(logits), logits.max(dim=-1).indices)
-    assert greedy_ids(logits)[1].item() == 3 and greedy_ids(logits)[2].item() == 0
 
 
 def test_greedy_rows_pick_the_same_ids_from_bfloat16_logits_as_from_float32() -> None:
