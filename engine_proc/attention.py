@@ -32,8 +32,8 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [num_tokens]
     num_decodes: int
-    decode_slots: torch.Tensor | None  # [num_decodes, max_context_len], padded with slot 0
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context_len]; None if unpadded
+    decode_block_table: torch.Tensor | None  # [num_decodes, max_blocks] block ids, padded with block 0
+    decode_lens: torch.Tensor | None  # [num_decodes] context length of each decode, its new token included
     prefills: list[PrefillSpan]
 
 
@@ -91,28 +91,26 @@ class PagedAttention:
         self._decode_rows, self._decode_mask, self._prefill_rows = None, None, []
         if metadata is None:
             return
-        if metadata.decode_slots is not None:
-            self._decode_rows = self._block_rows(metadata.decode_slots)
-            self._decode_mask = self._additive_mask(metadata)
-        self._prefill_rows = [self._block_rows(span.context_slots) for span in metadata.prefills]
+        if metadata.decode_block_table is not None and metadata.decode_lens is not None:
+            self._decode_rows = self._block_rows(metadata.decode_block_table)
+            self._decode_mask = self._additive_mask(metadata.decode_lens, metadata.decode_block_table.shape[1])
+        self._prefill_rows = [
+            self._block_rows(span.context_slots[:: self.block_size] // self.block_size) for span in metadata.prefills
+        ]
 
-    def _block_rows(self, slots: torch.Tensor) -> torch.Tensor:
-        """Rows [2, ..., kv_heads, num_blocks_used] of the block view for the K and V blocks holding `slots`."""
-        block_ids = slots[..., :: self.block_size] // self.block_size
-        heads = torch.arange(2 * self.num_kv_heads, device=slots.device).view(2, *[1] * (block_ids.dim() - 1), -1, 1)
+    def _block_rows(self, block_ids: torch.Tensor) -> torch.Tensor:
+        """Rows [2, ..., kv_heads, num_blocks_used] of the block view for the K and V of `block_ids` [..., num_blocks_used]."""
+        heads = torch.arange(2 * self.num_kv_heads, device=block_ids.device).view(2, *[1] * (block_ids.dim() - 1), -1, 1)
         return heads * self.num_blocks + block_ids.unsqueeze(-2)
 
-    def _additive_mask(self, metadata: AttentionMetadata) -> torch.Tensor | None:
-        """The decode mask widened to whole blocks, as 0 (attend) or -inf to add to the scores."""
-        assert metadata.decode_slots is not None
-        num_decodes, max_len = metadata.decode_slots.shape
-        padded_len = -(-max_len // self.block_size) * self.block_size
-        if padded_len == max_len and metadata.decode_mask is None:
+    def _additive_mask(self, lens: torch.Tensor, num_blocks: int) -> torch.Tensor | None:
+        """[num_decodes, 1, 1, num_blocks * block_size]: 0 where a decode attends, -inf past its context."""
+        padded_len = num_blocks * self.block_size
+        is_valid = torch.arange(padded_len, device=lens.device) < lens.unsqueeze(1)
+        if bool(is_valid.all()):
             return None
-        is_valid = torch.zeros(num_decodes, 1, 1, padded_len, dtype=torch.bool, device=metadata.decode_slots.device)
-        is_valid[..., :max_len] = True if metadata.decode_mask is None else metadata.decode_mask
-        mask = torch.zeros(is_valid.shape, dtype=self._dtype, device=is_valid.device)
-        return mask.masked_fill_(~is_valid, float("-inf"))
+        mask = torch.zeros(is_valid.shape, dtype=self._dtype, device=lens.device)
+        return mask.masked_fill_(~is_valid, float("-inf")).view(lens.shape[0], 1, 1, padded_len)
 
     def _gather(self, cache: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [..., kv_heads, blocks * block_size, head_dim] for rows [2, ..., kv_heads, blocks]."""

@@ -153,39 +153,49 @@ class ModelRunner:
     def _prepare_inputs(
         self, order: list[ScheduledRequest]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """The flat batch (decodes first), its positions and where its tokens go in the cache.
+
+        A decode costs O(its blocks) here, not O(its context): its new token's slot and its
+        block table row are all attention needs.
+        """
+        block_size = self.block_size
         token_ids: list[int] = []
-        positions: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
-        decode_contexts: list[np.ndarray] = []
+        decode_positions: list[int] = []
+        decode_slots: list[int] = []
+        decode_blocks: list[list[int]] = []
+        prefill_positions: list[np.ndarray] = []
+        prefill_slots: list[np.ndarray] = []
         prefills: list[PrefillSpan] = []
         for request, num_new in order:
             start = request.num_computed_tokens
+            if num_new == 1:
+                token_ids.append(request.all_token_ids[start])
+                block_index, offset = divmod(start, block_size)
+                decode_positions.append(start)
+                decode_slots.append(request.block_ids[block_index] * block_size + offset)
+                decode_blocks.append(request.block_ids[: block_index + 1])
+                continue
             end = start + num_new
             context_slots = self._slots(request, end)
             token_ids.extend(request.all_token_ids[start:end])
-            positions.append(np.arange(start, end))
-            slots.append(context_slots[start:end])
-            if num_new == 1:
-                decode_contexts.append(context_slots)
-                continue
+            prefill_positions.append(np.arange(start, end))
+            prefill_slots.append(context_slots[start:end])
             mask = None
             if start > 0:
                 query_pos = np.arange(start, end)[:, None]
                 mask = torch.from_numpy(np.arange(end)[None, :] <= query_pos).to(self.device)
-            span_start = len(token_ids) - num_new
-            prefills.append(
-                PrefillSpan(span_start, num_new, self._to_device(context_slots), mask)
-            )
-        decode_slots, decode_mask = self._pad_decodes(decode_contexts)
+            prefills.append(PrefillSpan(len(token_ids) - num_new, num_new, self._to_device(context_slots), mask))
+        block_table, decode_lens = self._block_table(decode_blocks, decode_positions)
         metadata = AttentionMetadata(
-            slot_mapping=self._to_device(np.concatenate(slots)),
-            num_decodes=len(decode_contexts),
-            decode_slots=decode_slots,
-            decode_mask=decode_mask,
+            slot_mapping=self._to_device(np.concatenate([np.array(decode_slots, dtype=np.int64), *prefill_slots])),
+            num_decodes=len(decode_blocks),
+            decode_block_table=block_table,
+            decode_lens=decode_lens,
             prefills=prefills,
         )
         input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-        return input_ids, self._to_device(np.concatenate(positions)), metadata
+        positions = np.concatenate([np.array(decode_positions, dtype=np.int64), *prefill_positions])
+        return input_ids, self._to_device(positions), metadata
 
     def _slots(self, request: Request, num_tokens: int) -> np.ndarray:
         """Cache slots of the request's first `num_tokens` tokens."""
@@ -193,21 +203,16 @@ class ModelRunner:
         block_ids = np.asarray(request.block_ids, dtype=np.int64)
         return block_ids[positions // self.block_size] * self.block_size + positions % self.block_size
 
-    def _pad_decodes(
-        self, contexts: list[np.ndarray]
+    def _block_table(
+        self, decode_blocks: list[list[int]], decode_positions: list[int]
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if not contexts:
+        """[num_decodes, max_blocks] block ids (padded with block 0) and [num_decodes] context lengths."""
+        if not decode_blocks:
             return None, None
-        max_len = max(len(c) for c in contexts)
-        padded = np.zeros((len(contexts), max_len), dtype=np.int64)
-        lengths = np.array([len(c) for c in contexts])
-        for row, context in enumerate(contexts):
-            padded[row, : len(context)] = context
-        mask = None
-        if (lengths != max_len).any():
-            is_valid = np.arange(max_len)[None, :] < lengths[:, None]
-            mask = self._to_device(is_valid)[:, None, None, :]
-        return self._to_device(padded), mask
+        table = np.zeros((len(decode_blocks), max(len(blocks) for blocks in decode_blocks)), dtype=np.int64)
+        for row, blocks in enumerate(decode_blocks):
+            table[row, : len(blocks)] = blocks
+        return self._to_device(table), self._to_device(np.array(decode_positions, dtype=np.int64) + 1)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)
