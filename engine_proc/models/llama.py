@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -16,8 +17,14 @@ from engine_proc.models.quantized_linear import (
     Linear,
     PackedWeight,
     Q4Blocks,
+    is_plain_matmul_faster,
     is_prepack_supported,
 )
+
+logger = logging.getLogger(__name__)
+
+# The packed output head serves up to this many rows; beyond, a plain matmul where it measured faster.
+_PACKED_HEAD_MAX_ROWS = 64
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
 _FUSED_PROJECTIONS = (
@@ -193,6 +200,8 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("int8_lm_head_weight", None, persistent=False)
         self.register_buffer("int8_lm_head_scales", None, persistent=False)
         self.packed_lm_head: PackedWeight | None = None
+        # NOTE: [hidden_size, vocab_size], kept only where it beats the packed head for many rows.
+        self.transposed_lm_head: Tensor | None = None
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
         """Final-normed hidden states [num_tokens, hidden_size] for the tokens of several sequences."""
@@ -210,6 +219,8 @@ class LlamaForCausalLM(nn.Module):
         """Logits in the output head's dtype: greedy picks need no float32 copy of [n, vocab_size]."""
         if self.int8_lm_head_weight is not None and hidden.shape[0] <= INT8_MAX_ROWS:
             return Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales).matmul(hidden)
+        if self.transposed_lm_head is not None and hidden.shape[0] > _PACKED_HEAD_MAX_ROWS:
+            return hidden @ self.transposed_lm_head
         if self.packed_lm_head is not None:
             return self.packed_lm_head.linear(hidden)
         return F.linear(hidden, self.lm_head_weight)
@@ -221,6 +232,13 @@ class LlamaForCausalLM(nn.Module):
                 module.prepack()
         weight = self.lm_head_weight
         self.packed_lm_head = PackedWeight(weight) if is_prepack_supported(weight) else None
+        self.transposed_lm_head = None
+        if self.packed_lm_head is not None and is_plain_matmul_faster(
+            weight, self.packed_lm_head, num_rows=4 * _PACKED_HEAD_MAX_ROWS
+        ):
+            self.transposed_lm_head = weight.t().contiguous()
+            logger.info("output head: a plain matmul for more than %d rows (faster than oneDNN's layout here)",
+                        _PACKED_HEAD_MAX_ROWS)
 
     def unpack(self) -> None:
         """Drops the reordered copies (before the weights are freed)."""
@@ -228,6 +246,7 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, Linear):
                 module.unpack()
         self.packed_lm_head = None
+        self.transposed_lm_head = None
 
     @property
     def lm_head_weight(self) -> Tensor:

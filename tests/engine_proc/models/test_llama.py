@@ -119,3 +119,17 @@ def test_checkpoint_with_a_misshaped_tensor_is_rejected(tmp_path: Path) -> None:
     save_file(weights, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match=r"k_proj\.weight: checkpoint shape \(8, 64\)"):
         load_model(tmp_path)
+
+
+def test_every_output_head_layout_gives_the_same_logits(tmp_path: Path) -> None:
+    save_tiny_checkpoint(tmp_path, "llama")
+    model = load_model(tmp_path, dtype=torch.bfloat16)
+    hidden = torch.randn(100, TINY["hidden_size"]).bfloat16()
+    expected = torch.nn.functional.linear(hidden, model.lm_head_weight).float()
+    with torch.no_grad():
+        model.transposed_lm_head = model.lm_head_weight.t().contiguous()
+        for num_rows in (3, 64, 100):  # the packed head, then the plain matmul past 64 rows
+            torch.testing.assert_close(model.compute_logits(hidden[:num_rows]), expected[:num_rows], rtol=0.02, atol=0.02)
+        model.unpack()
+        assert model.transposed_lm_head is None and model.packed_lm_head is None
+        torch.testing.assert_close(model.compute_logits(hidden), expected, rtol=0, atol=0)
