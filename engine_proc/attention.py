@@ -144,10 +144,12 @@ class PagedAttention:
             else:
                 context_len = span.context_slots.shape[0]
                 k, v = (kv[:, :context_len] for kv in self._gather(cache, rows))
+            # NOTE: with a batch dimension SDPA takes its fused CPU kernel; 3-D inputs fall back
+            # to the unfused math (230 tokens: 0.7 vs 2.8 ms a layer, 512: 1.6 vs 17.9).
             o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=span.mask, is_causal=span.mask is None, enable_gqa=True
+                q[None], k[None], v[None], attn_mask=span.mask, is_causal=span.mask is None, enable_gqa=True
             )
-            out[span.start : end] = o.transpose(0, 1)
+            out[span.start : end] = o[0].transpose(0, 1)
         return out
 
 

@@ -3,8 +3,10 @@
 Not bit for bit: the tolerance is that, fed the reference's own greedy continuation (teacher
 forcing), our most likely next token is the reference's at >= 90% of positions (measured: 120
 of 122) and the reference's token is never below our rank 3 (measured: 2 at worst); and
-free-running greedy decoding agrees on the first 8 tokens of every test prompt (measured: 8 of
-8, 17, 20 and 10 tokens before the first difference).
+free-running greedy decoding agrees on the first 8 tokens of every test prompt, or departs
+from it only at a near tie of the reference (its top two log-probabilities within 0.25): the
+fourth prompt's first token is one (33 at -1.764 against 504 at -1.868), which int4 rounding
+flips or not with the order of the sums (fused prefill attention, prefix-cached chunks).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from service.tokenizer import Tokenizer
 from tests.engine_proc.test_fidelity import MAX_NEW_TOKENS, QUESTIONS
 
 NUM_FREE_RUNNING_TOKENS = 8
+NEAR_TIE_NATS = 0.25
 
 
 def run(core: EngineCore, prompts: list[list[int]], params: SamplingParams) -> dict[str, list]:
@@ -71,5 +74,15 @@ def test_int4_greedy_tokens_follow_transformers(default_model_path: Path, hf_ref
     assert max(ranks) <= 3, f"ranks {ranks}"
 
     free = run(core, prompts, SamplingParams(temperature=0.0, max_tokens=NUM_FREE_RUNNING_TOKENS))
-    for i, reference in enumerate(references):
-        assert free[str(i)] == reference[:NUM_FREE_RUNNING_TOKENS]
+    for i, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
+        ours = free[str(i)]
+        departure = next((j for j, (a, b) in enumerate(zip(ours, reference)) if a != b), None)
+        if departure is None:
+            assert ours == reference[:NUM_FREE_RUNNING_TOKENS]
+            continue
+        # Only where the reference itself hesitates: its top two within NEAR_TIE_NATS.
+        with torch.no_grad():
+            logits = hf_reference_model(torch.tensor([prompt + reference[:departure]])).logits  # type: ignore[operator]
+        top2 = logits[0, -1].log_softmax(-1).topk(2).values
+        margin = (top2[0] - top2[1]).item()
+        assert margin < NEAR_TIE_NATS, f"prompt {i} departs at token {departure} where the reference leads by {margin:.3f}"
