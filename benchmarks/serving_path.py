@@ -1,0 +1,90 @@
+"""How many streamed tokens a second one gateway process delivers, the model's cost taken away.
+
+    .venv/bin/python -m benchmarks.serving_path
+    .venv/bin/python -m benchmarks.serving_path --concurrency 256 --num-prompts 768 --num-threads 1
+
+Starts `zeroserve serve` with random weights (`--load-format dummy`) shrunk by
+`--hf-overrides` to one layer of width 64 (the vocabulary stays the tokenizer's, so
+detokenizing is real), one API server process, then drives it with `zeroserve bench serve`
+at `--concurrency` streams of `--output-len` tokens, EOS ignored. Prints bench serve's
+output tokens/s and, from its per-request chunk timings, how many SSE events carried those
+tokens: under load a request's collector merges the deltas its stream has not taken yet
+(as vLLM's does), so an event can carry more than one token.
+
+`--num-threads 1` (the default here) leaves the second core to the gateway and the load
+generator: measured on 2 cores, an engine with both cores' threads spins against them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.reference_compare import _free_port, _wait_healthy
+
+DUMMY_OVERRIDES = {
+    "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "intermediate_size": 128,
+}
+
+
+def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    port = _free_port()
+    server = subprocess.Popen([
+        sys.executable, "-m", "service", "serve", "--port", str(port), "--load-format", "dummy",
+        "--hf-overrides", json.dumps(DUMMY_OVERRIDES), "--num-threads", str(args.num_threads),
+        "--max-num-seqs", str(args.concurrency), "--max-num-batched-tokens", "8192",
+    ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result_path = tmp / "serving-path.json"
+    try:
+        _wait_healthy(server, port)
+        subprocess.run([
+            sys.executable, "-m", "service", "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
+            "--endpoint", "completions", "--num-prompts", str(args.num_prompts),
+            "--max-concurrency", str(args.concurrency), "--random-input-len", str(args.input_len),
+            "--random-output-len", str(args.output_len), "--ignore-eos", "--num-warmups", "16",
+            "--result-json", str(result_path), "--disable-tqdm",
+        ], check=True)
+    finally:
+        server.terminate()
+        server.wait(30)
+    result: dict[str, Any] = json.loads(result_path.read_text())
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--num-prompts", type=int, default=768)
+    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--num-threads", type=int, default=1, help="the engine's torch threads")
+    parser.add_argument("--result-json", type=Path, default=Path("serving_path.json"))
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run(args, Path(tmp))
+    # NOTE: a request's events are its text chunks: the first, then one per inter-token gap.
+    num_events = sum(len(itl) + 1 for itl, length in zip(result["itls"], result["output_lens"]) if length)
+    events_per_s = num_events / result["duration"]
+    tokens_per_event = result["total_output_tokens"] / num_events if num_events else 0.0
+    print(f"serving path, {args.concurrency} streams: {result['output_throughput']:.0f} output tok/s, "
+          f"{events_per_s:.0f} SSE events/s ({tokens_per_event:.2f} tokens an event), "
+          f"ITL p50 {result['median_itl_ms']:.1f} ms, failed {result['failed']}")
+    args.result_json.write_text(json.dumps({
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "output_throughput": result["output_throughput"], "events_per_s": events_per_s,
+        "tokens_per_event": tokens_per_event, "median_itl_ms": result["median_itl_ms"],
+        "p99_itl_ms": result["p99_itl_ms"], "failed": result["failed"],
+        "settings": {key: str(value) for key, value in vars(args).items()},
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
