@@ -106,9 +106,6 @@ def main(argv: list[str] | None = None) -> int:
         _die_with_parent()
     from engine_proc.core import EngineCore
     from engine_proc.core_proc import EngineCoreProc
-    from engine_proc.heap import keep_freed_memory
-
-    keep_freed_memory()
     link = parse_link_args(argv)
     engine_core = EngineCore(config)
     proc = EngineCoreProc(
