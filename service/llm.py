@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, TypedDict, cast
 
 from tqdm import tqdm
@@ -12,7 +13,7 @@ from tqdm import tqdm
 from proto.engine_input import SamplingParams
 from service.engine_launcher import EngineArgs
 from service.llm_engine import LLMEngine
-from service.model_registry import DEFAULT_MODEL, resolve_model
+from service.model_registry import DEFAULT_MODEL, ResolvedModel, resolve_model
 from service.outputs import RequestOutput, accumulate
 from service.tokenizer import Tokenizer
 
@@ -64,6 +65,34 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             scheduling_policy=scheduling_policy,
         )
+        self._start(resolved, engine_args, multiprocess_mode, stats_log_interval_s, generation_config)
+
+    @classmethod
+    def from_engine_args(
+        cls,
+        model: str,
+        engine_args: EngineArgs,
+        *,
+        multiprocess_mode: bool | None = None,
+        stats_log_interval_s: float | None = None,
+        generation_config: dict[str, float] | None = None,
+    ) -> LLM:
+        """An LLM whose engine takes `engine_args` whole (as `zeroserve serve` parses its flags,
+        `--load-format` and `--hf-overrides` included), for `model` (a known name or a path)."""
+        resolved = resolve_model(model)
+        engine_args = replace(engine_args, model_path=str(resolved.path), model_name=resolved.name)
+        llm = cls.__new__(cls)
+        llm._start(resolved, engine_args, multiprocess_mode, stats_log_interval_s, generation_config)
+        return llm
+
+    def _start(
+        self,
+        resolved: ResolvedModel,
+        engine_args: EngineArgs,
+        multiprocess_mode: bool | None,
+        stats_log_interval_s: float | None,
+        generation_config: dict[str, float] | None,
+    ) -> None:
         tokenizer = Tokenizer.from_model(resolved.path)
         self.llm_engine = LLMEngine(engine_args, tokenizer, multiprocess_mode, stats_log_interval_s)
         self.generation_defaults = {**resolved.generation_defaults, **(generation_config or {})}

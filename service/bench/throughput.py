@@ -29,20 +29,7 @@ def run_throughput_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     from service.llm import LLM, TokensPrompt
 
     engine = engine_args_from(args)
-    llm = LLM(
-        args.model,
-        dtype=engine.dtype,
-        quantization=engine.quantization,
-        device=engine.device,
-        kv_cache_memory=engine.kv_cache_memory_gib,
-        max_model_len=engine.max_model_len,
-        max_num_seqs=engine.max_num_seqs,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        num_threads=engine.num_threads,
-        enable_prefix_caching=engine.enable_prefix_caching,
-        scheduling_policy=engine.scheduling_policy,
-        multiprocess_mode=args.multiprocessing,
-    )
+    llm = LLM.from_engine_args(args.model, engine, multiprocess_mode=args.multiprocessing)
     try:
         tokenizer = llm.get_tokenizer()
         defaults = llm.get_default_sampling_params()
