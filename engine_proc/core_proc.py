@@ -159,8 +159,10 @@ class EngineCoreProc:
             if output.is_finished:
                 self.client_of.pop(output.request_id, None)
             by_client.setdefault(client_index, []).append(output)
-        for client_index, client_outputs in by_client.items():
-            self.output_queue.put_nowait((client_index, replace(outputs, outputs=client_outputs)))
+        # NOTE: every gateway gets the step's scheduler stats, its outputs or none: a gauge such
+        # as requests running must not stay at a step another gateway's requests ended in.
+        for client_index in sorted(by_client.keys() | self.accepted_by):
+            self.output_queue.put_nowait((client_index, replace(outputs, outputs=by_client.get(client_index, []))))
 
     def _handle_input(self, request_type: RequestType, message: Any) -> None:
         if request_type is RequestType.ADD:
