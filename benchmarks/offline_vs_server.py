@@ -13,20 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from benchmarks.local_server import local_server
 
 
 def run(command: list[str]) -> None:
@@ -34,33 +26,17 @@ def run(command: list[str]) -> None:
 
 
 def serve_figures(args: argparse.Namespace, concurrency: int, result_path: Path) -> dict[str, float]:
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "service", "serve", args.model, "--port", str(port), "--dtype", args.dtype,
-         "--kv-cache-memory", "1",
-         "--max-num-seqs", str(concurrency), "--num-threads", str(args.num_threads)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.5)
+    serve_args = [
+        args.model, "--dtype", args.dtype, "--kv-cache-memory", "1",
+        "--max-num-seqs", str(concurrency), "--num-threads", str(args.num_threads),
+    ]
+    with local_server(serve_args) as base_url:
         run([
-            sys.executable, "-m", "service", "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
+            sys.executable, "-m", "service", "bench", "serve", "--base-url", base_url,
             "--num-prompts", str(args.num_prompts), "--max-concurrency", str(concurrency),
             "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
             "--ignore-eos", "--num-warmups", "2", "--result-json", str(result_path), "--disable-tqdm",
         ])
-    finally:
-        server.terminate()
-        server.wait(30)
     result: dict[str, float] = json.loads(result_path.read_text())
     return result
 

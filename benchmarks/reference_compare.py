@@ -17,7 +17,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
+from benchmarks.local_server import local_server
 from service.model_registry import DEFAULT_MODEL, resolve_model
 
 # Goals of issue 6: (figure, comparison, threshold).
@@ -77,30 +76,21 @@ def transformers_figures(args: argparse.Namespace) -> dict[str, float]:
 
 
 def zeroserve_figures(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
-    port = _free_port()
-    command = [
-        sys.executable, "-m", "service", "serve", args.model, "--port", str(port),
-        "--num-threads", str(args.num_threads), "--max-num-seqs", str(max(args.concurrency)),
-    ]
+    serve_args = [args.model, "--num-threads", str(args.num_threads), "--max-num-seqs", str(max(args.concurrency))]
     if args.dtype:
-        command += ["--dtype", args.dtype]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        serve_args += ["--dtype", args.dtype]
     results: dict[str, dict[str, Any]] = {}
-    try:
-        _wait_healthy(server, port)
+    with local_server(serve_args) as base_url:
         for concurrency in args.concurrency:
             result_path = tmp / f"serve-{concurrency}.json"
             num_prompts = 4 if concurrency == 1 else 2 * concurrency
             subprocess.run([
-                sys.executable, "-m", "service", "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
+                sys.executable, "-m", "service", "bench", "serve", "--base-url", base_url,
                 "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
                 "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
                 "--ignore-eos", "--num-warmups", "2", "--result-json", str(result_path), "--disable-tqdm",
             ], check=True, stdout=subprocess.DEVNULL)
             results[str(concurrency)] = json.loads(result_path.read_text())
-    finally:
-        server.terminate()
-        server.wait(30)
     return results
 
 
@@ -156,25 +146,6 @@ def main() -> None:
         "transformers": reference, "zeroserve": served, "ratios": figures,
         "settings": {key: str(value) for key, value in vars(args).items()},
     }, indent=2))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(server: subprocess.Popen[bytes], port: int, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
-        time.sleep(0.5)
 
 
 if __name__ == "__main__":

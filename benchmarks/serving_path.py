@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.reference_compare import _free_port, _wait_healthy
+from benchmarks.local_server import local_server
 
 DUMMY_OVERRIDES = {
     "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
@@ -35,25 +35,19 @@ DUMMY_OVERRIDES = {
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    port = _free_port()
-    server = subprocess.Popen([
-        sys.executable, "-m", "service", "serve", "--port", str(port), "--load-format", "dummy",
-        "--hf-overrides", json.dumps(DUMMY_OVERRIDES), "--num-threads", str(args.num_threads),
+    serve_args = [
+        "--load-format", "dummy", "--hf-overrides", json.dumps(DUMMY_OVERRIDES), "--num-threads", str(args.num_threads),
         "--max-num-seqs", str(args.concurrency), "--max-num-batched-tokens", "8192",
-    ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ]
     result_path = tmp / "serving-path.json"
-    try:
-        _wait_healthy(server, port)
+    with local_server(serve_args) as base_url:
         subprocess.run([
-            sys.executable, "-m", "service", "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
+            sys.executable, "-m", "service", "bench", "serve", "--base-url", base_url,
             "--endpoint", "completions", "--num-prompts", str(args.num_prompts),
             "--max-concurrency", str(args.concurrency), "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--ignore-eos", "--num-warmups", "16",
             "--result-json", str(result_path), "--disable-tqdm",
         ], check=True)
-    finally:
-        server.terminate()
-        server.wait(30)
     result: dict[str, Any] = json.loads(result_path.read_text())
     return result
 
