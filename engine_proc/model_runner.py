@@ -176,15 +176,17 @@ class ModelRunner:
                 decode_blocks.append(request.block_ids[: block_index + 1])
                 continue
             end = start + num_new
-            context_slots = self._slots(request, end)
+            block_ids = np.asarray(request.block_ids[: -(-end // block_size)], dtype=np.int64)
+            positions = np.arange(start, end)
             token_ids.extend(request.all_token_ids[start:end])
-            prefill_positions.append(np.arange(start, end))
-            prefill_slots.append(context_slots[start:end])
+            prefill_positions.append(positions)
+            prefill_slots.append(block_ids[positions // block_size] * block_size + positions % block_size)
             mask = None
             if start > 0:
-                query_pos = np.arange(start, end)[:, None]
-                mask = torch.from_numpy(np.arange(end)[None, :] <= query_pos).to(self.device)
-            prefills.append(PrefillSpan(len(token_ids) - num_new, num_new, self._to_device(context_slots), mask))
+                mask = torch.from_numpy(np.arange(end)[None, :] <= positions[:, None]).to(self.device)
+            prefills.append(
+                PrefillSpan(len(token_ids) - num_new, num_new, end, self._to_device(block_ids), mask)
+            )
         block_table, decode_lens = self._block_table(decode_blocks, decode_positions)
         metadata = AttentionMetadata(
             slot_mapping=self._to_device(np.concatenate([np.array(decode_slots, dtype=np.int64), *prefill_slots])),
@@ -196,12 +198,6 @@ class ModelRunner:
         input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         positions = np.concatenate([np.array(decode_positions, dtype=np.int64), *prefill_positions])
         return input_ids, self._to_device(positions), metadata
-
-    def _slots(self, request: Request, num_tokens: int) -> np.ndarray:
-        """Cache slots of the request's first `num_tokens` tokens."""
-        positions = np.arange(num_tokens)
-        block_ids = np.asarray(request.block_ids, dtype=np.int64)
-        return block_ids[positions // self.block_size] * self.block_size + positions % self.block_size
 
     def _block_table(
         self, decode_blocks: list[list[int]], decode_positions: list[int]
