@@ -203,7 +203,8 @@ def test_one_engine_serves_two_gateways_each_on_its_own_sockets(tmp_path: Path) 
                 if outputs.utility_output is not None:
                     assert gateway is second and outputs.utility_output.result == ["ping"]
                     continue
-                assert {o.request_id for o in outputs.outputs} == {request_id}
+                # A step of the other gateway's request still brings this one its stats, no outputs.
+                assert {o.request_id for o in outputs.outputs} <= {request_id}
                 tokens += [t for o in outputs.outputs for t in o.new_token_ids]
             assert tokens == expected
         proc.is_running = False
