@@ -28,14 +28,26 @@ class PrefillSpan:
 class AttentionMetadata:
     """Where this step's tokens go in the cache and what each one attends to.
 
-    The flat batch puts the single-token sequences (decodes) first, then the prefill spans.
+    The flat batch puts the decodes first (sequences at their last token, with any draft
+    tokens after it), then the prefill spans.
     """
 
     slot_mapping: torch.Tensor  # [num_tokens]
     num_decodes: int
     decode_block_table: torch.Tensor | None  # [num_decodes, max_blocks] block ids, padded with block 0
-    decode_lens: torch.Tensor | None  # [num_decodes] context length of each decode, its new token included
+    decode_lens: torch.Tensor | None  # [num_decodes] context length of each decode, its new tokens included
     prefills: list[PrefillSpan]
+    num_decode_tokens: int = -1  # the decodes' tokens in the flat batch; -1: one each
+    # With drafts (more than one query token in some decode), the decodes as a padded
+    # [num_decodes, max_query_len] grid: each query's position, the flat token each grid cell
+    # reads (short rows repeat their last token) and the cell each flat token comes from.
+    decode_query_positions: torch.Tensor | None = None
+    decode_pad_index: torch.Tensor | None = None  # [num_decodes * max_query_len]; None when no row is short
+    decode_unpad_index: torch.Tensor | None = None  # [num_decode_tokens]
+
+    def __post_init__(self) -> None:
+        if self.num_decode_tokens < 0:
+            self.num_decode_tokens = self.num_decodes
 
 
 class PagedAttention:
@@ -68,6 +80,7 @@ class PagedAttention:
         self._metadata: AttentionMetadata | None = None
         self._decode_rows: torch.Tensor | None = None
         self._decode_mask: torch.Tensor | None = None
+        self._decode_row_mask: torch.Tensor | None = None  # the draft mask per (query head, token) row
         self._prefill_rows: list[torch.Tensor] = []
 
     def allocate_cache(self) -> None:
@@ -90,11 +103,16 @@ class PagedAttention:
         """Sets this step's metadata and derives, once for all layers, the blocks to gather."""
         self._metadata = metadata
         self._decode_rows, self._decode_mask, self._prefill_rows = None, None, []
+        self._decode_row_mask = None
         if metadata is None:
             return
         if metadata.decode_block_table is not None and metadata.decode_lens is not None:
             self._decode_rows = self._block_rows(metadata.decode_block_table)
-            self._decode_mask = self._additive_mask(metadata.decode_lens, metadata.decode_block_table.shape[1])
+            num_blocks = metadata.decode_block_table.shape[1]
+            if metadata.decode_query_positions is None:
+                self._decode_mask = self._additive_mask(metadata.decode_lens, num_blocks)
+            else:
+                self._decode_mask = self._causal_mask(metadata.decode_query_positions, num_blocks)
         self._prefill_rows = [self._block_rows(span.block_ids) for span in metadata.prefills]
 
     def _block_rows(self, block_ids: torch.Tensor) -> torch.Tensor:
@@ -111,6 +129,12 @@ class PagedAttention:
         mask = torch.zeros(is_valid.shape, dtype=self._dtype, device=lens.device)
         return mask.masked_fill_(~is_valid, float("-inf")).view(lens.shape[0], 1, 1, padded_len)
 
+    def _causal_mask(self, query_positions: torch.Tensor, num_blocks: int) -> torch.Tensor:
+        """[num_decodes, 1, max_query_len, num_blocks * block_size]: 0 up to each query's own position, -inf after."""
+        is_valid = torch.arange(num_blocks * self.block_size, device=query_positions.device) <= query_positions.unsqueeze(-1)
+        mask = torch.zeros(is_valid.shape, dtype=self._dtype, device=query_positions.device)
+        return mask.masked_fill_(~is_valid, float("-inf")).unsqueeze(1)
+
     def _gather(self, cache: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [..., kv_heads, blocks * block_size, head_dim] for rows [2, ..., kv_heads, blocks]."""
         blocks = cache.view(2 * self.num_kv_heads * self.num_blocks, self.block_size * self.head_dim)
@@ -126,15 +150,23 @@ class PagedAttention:
         cache = self.kv_caches[layer_idx]
         # NOTE: one copy for K and V: [num_tokens, 2, kv_heads, head_dim] -> [2, kv_heads, num_tokens, head_dim].
         cache.index_copy_(2, meta.slot_mapping, torch.stack((key, value), dim=1).permute(1, 2, 0, 3))
+        num_decode_tokens = meta.num_decode_tokens
         if meta.num_decodes:
             assert self._decode_rows is not None
-            decode_query = query[: meta.num_decodes] if meta.prefills else query
-            decoded = _decode_attention(decode_query, *self._gather(cache, self._decode_rows), self._decode_mask)
+            decode_query = query[:num_decode_tokens] if meta.prefills else query
+            keys, values = self._gather(cache, self._decode_rows)
+            if meta.decode_query_positions is None:
+                decoded = _decode_attention(decode_query, keys, values, self._decode_mask)
+            else:
+                if self._decode_row_mask is None:
+                    assert self._decode_mask is not None
+                    self._decode_row_mask = _mask_per_row(self._decode_mask, query.shape[1] // self.num_kv_heads)
+                decoded = _multi_query_decode_attention(decode_query, keys, values, self._decode_row_mask, meta)
             if not meta.prefills:
                 return decoded
         out = torch.empty_like(query)
         if meta.num_decodes:
-            out[: meta.num_decodes] = decoded
+            out[:num_decode_tokens] = decoded
         for span, rows in zip(meta.prefills, self._prefill_rows, strict=True):
             end = span.start + span.num_tokens
             q = query[span.start : end].transpose(0, 1)
@@ -169,3 +201,34 @@ def _decode_attention(
         probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
         out = torch.matmul(probs, values)
     return out.view(num_seqs, num_heads, head_dim)
+
+
+def _mask_per_row(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, 1, Q, L] per query token → [B, 1, group * Q, L] per (query head of a KV head, token) row."""
+    num_seqs, _, max_query_len, length = mask.shape
+    return mask.unsqueeze(2).expand(num_seqs, 1, group, max_query_len, length).reshape(
+        num_seqs, 1, group * max_query_len, length
+    )
+
+
+def _multi_query_decode_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, row_mask: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:
+    """Decodes with draft tokens: query [T, H, D] flat, laid out as a [B, Q] grid; row_mask from `_mask_per_row`."""
+    assert meta.decode_query_positions is not None
+    num_seqs, max_query_len = meta.decode_query_positions.shape
+    num_heads, head_dim = query.shape[1:]
+    num_kv_heads = keys.shape[1]
+    group = num_heads // num_kv_heads
+    if meta.decode_pad_index is not None:
+        query = query.index_select(0, meta.decode_pad_index)
+    # NOTE: as for one token: a KV head's query heads and the grid's query tokens become its
+    # (group × Q) query rows, each row masked by its token's position.
+    q = query.view(num_seqs, max_query_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    q = q.reshape(num_seqs, num_kv_heads, group * max_query_len, head_dim)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=row_mask)
+    out = out.view(num_seqs, num_kv_heads, group, max_query_len, head_dim).permute(0, 3, 1, 2, 4)
+    out = out.reshape(num_seqs * max_query_len, num_heads, head_dim).contiguous()
+    if meta.decode_unpad_index is not None:
+        out = out.index_select(0, meta.decode_unpad_index)
+    return out

@@ -11,6 +11,7 @@ from typing import Any
 from engine_proc.config import EngineConfig
 from engine_proc.kv_cache_manager import KVCacheManager
 from engine_proc.model_runner import ModelRunner, ModelRunnerOutput
+from engine_proc.ngram_proposer import NgramProposer
 from engine_proc.request import Request
 from engine_proc.scheduler import Scheduler, SchedulerConfig
 from proto.engine_input import EngineCoreRequest, UtilityCall
@@ -50,6 +51,7 @@ class EngineCore:
                 config.scheduling_policy,
             ),
             KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching),
+            *_drafting(config),
         )
         self._rejected: list[EngineCoreOutput] = []
         self._utilities: dict[str, Callable[..., Any]] = {
@@ -187,4 +189,17 @@ class EngineCore:
             "num_free_blocks": scheduler.kv_cache_manager.num_free_blocks,
             "num_preemptions": scheduler.num_preemptions,
             "prefix_cache_hit_rate": scheduler.kv_cache_manager.prefix_cache_hit_rate,
+            "num_draft_tokens": scheduler.num_draft_tokens,
+            "num_accepted_tokens": scheduler.num_accepted_tokens,
         }
+
+
+def _drafting(config: EngineConfig) -> tuple[NgramProposer | None, int | None]:
+    """The scheduler's drafter and the batch size above which it rests, from the speculative config."""
+    speculative = config.speculative
+    if speculative is None:
+        return None, None
+    proposer = NgramProposer(
+        speculative.num_speculative_tokens, speculative.prompt_lookup_min, speculative.prompt_lookup_max
+    )
+    return proposer, speculative.disable_by_batch_size

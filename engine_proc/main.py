@@ -41,6 +41,10 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument(
         "--hf-overrides", default="", help='a JSON object of model config fields to replace, e.g. \'{"num_hidden_layers": 1}\'',
     )
+    parser.add_argument(
+        "--speculative-config", default="",
+        help='speculative decoding as a JSON object, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'',
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument(
@@ -78,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         quantization=args.quantization,
         load_format=args.load_format,
         hf_overrides=args.hf_overrides,
+        speculative_config=args.speculative_config,
     )
 
 

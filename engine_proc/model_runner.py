@@ -25,9 +25,13 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 class ModelRunnerOutput(NamedTuple):
-    """One token id per sampling request, in scheduler order, and the logprobs of those that asked."""
+    """The new token ids of each sampling request, in scheduler order, and the logprobs of those that asked.
 
-    sampled_token_ids: list[int]
+    A request without drafts gets one id; one with drafts gets the drafts the model agreed
+    with, then the model's own next token.
+    """
+
+    sampled_token_ids: list[list[int]]
     logprobs: dict[str, Logprobs]
     prompt_logprobs: dict[str, Logprobs]
 
@@ -68,31 +72,51 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Runs the step's forward and samples a token for each request that reached its end."""
-        # NOTE: single-token sequences first, so decode attention is one batched call.
-        order = sorted(scheduler_output.scheduled, key=lambda s: s.num_new_tokens != 1)
+        """Runs the step's forward and samples a token for each request that reached its end.
+
+        A request with drafts is scored at its last token and at each draft (greedy): the
+        drafts stand up to the first that differs from the model's pick there.
+        """
+        # NOTE: decodes (one token, or one and its drafts) first, so their attention is one batched call.
+        order = sorted(scheduler_output.scheduled, key=lambda s: not _is_decode(s))
         input_ids, positions, metadata = self._prepare_inputs(order)
         self.attention.metadata = metadata
         hidden = self.model(input_ids, positions, self.attention)
         self.attention.metadata = None
         self.prompt_logprobs.update(order, hidden, self.model.compute_logits)
 
-        last_index, sampling = 0, {}
+        end_index, last_rows = 0, {}
         for scheduled in order:
-            last_index += scheduled.num_new_tokens
+            end_index += scheduled.num_new_tokens
             if scheduled.is_sampling:
-                sampling[id(scheduled)] = last_index - 1
+                last_rows[id(scheduled)] = end_index - 1
         sampling_order = [s for s in scheduler_output.scheduled if s.is_sampling]
         if not sampling_order:
             return ModelRunnerOutput([], {}, {})
-        rows = torch.tensor([sampling[id(s)] for s in sampling_order], device=self.device)
-        logits = self.model.compute_raw_logits(hidden[rows])
+        rows: list[int] = []
+        row_requests: list[Request] = []
+        for scheduled in sampling_order:
+            num_rows = 1 + len(scheduled.spec_token_ids)
+            rows.extend(range(last_rows[id(scheduled)] - num_rows + 1, last_rows[id(scheduled)] + 1))
+            row_requests.extend([scheduled.request] * num_rows)
+        logits = self.model.compute_raw_logits(hidden[torch.tensor(rows, device=self.device)])
+        sampler_output = self.sampler(logits, self._sampling_metadata(row_requests, logits.shape[-1]))
+        token_ids = sampler_output.token_ids.tolist()
+        sampled_token_ids, row = [], 0
+        for scheduled in sampling_order:
+            picks = token_ids[row : row + 1 + len(scheduled.spec_token_ids)]
+            row += len(picks)
+            num_accepted = 0
+            for draft, pick in zip(scheduled.spec_token_ids, picks):
+                if draft != pick:
+                    break
+                num_accepted += 1
+            sampled_token_ids.append(picks[: num_accepted + 1])
         requests = [s.request for s in sampling_order]
-        sampler_output = self.sampler(logits, self._sampling_metadata(requests, logits.shape[-1]))
         prompt_logprobs = {r.request_id: self.prompt_logprobs.pop(r.request_id) for r in requests}
         return ModelRunnerOutput(
-            sampler_output.token_ids.tolist(),
-            _logprobs_by_request(requests, sampler_output),
+            sampled_token_ids,
+            _logprobs_by_request(row_requests, sampler_output),
             {request_id: lp for request_id, lp in prompt_logprobs.items() if lp is not None},
         )
 
@@ -155,7 +179,7 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The flat batch (decodes first), its positions and where its tokens go in the cache.
 
-        A decode costs O(its blocks) here, not O(its context): its new token's slot and its
+        A decode costs O(its blocks) here, not O(its context): its new tokens' slots and its
         block table row are all attention needs.
         """
         block_size = self.block_size
@@ -163,19 +187,24 @@ class ModelRunner:
         decode_positions: list[int] = []
         decode_slots: list[int] = []
         decode_blocks: list[list[int]] = []
+        decode_query_lens: list[int] = []
         prefill_positions: list[np.ndarray] = []
         prefill_slots: list[np.ndarray] = []
         prefills: list[PrefillSpan] = []
-        for request, num_new in order:
+        for scheduled in order:
+            request, num_new, spec_token_ids = scheduled
             start = request.num_computed_tokens
-            if num_new == 1:
-                token_ids.append(request.all_token_ids[start])
-                block_index, offset = divmod(start, block_size)
-                decode_positions.append(start)
-                decode_slots.append(request.block_ids[block_index] * block_size + offset)
-                decode_blocks.append(request.block_ids[: block_index + 1])
-                continue
             end = start + num_new
+            if _is_decode(scheduled):
+                token_ids.append(request.all_token_ids[start])
+                token_ids.extend(spec_token_ids)
+                for position in range(start, end):
+                    block_index, offset = divmod(position, block_size)
+                    decode_positions.append(position)
+                    decode_slots.append(request.block_ids[block_index] * block_size + offset)
+                decode_blocks.append(request.block_ids[: (end - 1) // block_size + 1])
+                decode_query_lens.append(num_new)
+                continue
             block_ids = np.asarray(request.block_ids[: -(-end // block_size)], dtype=np.int64)
             positions = np.arange(start, end)
             token_ids.extend(request.all_token_ids[start:end])
@@ -187,20 +216,23 @@ class ModelRunner:
             prefills.append(
                 PrefillSpan(len(token_ids) - num_new, num_new, end, self._to_device(block_ids), mask)
             )
-        block_table, decode_lens = self._block_table(decode_blocks, decode_positions)
+        block_table, decode_lens = self._block_table(decode_blocks, decode_positions, decode_query_lens)
         metadata = AttentionMetadata(
             slot_mapping=self._to_device(np.concatenate([np.array(decode_slots, dtype=np.int64), *prefill_slots])),
             num_decodes=len(decode_blocks),
             decode_block_table=block_table,
             decode_lens=decode_lens,
             prefills=prefills,
+            num_decode_tokens=len(decode_positions),
         )
+        if decode_query_lens and max(decode_query_lens) > 1:
+            self._add_query_grid(metadata, decode_positions, decode_query_lens)
         input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         positions = np.concatenate([np.array(decode_positions, dtype=np.int64), *prefill_positions])
         return input_ids, self._to_device(positions), metadata
 
     def _block_table(
-        self, decode_blocks: list[list[int]], decode_positions: list[int]
+        self, decode_blocks: list[list[int]], decode_positions: list[int], decode_query_lens: list[int]
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """[num_decodes, max_blocks] block ids (padded with block 0) and [num_decodes] context lengths."""
         if not decode_blocks:
@@ -208,10 +240,31 @@ class ModelRunner:
         table = np.zeros((len(decode_blocks), max(len(blocks) for blocks in decode_blocks)), dtype=np.int64)
         for row, blocks in enumerate(decode_blocks):
             table[row, : len(blocks)] = blocks
-        return self._to_device(table), self._to_device(np.array(decode_positions, dtype=np.int64) + 1)
+        last_index = np.cumsum(decode_query_lens) - 1
+        return self._to_device(table), self._to_device(np.array(decode_positions, dtype=np.int64)[last_index] + 1)
+
+    def _add_query_grid(
+        self, metadata: AttentionMetadata, decode_positions: list[int], decode_query_lens: list[int]
+    ) -> None:
+        """Lays the decodes' tokens out as a [num_decodes, max_query_len] grid (see AttentionMetadata)."""
+        query_lens = np.array(decode_query_lens, dtype=np.int64)
+        max_query_len = int(query_lens.max())
+        starts = np.cumsum(query_lens) - query_lens
+        # Cell (b, q) reads flat token starts[b] + min(q, len_b - 1): short rows repeat their last token.
+        cells = starts[:, None] + np.minimum(np.arange(max_query_len)[None, :], query_lens[:, None] - 1)
+        metadata.decode_query_positions = self._to_device(np.array(decode_positions, dtype=np.int64)[cells])
+        if bool((query_lens < max_query_len).any()):
+            metadata.decode_pad_index = self._to_device(cells.reshape(-1))
+            rows = np.repeat(np.arange(len(query_lens)), query_lens)
+            metadata.decode_unpad_index = self._to_device(rows * max_query_len + np.arange(len(rows)) - starts[rows])
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)
+
+
+def _is_decode(scheduled: ScheduledRequest) -> bool:
+    """One new token, or the last known token and its drafts: attention in the batched decode path."""
+    return scheduled.num_new_tokens == 1 or bool(scheduled.spec_token_ids)
 
 
 def _banned_ids(request: Request) -> list[int]:

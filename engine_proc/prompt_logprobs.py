@@ -28,7 +28,7 @@ class PromptLogprobs:
     ) -> None:
         """Scores this step's prompt positions; `order` is the flat layout of `hidden`'s rows."""
         row_start = 0
-        for request, num_new in order:
+        for request, num_new, _ in order:
             num_top = request.sampling_params.num_prompt_logprobs
             start = request.num_computed_tokens
             if num_top is not None and request.num_output_tokens == 0:

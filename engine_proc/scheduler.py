@@ -12,6 +12,11 @@ run out for a running request, the last running request in that order is preempt
 blocks are freed (they stay in the prefix cache) and it goes back to the waiting queue to
 be recomputed later. A newly admitted request starts from its cached prefix, if any.
 
+With a drafter (speculative decoding), a running greedy request at its last token also
+gets draft tokens: it is scheduled for 1 + drafts tokens, the runner returns the tokens the
+model agreed with plus its own next one, and `num_computed_tokens` steps back over the
+rejected drafts (their K/V slots are simply written again next step).
+
 Each request records QUEUED when added, SCHEDULED when admitted (again after a preemption)
 and PREEMPTED, stamped with `time.time()`; they ride on its next output.
 """
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from engine_proc.kv_cache_manager import KVCacheManager
+from engine_proc.ngram_proposer import NgramProposer
 from engine_proc.request import Request, RequestStatus
 from engine_proc.request_queue import make_request_queue
 from proto.engine_output import EngineCoreEventType, EngineCoreOutput, FinishReason
@@ -31,12 +37,14 @@ class ScheduledRequest(NamedTuple):
     """One request's share of a step."""
 
     request: Request
-    num_new_tokens: int
+    num_new_tokens: int  # its draft tokens included
+    spec_token_ids: tuple[int, ...] = ()  # drafts to verify, after the request's last known token
 
     @property
     def is_sampling(self) -> bool:
         """True when this step computes the request's last known token, so it samples."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        request = self.request
+        return request.num_computed_tokens + self.num_new_tokens == request.num_tokens + len(self.spec_token_ids)
 
 
 @dataclass
@@ -71,9 +79,20 @@ class SchedulerConfig:
 class Scheduler:
     """Decides each step's batch and turns sampled tokens into outputs."""
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        proposer: NgramProposer | None = None,
+        max_num_drafting_seqs: int | None = None,
+    ) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
+        self.proposer = proposer
+        # NOTE: above this many running requests nobody drafts (the batch is compute-bound already).
+        self.max_num_drafting_seqs = max_num_drafting_seqs
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         self.requests: dict[str, Request] = {}
         self.waiting = make_request_queue(config.scheduling_policy)
         self.running: list[Request] = []
@@ -112,9 +131,14 @@ class Scheduler:
             self.running.sort(key=lambda request: request.sort_key)
             self._make_room_for_waiting()
         index = 0
+        is_drafting = self.proposer is not None and (
+            self.max_num_drafting_seqs is None or len(self.running) <= self.max_num_drafting_seqs
+        )
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            spec_token_ids = self._drafts(request, budget - 1) if is_drafting and num_new == 1 else ()
+            num_new += len(spec_token_ids)
             while not self.kv_cache_manager.can_allocate(request, num_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -123,7 +147,7 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 break
             self.kv_cache_manager.allocate(request, num_new)
-            output.scheduled.append(ScheduledRequest(request, num_new))
+            output.scheduled.append(ScheduledRequest(request, num_new, spec_token_ids))
             budget -= num_new
             index += 1
         # 2) Waiting requests, in order, while the budget, the cap and the blocks allow.
@@ -143,30 +167,67 @@ class Scheduler:
         return output
 
     def update_from_output(
-        self, scheduler_output: SchedulerOutput, sampled_token_ids: list[int]
+        self, scheduler_output: SchedulerOutput, sampled_token_ids: list[list[int]]
     ) -> list[EngineCoreOutput]:
-        """Advances each scheduled request; `sampled_token_ids` has one id per sampling request."""
+        """Advances each scheduled request; `sampled_token_ids` has the new ids of each sampling request.
+
+        A request that verified drafts has its accepted drafts and then the model's own
+        next token there; the rejected drafts' positions count as not computed.
+        """
         outputs = []
         sampled = iter(sampled_token_ids)
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
             is_sampling = scheduled.is_sampling
-            request.num_computed_tokens += scheduled.num_new_tokens
             if not is_sampling:
+                request.num_computed_tokens += scheduled.num_new_tokens
                 continue
-            token_id = next(sampled)
+            token_ids = next(sampled)
+            num_drafts = len(scheduled.spec_token_ids)
+            num_rejected = num_drafts + 1 - len(token_ids)
+            request.num_computed_tokens += scheduled.num_new_tokens - num_rejected
+            self.num_draft_tokens += num_drafts
+            self.num_accepted_tokens += num_drafts - num_rejected
             if request.is_finished:
-                continue  # NOTE: aborted while its step ran; its token is dropped.
-            request.append_output_token(token_id)
-            if request.check_stop(self.config.max_model_len):
-                self._finish(request)
+                continue  # NOTE: aborted while its step ran; its tokens are dropped.
+            new_token_ids = []
+            for token_id in token_ids:
+                request.append_output_token(token_id)
+                new_token_ids.append(token_id)
+                if request.check_stop(self.config.max_model_len):
+                    self._finish(request)
+                    break
             outputs.append(
                 EngineCoreOutput(
-                    request.request_id, [token_id], request.finish_reason, request.stop_reason,
+                    request.request_id, new_token_ids, request.finish_reason, request.stop_reason,
                     events=request.take_events(),
                 )
             )
         return outputs
+
+    def _drafts(self, request: Request, max_num_tokens: int) -> tuple[int, ...]:
+        """Draft tokens for a request at its last token, if it samples greedily and plainly.
+
+        NOTE: greedy verification keeps outputs exactly those of plain decoding; requests
+        that sample, penalize, bias, ban (min_tokens) or report logprobs decode one token a step.
+        """
+        params = request.sampling_params
+        assert self.proposer is not None
+        if not (
+            params.is_greedy and params.num_logprobs is None and params.num_prompt_logprobs is None
+            and not params.has_penalties and not params.logit_bias
+            and request.num_output_tokens >= params.min_tokens
+        ):
+            return ()
+        # Room for all drafts and the token after them within max_tokens and the context.
+        max_num_tokens = min(
+            max_num_tokens,
+            params.max_tokens - request.num_output_tokens - 1,
+            self.config.max_model_len - request.num_tokens - 1,
+        )
+        if max_num_tokens <= 0:
+            return ()
+        return tuple(self.proposer.propose(request.token_array, max_num_tokens))
 
     def _make_room_for_waiting(self) -> None:
         """Preempts the lowest-priority running requests while a waiting one outranks them and cannot fit."""

@@ -37,6 +37,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--hf-overrides", default=None, metavar="JSON", type=_json_object,
         help='model config fields to replace, e.g. \'{"num_hidden_layers": 1, "hidden_size": 64}\'',
     )
+    group.add_argument(
+        "--speculative-config", default=None, metavar="JSON", type=_json_object,
+        help="speculative decoding for greedy requests (exact: same tokens, fewer steps when text "
+        'repeats): n-gram drafts from the context, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
+        '"prompt_lookup_max": 4}\'; other keys: prompt_lookup_min, disable_by_batch_size (default: off)',
+    )
     group.add_argument("--device", default="cpu", help="torch device of the engine (default: %(default)s)")
     group.add_argument(
         "--kv-cache-memory", type=float, default=None,
@@ -76,6 +82,7 @@ def engine_args_from(args: argparse.Namespace, model_path: str = "", model_name:
         quantization=args.quantization,
         load_format=args.load_format,
         hf_overrides=args.hf_overrides or "",
+        speculative_config=args.speculative_config or "",
     )
 
 

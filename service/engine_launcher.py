@@ -30,6 +30,7 @@ class EngineArgs:
     quantization: str = "auto"
     load_format: str = "auto"
     hf_overrides: str = ""
+    speculative_config: str = ""
     log_format: str = "text"
 
     def to_argv(self, engine_index: int, input_address: str, output_address: str) -> list[str]:
@@ -50,6 +51,8 @@ class EngineArgs:
         ]
         if self.hf_overrides:
             argv += ["--hf-overrides", self.hf_overrides]
+        if self.speculative_config:
+            argv += ["--speculative-config", self.speculative_config]
         if self.kv_cache_memory_gib is not None:
             argv += ["--kv-cache-memory", str(self.kv_cache_memory_gib)]
         if not self.enable_prefix_caching:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -46,6 +47,7 @@ class LLM:
         num_threads: int | None = None,
         enable_prefix_caching: bool = True,
         scheduling_policy: str = "fcfs",
+        speculative_config: dict[str, Any] | None = None,
         multiprocess_mode: bool | None = None,
         stats_log_interval_s: float | None = None,
         generation_config: dict[str, float] | None = None,
@@ -64,6 +66,7 @@ class LLM:
             num_threads=num_threads,
             enable_prefix_caching=enable_prefix_caching,
             scheduling_policy=scheduling_policy,
+            speculative_config=json.dumps(speculative_config) if speculative_config else "",
         )
         self._start(resolved, engine_args, multiprocess_mode, stats_log_interval_s, generation_config)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 
 from engine_proc.kv_cache_manager import KVCacheManager
 from engine_proc.request import Request
@@ -37,24 +38,36 @@ class FakeModel:
     mismatch, and as different output tokens.
     """
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, next_token: Callable[[list[int], int], int] | None = None) -> None:
         self.block_size = block_size
         self.slots: dict[int, int] = {}
+        # (context, its running hash) -> the greedy next token; by default a hash of the whole context.
+        self.next_token = next_token or (lambda context, prefix_hash: prefix_hash % 50 + 1)  # never EOS
 
-    def __call__(self, step: SchedulerOutput) -> list[int]:
+    def __call__(self, step: SchedulerOutput) -> list[list[int]]:
         spans = []
-        for request, num_new in step.scheduled:
-            prefix_hashes = list(itertools.accumulate(request.all_token_ids, lambda h, t: hash((h, t)), initial=0))[1:]
+        for scheduled in step.scheduled:
+            request, num_new, drafts = scheduled
+            tokens = request.all_token_ids + list(drafts)
+            prefix_hashes = list(itertools.accumulate(tokens, lambda h, t: hash((h, t)), initial=0))[1:]
             start = request.num_computed_tokens
-            spans.append((request, start + num_new, prefix_hashes))
+            spans.append((scheduled, start + num_new, tokens, prefix_hashes))
             for position in range(start, start + num_new):
                 self.slots[self._slot(request, position)] = prefix_hashes[position]
         sampled = []
-        for request, end, prefix_hashes in spans:
+        for scheduled, end, tokens, prefix_hashes in spans:
+            request = scheduled.request
             for position in range(end):
                 assert self.slots[self._slot(request, position)] == prefix_hashes[position], request.request_id
-            if end == request.num_tokens:
-                sampled.append(prefix_hashes[end - 1] % 50 + 1)  # never EOS
+            if not scheduled.is_sampling:
+                continue
+            # Greedy verification: each draft stands while it is the token the model picks there.
+            new_token_ids = []
+            for position in range(request.num_tokens - 1, end):
+                new_token_ids.append(self.next_token(tokens[: position + 1], prefix_hashes[position]))
+                if position + 1 < end and tokens[position + 1] != new_token_ids[-1]:
+                    break
+            sampled.append(new_token_ids)
         return sampled
 
     def _slot(self, request: Request, position: int) -> int:
@@ -86,7 +99,7 @@ def run_to_completion(scheduler: Scheduler, token: int = 7, max_steps: int = 100
         step = scheduler.schedule()
         assert step.num_scheduled_tokens <= scheduler.config.max_num_batched_tokens
         num_sampling = sum(s.is_sampling for s in step.scheduled)
-        for output in scheduler.update_from_output(step, [token] * num_sampling):
+        for output in scheduler.update_from_output(step, [[token]] * num_sampling):
             outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
     raise AssertionError("requests did not finish")
 
@@ -108,7 +121,7 @@ def test_long_prompt_is_chunked_across_steps() -> None:
         step = scheduler.schedule()
         chunks.append(step.scheduled[0].num_new_tokens)
         assert not step.scheduled[0].is_sampling or sum(chunks) == 20
-        scheduler.update_from_output(step, [7] * sum(s.is_sampling for s in step.scheduled))
+        scheduler.update_from_output(step, [[7]] * sum(s.is_sampling for s in step.scheduled))
     assert chunks == [8, 8, 4]
     assert run_to_completion(scheduler) == {"long": [7]}  # the first token came with the last chunk
 
@@ -117,7 +130,7 @@ def test_finished_and_aborted_requests_free_all_blocks() -> None:
     scheduler = make_scheduler()
     for i in range(5):
         scheduler.add_request(make_request(f"r{i}", 6, max_tokens=3))
-    scheduler.update_from_output(scheduler.schedule(), [7] * 5)
+    scheduler.update_from_output(scheduler.schedule(), [[7]] * 5)
     scheduler.abort_requests(["r1", "unknown"])
     outputs = run_to_completion(scheduler)
     assert set(outputs) == {"r0", "r2", "r3", "r4"}
@@ -129,7 +142,7 @@ def test_eos_and_stop_token_ids_finish_a_request() -> None:
     scheduler = make_scheduler()
     scheduler.add_request(make_request("eos", 3, max_tokens=10))
     step = scheduler.schedule()
-    (output,) = scheduler.update_from_output(step, [EOS])
+    (output,) = scheduler.update_from_output(step, [[EOS]])
     assert output.finish_reason is FinishReason.STOP
     assert scheduler.kv_cache_manager.num_free_blocks == 64
 
@@ -210,7 +223,7 @@ def test_priority_policy_serves_lower_values_first_and_ties_by_arrival() -> None
     finished = []
     while scheduler.has_unfinished_requests:
         step = scheduler.schedule()
-        outputs = scheduler.update_from_output(step, [7] * sum(s.is_sampling for s in step.scheduled))
+        outputs = scheduler.update_from_output(step, [[7]] * sum(s.is_sampling for s in step.scheduled))
         finished += [output.request_id for output in outputs if output.is_finished]
     assert finished == ["urgent", "normal-1", "normal-2", "late-low"]
     assert_no_block_leaked(scheduler)
@@ -219,13 +232,13 @@ def test_priority_policy_serves_lower_values_first_and_ties_by_arrival() -> None
 def test_priority_policy_preempts_the_lowest_priority_request() -> None:
     scheduler = make_scheduler(num_blocks=6, max_num_batched_tokens=64, scheduling_policy="priority")
     scheduler.add_request(make_request("background", 8, max_tokens=8, priority=10))
-    scheduler.update_from_output(scheduler.schedule(), [7])
+    scheduler.update_from_output(scheduler.schedule(), [[7]])
     scheduler.add_request(make_request("interactive", 8, max_tokens=8, priority=0))
     preempted = []
     while scheduler.has_unfinished_requests:
         step = scheduler.schedule()
         preempted += [r.request_id for r in scheduler.waiting]
-        scheduler.update_from_output(step, [7] * sum(s.is_sampling for s in step.scheduled))
+        scheduler.update_from_output(step, [[7]] * sum(s.is_sampling for s in step.scheduled))
     assert "background" in preempted and "interactive" not in preempted
     assert_no_block_leaked(scheduler)
 
