@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -48,6 +49,23 @@ class AttentionMetadata:
     def __post_init__(self) -> None:
         if self.num_decode_tokens < 0:
             self.num_decode_tokens = self.num_decodes
+
+
+def decode_query_grid(
+    positions: np.ndarray, query_lens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The decodes' flat tokens (`positions`, `query_lens` per decode) as a [num_decodes, max_query_len] grid.
+
+    Returns each cell's position, the flat token each cell reads (short rows repeat their
+    last token) and the cell of each flat token; the two indexes are None when no row is short.
+    """
+    max_query_len = int(query_lens.max())
+    starts = np.cumsum(query_lens) - query_lens
+    cells = starts[:, None] + np.minimum(np.arange(max_query_len)[None, :], query_lens[:, None] - 1)
+    if not bool((query_lens < max_query_len).any()):
+        return positions[cells], None, None
+    rows = np.repeat(np.arange(len(query_lens)), query_lens)
+    return positions[cells], cells.reshape(-1), rows * max_query_len + np.arange(len(rows)) - starts[rows]
 
 
 class PagedAttention:

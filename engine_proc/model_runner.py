@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan
+from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan, decode_query_grid
 from engine_proc.config import EngineConfig
 from engine_proc.kv_cache_memory import num_kv_blocks, release_memory
 from engine_proc.loader import load_model
@@ -247,16 +247,13 @@ class ModelRunner:
         self, metadata: AttentionMetadata, decode_positions: list[int], decode_query_lens: list[int]
     ) -> None:
         """Lays the decodes' tokens out as a [num_decodes, max_query_len] grid (see AttentionMetadata)."""
-        query_lens = np.array(decode_query_lens, dtype=np.int64)
-        max_query_len = int(query_lens.max())
-        starts = np.cumsum(query_lens) - query_lens
-        # Cell (b, q) reads flat token starts[b] + min(q, len_b - 1): short rows repeat their last token.
-        cells = starts[:, None] + np.minimum(np.arange(max_query_len)[None, :], query_lens[:, None] - 1)
-        metadata.decode_query_positions = self._to_device(np.array(decode_positions, dtype=np.int64)[cells])
-        if bool((query_lens < max_query_len).any()):
-            metadata.decode_pad_index = self._to_device(cells.reshape(-1))
-            rows = np.repeat(np.arange(len(query_lens)), query_lens)
-            metadata.decode_unpad_index = self._to_device(rows * max_query_len + np.arange(len(rows)) - starts[rows])
+        query_positions, pad_index, unpad_index = decode_query_grid(
+            np.array(decode_positions, dtype=np.int64), np.array(decode_query_lens, dtype=np.int64)
+        )
+        metadata.decode_query_positions = self._to_device(query_positions)
+        if pad_index is not None and unpad_index is not None:
+            metadata.decode_pad_index = self._to_device(pad_index)
+            metadata.decode_unpad_index = self._to_device(unpad_index)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)

@@ -56,6 +56,27 @@ def test_chunked_prefill_and_preemption_do_not_change_tokens(
     assert core.scheduler.kv_cache_manager.num_free_blocks == 12
 
 
+@pytest.mark.parametrize("max_num_batched_tokens", [2048, 16])
+def test_ngram_drafts_change_no_greedy_token(
+    tiny_model_dir: Path, solo_outputs: list[list[int]], max_num_batched_tokens: int
+) -> None:
+    # With a 16-token budget, decodes with drafts share steps with chunked prefills.
+    spec = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'
+    config = EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05,
+                          max_num_batched_tokens=max_num_batched_tokens, speculative_config=spec)
+    core = EngineCore(config)
+    assert generate(core, PROMPTS) == solo_outputs
+    assert core.get_stats()["num_accepted_tokens"] > 0  # the random model repeats itself
+    # Prompts repeating a pattern the model does not follow: drafts that miss.
+    patterned = [[7, 8, 9] * 6, [300, 301, 302, 303] * 4 + [300, 301]]
+    plain = EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05))
+    num_accepted, num_drafts = core.get_stats()["num_accepted_tokens"], core.get_stats()["num_draft_tokens"]
+    assert generate(core, patterned + PROMPTS[:2]) == generate(plain, patterned + PROMPTS[:2])
+    stats = core.get_stats()
+    assert stats["num_accepted_tokens"] - num_accepted < stats["num_draft_tokens"] - num_drafts
+    assert core.scheduler.kv_cache_manager.num_free_blocks == core.scheduler.kv_cache_manager.num_blocks
+
+
 def test_too_long_prompt_is_refused_without_stopping_the_engine(tiny_model_dir: Path) -> None:
     core = EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05, max_model_len=32))
     core.add_request(EngineCoreRequest("long", list(range(40)), SamplingParams()))
