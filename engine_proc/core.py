@@ -152,6 +152,8 @@ class EngineCore:
             num_prefix_cache_queries=kv_cache_manager.num_prefix_queries,
             num_prefix_cache_hits=kv_cache_manager.num_prefix_hits,
             num_preemptions=scheduler.num_preemptions,
+            num_draft_tokens=scheduler.num_draft_tokens,
+            num_accepted_tokens=scheduler.num_accepted_tokens,
         )
 
     def sleep(self, level: int = 1) -> bool:

@@ -92,6 +92,8 @@ class SchedulerStats:
     num_prefix_cache_queries: int = 0
     num_prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens proposed
+    num_accepted_tokens: int = 0  # and those the model agreed with
 
 
 @dataclass(slots=True)

@@ -38,7 +38,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help='model config fields to replace, e.g. \'{"num_hidden_layers": 1, "hidden_size": 64}\'',
     )
     group.add_argument(
-        "--speculative-config", default=None, metavar="JSON", type=_json_object,
+        "--speculative-config", default=None, metavar="JSON", type=_speculative_config,
         help="speculative decoding for greedy requests (exact: same tokens, fewer steps when text "
         'repeats): n-gram drafts from the context, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
         '"prompt_lookup_max": 4}\'; other keys: prompt_lookup_min, disable_by_batch_size (default: off)',
@@ -94,6 +94,27 @@ def _json_object(text: str) -> str:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
+    return text
+
+
+_SPECULATIVE_KEYS: dict[str, type] = {
+    "method": str, "num_speculative_tokens": int, "prompt_lookup_min": int, "prompt_lookup_max": int,
+    "disable_by_batch_size": int,
+}
+
+
+def _speculative_config(text: str) -> str:
+    """The flag's text, once checked to be an n-gram speculative config (the engine checks ranges)."""
+    config = json.loads(_json_object(text))
+    for key, value in config.items():
+        kind = _SPECULATIVE_KEYS.get(key)
+        if kind is None:
+            raise argparse.ArgumentTypeError(f"unknown key {key!r}; known: {', '.join(_SPECULATIVE_KEYS)}")
+        is_positive_int = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if not (is_positive_int if kind is int else isinstance(value, str)):
+            raise argparse.ArgumentTypeError(f"{key} must be {'a positive integer' if kind is int else 'a string'}")
+    if config.get("method", "ngram") != "ngram":
+        raise argparse.ArgumentTypeError(f"method {config['method']!r} is not supported; only ngram")
     return text
 
 

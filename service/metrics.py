@@ -38,6 +38,8 @@ class _EngineMetrics:
         self.prefix_cache_queries = families.prefix_cache_queries.labels(**labels)
         self.prefix_cache_hits = families.prefix_cache_hits.labels(**labels)
         self.num_preemptions = families.num_preemptions.labels(**labels)
+        self.spec_decode_draft_tokens = families.spec_decode_draft_tokens.labels(**labels)
+        self.spec_decode_accepted_tokens = families.spec_decode_accepted_tokens.labels(**labels)
         self.prompt_tokens = families.prompt_tokens.labels(**labels)
         self.generation_tokens = families.generation_tokens.labels(**labels)
         self.time_to_first_token = families.time_to_first_token.labels(**labels)
@@ -74,6 +76,12 @@ class _Families:
         )
         self.prefix_cache_hits = counter("zeroserve:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.num_preemptions = counter("zeroserve:num_preemptions", "Requests preempted by the scheduler.")
+        self.spec_decode_draft_tokens = counter(
+            "zeroserve:spec_decode_num_draft_tokens", "Speculative decoding: draft tokens proposed."
+        )
+        self.spec_decode_accepted_tokens = counter(
+            "zeroserve:spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens the model accepted."
+        )
         self.prompt_tokens = counter("zeroserve:prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("zeroserve:generation_tokens", "Tokens generated.")
         self.request_success = counter(
@@ -152,6 +160,8 @@ def _record_scheduler_stats(metrics: _EngineMetrics, stats: SchedulerStats, coun
     metrics.prefix_cache_queries.inc(_delta(stats.num_prefix_cache_queries, counted.num_prefix_cache_queries))
     metrics.prefix_cache_hits.inc(_delta(stats.num_prefix_cache_hits, counted.num_prefix_cache_hits))
     metrics.num_preemptions.inc(_delta(stats.num_preemptions, counted.num_preemptions))
+    metrics.spec_decode_draft_tokens.inc(_delta(stats.num_draft_tokens, counted.num_draft_tokens))
+    metrics.spec_decode_accepted_tokens.inc(_delta(stats.num_accepted_tokens, counted.num_accepted_tokens))
     metrics.counted = stats
 
 

@@ -84,6 +84,9 @@ class LoggingStatLogger:
         num_queries = stats.num_prefix_cache_queries - before.num_prefix_cache_queries
         num_hits = stats.num_prefix_cache_hits - before.num_prefix_cache_hits
         hit_rate = num_hits / num_queries if num_queries > 0 else 0.0
+        num_drafts = stats.num_draft_tokens - before.num_draft_tokens
+        num_accepted = stats.num_accepted_tokens - before.num_accepted_tokens
+        drafts = f", Draft acceptance rate: {num_accepted / num_drafts:.1%}" if num_drafts > 0 else ""
         return (
             f"Engine {engine_index:03d}: "
             f"Avg prompt throughput: {totals.num_prompt_tokens / elapsed:.1f} tokens/s, "
@@ -91,7 +94,7 @@ class LoggingStatLogger:
             f"Running: {stats.num_running_reqs} reqs, Waiting: {stats.num_waiting_reqs} reqs, "
             f"KV cache usage: {stats.kv_cache_usage:.1%}, "
             f"Prefix cache hit rate: {hit_rate:.1%}, "
-            f"Preemptions: {max(0, stats.num_preemptions - before.num_preemptions)}"
+            f"Preemptions: {max(0, stats.num_preemptions - before.num_preemptions)}{drafts}"
         )
 
 

@@ -21,29 +21,51 @@ QUESTIONS = [
 MAX_NEW_TOKENS = 40
 
 
-@pytest.mark.real_model
-def test_greedy_tokens_equal_transformers(default_model_path: Path, hf_reference_model: object) -> None:
+NGRAM_DRAFTS = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
+
+
+@pytest.fixture(scope="module")
+def chat_prompts(default_model_path: Path) -> list[list[int]]:
     tokenizer = Tokenizer.from_model(default_model_path)
-    prompts = [
-        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS
-    ]
+    return [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(
+    default_model_path: Path, hf_reference_model: object, chat_prompts: list[list[int]]
+) -> list[list[int]]:
+    """transformers' greedy continuation of each chat prompt."""
+    tokenizer = Tokenizer.from_model(default_model_path)
     expected = []
-    for prompt in prompts:
+    for prompt in chat_prompts:
         with torch.no_grad():
             generated = hf_reference_model.generate(  # type: ignore[attr-defined]
                 torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
             )
         expected.append(generated[0, len(prompt):].tolist())
+    return expected
 
-    # All prompts in one batch: continuous batching must not change a greedy token.
-    core = EngineCore(EngineConfig(model_path=str(default_model_path), kv_cache_memory_gib=0.25, max_model_len=2048))
-    for i, prompt in enumerate(prompts):
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("speculative_config", ["", NGRAM_DRAFTS], ids=["plain", "ngram-drafts"])
+def test_greedy_tokens_equal_transformers(
+    default_model_path: Path, chat_prompts: list[list[int]], reference_tokens: list[list[int]],
+    speculative_config: str,
+) -> None:
+    # All prompts in one batch: continuous batching (and drafts verified in it) must not change a greedy token.
+    core = EngineCore(EngineConfig(
+        model_path=str(default_model_path), kv_cache_memory_gib=0.25, max_model_len=2048,
+        speculative_config=speculative_config,
+    ))
+    for i, prompt in enumerate(chat_prompts):
         params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
         core.add_request(EngineCoreRequest(str(i), prompt, params))
-    ours: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    ours: dict[str, list[int]] = {str(i): [] for i in range(len(chat_prompts))}
     while core.has_work:
         for output in core.step().outputs:
             ours[output.request_id] += output.new_token_ids
-    assert [ours[str(i)] for i in range(len(prompts))] == expected
-    assert "Paris" in tokenizer.decode(ours["0"])
+    assert [ours[str(i)] for i in range(len(chat_prompts))] == reference_tokens
+    assert "Paris" in Tokenizer.from_model(default_model_path).decode(ours["0"])
+    if speculative_config:
+        assert core.get_stats()["num_accepted_tokens"] > 0

@@ -11,6 +11,7 @@ flips or not with the order of the sums (fused prefill attention, prefix-cached 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from engine_proc.core import EngineCore
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.tokenizer import Tokenizer
-from tests.engine_proc.test_fidelity import MAX_NEW_TOKENS, QUESTIONS
+from tests.engine_proc.test_fidelity import MAX_NEW_TOKENS, NGRAM_DRAFTS, QUESTIONS
 
 NUM_FREE_RUNNING_TOKENS = 8
 NEAR_TIE_NATS = 0.25
@@ -73,6 +74,15 @@ def test_int4_greedy_tokens_follow_transformers(default_model_path: Path, hf_ref
     assert num_top1 >= 0.9 * len(ranks), f"top-1 agreement {num_top1}/{len(ranks)}"
     assert max(ranks) <= 3, f"ranks {ranks}"
 
+    # Free-running, plainly and with n-gram drafts (verified in int4 forwards of up to 4 tokens).
+    drafting = EngineCore(replace(config, speculative_config=NGRAM_DRAFTS))
+    for engine in (core, drafting):
+        assert_follows_reference(engine, prompts, references, hf_reference_model)
+
+
+def assert_follows_reference(
+    core: EngineCore, prompts: list[list[int]], references: list[list[int]], hf_reference_model: object
+) -> None:
     free = run(core, prompts, SamplingParams(temperature=0.0, max_tokens=NUM_FREE_RUNNING_TOKENS))
     for i, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
         ours = free[str(i)]

@@ -35,6 +35,30 @@ def test_cache_and_scheduling_flags_pass_through() -> None:
     assert config.scheduling_policy == "priority"
 
 
+def test_speculative_config_reaches_the_engine() -> None:
+    assert engine_config_for().speculative is None
+    config = engine_config_for("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}')
+    assert config.speculative is not None
+    assert config.speculative.num_speculative_tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('{"method": "eagle"}', "only ngram"),
+        ('{"num_speculative_tokens": 0}', "num_speculative_tokens must be a positive integer"),
+        ('{"draft_model": "x"}', "unknown key 'draft_model'"),
+        ("[3]", "must be a JSON object"),
+    ],
+)
+def test_a_bad_speculative_config_exits_2_saying_why(text: str, named: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_serve_args(["serve", "--speculative-config", text], {})
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--speculative-config" in err and named in err
+
+
 def test_request_limits_default_and_override() -> None:
     parser = build_parser()
     defaults = config_from_args(parser.parse_args(["serve"]))

@@ -52,11 +52,14 @@ def test_gauges_follow_the_latest_scheduler_stats() -> None:
 def test_engine_totals_become_counters_by_their_deltas() -> None:
     stat_logger = PrometheusStatLogger("tiny")
     stat_logger.record(0, SchedulerStats(num_prefix_cache_queries=10, num_prefix_cache_hits=4, num_preemptions=1), None)
-    stat_logger.record(0, SchedulerStats(num_prefix_cache_queries=30, num_prefix_cache_hits=4, num_preemptions=3), None)
+    stat_logger.record(0, SchedulerStats(num_prefix_cache_queries=30, num_prefix_cache_hits=4, num_preemptions=3,
+                                         num_draft_tokens=9, num_accepted_tokens=6), None)
     samples = scrape(stat_logger)
     assert value(samples, "zeroserve:prefix_cache_queries_total") == 30
     assert value(samples, "zeroserve:prefix_cache_hits_total") == 4
     assert value(samples, "zeroserve:num_preemptions_total") == 3
+    assert value(samples, "zeroserve:spec_decode_num_draft_tokens_total") == 9
+    assert value(samples, "zeroserve:spec_decode_num_accepted_tokens_total") == 6
     # NOTE: a restarted engine's totals start again from zero; none of it is lost.
     stat_logger.record(0, SchedulerStats(num_prefix_cache_queries=5, num_prefix_cache_hits=2), None)
     samples = scrape(stat_logger)

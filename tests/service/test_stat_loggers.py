@@ -52,6 +52,18 @@ def test_next_line_counts_only_what_came_after(
     assert line.endswith("Prefix cache hit rate: 0.0%, Preemptions: 0")
 
 
+def test_line_reports_the_draft_acceptance_rate_of_the_interval(caplog: pytest.LogCaptureFixture) -> None:
+    stat_logger = LoggingStatLogger(interval_s=1.0)
+    stat_logger.record(0, SchedulerStats(1, 0, 0.5, num_draft_tokens=10, num_accepted_tokens=9), None)
+    stat_logger.log()
+    stat_logger.record(0, SchedulerStats(1, 0, 0.5, num_draft_tokens=30, num_accepted_tokens=14), None)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="zeroserve.stats"):
+        stat_logger.log()
+    [line] = lines(caplog)
+    assert line.endswith("Preemptions: 0, Draft acceptance rate: 25.0%")  # 5 of the last 20
+
+
 def test_silent_when_idle(caplog: pytest.LogCaptureFixture) -> None:
     stat_logger = LoggingStatLogger(interval_s=0.0)
     stat_logger.record(0, SchedulerStats(0, 0, 0.0, 10, 5, 0), IterationStats())
