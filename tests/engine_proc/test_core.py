@@ -77,6 +77,36 @@ def test_ngram_drafts_change_no_greedy_token(
     assert core.scheduler.kv_cache_manager.num_free_blocks == core.scheduler.kv_cache_manager.num_blocks
 
 
+def test_drafting_requests_leave_their_batch_mates_unchanged(tiny_model_dir: Path) -> None:
+    """A greedy request with drafts shares steps with logprobs, seeded-sampling and penalized requests."""
+    requests = {
+        "drafts": SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+        "logprobs": SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, num_logprobs=2),
+        "seeded": SamplingParams(temperature=0.9, seed=7, max_tokens=16, ignore_eos=True),
+        "penalized": SamplingParams(temperature=0.0, presence_penalty=1.5, max_tokens=16, ignore_eos=True),
+    }
+
+    def run(speculative_config: str) -> tuple[dict[str, list[int]], list[object], int]:
+        core = EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05,
+                                       speculative_config=speculative_config))
+        for request_id, params in requests.items():
+            core.add_request(EngineCoreRequest(request_id, [7, 8, 9] * 4, params))
+        tokens: dict[str, list[int]] = {request_id: [] for request_id in requests}
+        logprobs: list[object] = []
+        while core.has_work:
+            for output in core.step().outputs:
+                tokens[output.request_id] += output.new_token_ids
+                if output.new_logprobs is not None:
+                    logprobs.append(output.new_logprobs)
+        return tokens, logprobs, core.get_stats()["num_draft_tokens"]
+
+    plain_tokens, plain_logprobs, _ = run("")
+    tokens, logprobs, num_drafts = run('{"num_speculative_tokens": 3}')
+    assert num_drafts > 0
+    assert tokens == plain_tokens
+    assert logprobs == plain_logprobs
+
+
 def test_too_long_prompt_is_refused_without_stopping_the_engine(tiny_model_dir: Path) -> None:
     core = EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05, max_model_len=32))
     core.add_request(EngineCoreRequest("long", list(range(40)), SamplingParams()))
