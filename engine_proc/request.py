@@ -44,6 +44,8 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
+        # NOTE: running mean of the share of its draft tokens the model accepted (drafting starts hopeful).
+        self.draft_acceptance = 1.0
         # NOTE: scheduling events not yet sent; they ride on the request's next output.
         self.events: list[EngineCoreEvent] = []
 

@@ -117,3 +117,29 @@ def test_drafts_fit_the_token_budget_and_stop_above_the_drafting_batch_size() ->
     step = small.schedule()
     small.update_from_output(step, model(step))
     assert [s.spec_token_ids for s in small.schedule().scheduled] == [(), (), ()]
+
+
+def test_in_a_batch_a_request_whose_drafts_miss_rests_then_tries_again() -> None:
+    # The prompt has 100..159 each followed by 1; the model counts 100, 101, ...: every output
+    # token occurred before, so there are always drafts ("1 ..."), and they always miss.
+    prompt = [token for t in range(100, 160) for token in (t, 1)]
+    model = FakeModel(4, lambda context, _: 100 + len(context) - len(prompt))
+
+    def draft_steps(num_requests: int, num_steps: int) -> list[bool]:
+        scheduler = make_scheduler(True, max_num_batched_tokens=256)  # each prompt in one step
+        for i in range(num_requests):
+            add(scheduler, f"r{i}", prompt, max_tokens=100)
+        drafted = []
+        for _ in range(num_steps):
+            step = scheduler.schedule()
+            drafted.append(bool(step.scheduled[0].spec_token_ids))
+            scheduler.update_from_output(step, model(step))
+        assert scheduler.num_accepted_tokens == 0
+        return drafted[1:]  # after the prompt step
+
+    assert all(draft_steps(1, 30))  # alone, drafts cost nothing: it keeps drafting
+    batched = draft_steps(2, 30)
+    first_rest = batched.index(False)
+    assert 1 <= first_rest <= 3  # hopeful at first; a few misses and it rests...
+    assert any(batched[first_rest:])  # ...then tries again
+    assert sum(batched) < len(batched) / 3
