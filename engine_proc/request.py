@@ -32,9 +32,9 @@ class Request:
         self.eos_token_ids = eos_token_ids
         self.output_token_ids: list[int] = []
         self.all_token_ids = list(self.prompt_token_ids)
-        # NOTE: the same ids as an array (grown by doubling) for the n-gram drafter's lookups.
-        self._token_buffer = np.zeros(max(64, 2 * len(self.all_token_ids)), dtype=np.int64)
-        self._token_buffer[: len(self.all_token_ids)] = self.all_token_ids
+        # NOTE: the same ids as an array (grown by doubling) for the n-gram drafter's lookups;
+        # made on the first lookup, so engines that do not draft never keep it.
+        self._token_buffer: np.ndarray | None = None
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
         # NOTE: chained hashes of the full blocks of `all_token_ids`, kept across preemptions.
@@ -64,7 +64,11 @@ class Request:
     @property
     def token_array(self) -> np.ndarray:
         """`all_token_ids` as an int64 array (a view: valid until the next appended token)."""
-        return self._token_buffer[: len(self.all_token_ids)]
+        num_tokens = len(self.all_token_ids)
+        if self._token_buffer is None:
+            self._token_buffer = np.zeros(max(64, 2 * num_tokens), dtype=np.int64)
+            self._token_buffer[:num_tokens] = self.all_token_ids
+        return self._token_buffer[:num_tokens]
 
     @property
     def is_finished(self) -> bool:
@@ -86,10 +90,11 @@ class Request:
         return events
 
     def append_output_token(self, token_id: int) -> None:
-        num_tokens = len(self.all_token_ids)
-        if num_tokens == self._token_buffer.shape[0]:
-            self._token_buffer = np.concatenate((self._token_buffer, np.zeros_like(self._token_buffer)))
-        self._token_buffer[num_tokens] = token_id
+        if self._token_buffer is not None:
+            num_tokens = len(self.all_token_ids)
+            if num_tokens == self._token_buffer.shape[0]:
+                self._token_buffer = np.concatenate((self._token_buffer, np.zeros_like(self._token_buffer)))
+            self._token_buffer[num_tokens] = token_id
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
 

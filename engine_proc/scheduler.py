@@ -37,7 +37,7 @@ from proto.engine_output import EngineCoreEventType, EngineCoreOutput, FinishRea
 # streams on 2 cores: drafts paid only when about a third of them were accepted. So in a
 # batch a request drafts while the running mean of its accepted share stays above this, and
 # otherwise rests, its mean creeping back up each step until it tries again.
-MIN_DRAFT_ACCEPTANCE = 0.35
+_MIN_DRAFT_ACCEPTANCE = 0.35
 _DRAFT_ACCEPTANCE_RECOVERY = 0.05
 
 
@@ -239,7 +239,7 @@ class Scheduler:
         )
         if max_num_tokens <= 0:
             return ()
-        if len(self.running) > 1 and request.draft_acceptance < MIN_DRAFT_ACCEPTANCE:
+        if len(self.running) > 1 and request.draft_acceptance < _MIN_DRAFT_ACCEPTANCE:
             request.draft_acceptance += _DRAFT_ACCEPTANCE_RECOVERY
             return ()
         return tuple(self.proposer.propose(request.token_array, max_num_tokens))
