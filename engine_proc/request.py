@@ -46,6 +46,8 @@ class Request:
         self.num_preemptions = 0
         # NOTE: running mean of the share of its draft tokens the model accepted (drafting starts hopeful).
         self.draft_acceptance = 1.0
+        # NOTE: how many drafts it may have next step (the scheduler starts it at its maximum).
+        self.num_draft_slots = 0
         # NOTE: scheduling events not yet sent; they ride on the request's next output.
         self.events: list[EngineCoreEvent] = []
 

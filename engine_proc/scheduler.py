@@ -39,6 +39,11 @@ from proto.engine_output import EngineCoreEventType, EngineCoreOutput, FinishRea
 # otherwise rests, its mean creeping back up each step until it tries again.
 _MIN_DRAFT_ACCEPTANCE = 0.35
 _DRAFT_ACCEPTANCE_RECOVERY = 0.05
+# NOTE: how many drafts a request gets follows its luck, as transformers' "heuristic" schedule
+# for assistant tokens does: two more after a step that accepted every draft, one fewer
+# (down to one) after a miss. Text that repeats itself earns long runs of drafts; text that
+# does not stops paying for drafts past the first that misses.
+_DRAFT_SLOTS_GROWTH = 2
 
 
 class ScheduledRequest(NamedTuple):
@@ -97,6 +102,7 @@ class Scheduler:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.proposer = proposer
+        self.max_num_drafts = 0 if proposer is None else proposer.num_speculative_tokens
         # NOTE: above this many running requests nobody drafts (the batch is compute-bound already).
         self.max_num_drafting_seqs = max_num_drafting_seqs
         self.num_draft_tokens = 0
@@ -116,6 +122,7 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
+        request.num_draft_slots = self.max_num_drafts
         self.waiting.add(request)
         request.record_event(EngineCoreEventType.QUEUED)
 
@@ -199,6 +206,10 @@ class Scheduler:
             if num_drafts:
                 share = (num_drafts - num_rejected) / num_drafts
                 request.draft_acceptance = (request.draft_acceptance + share) / 2
+                request.num_draft_slots = (
+                    min(request.num_draft_slots + _DRAFT_SLOTS_GROWTH, self.max_num_drafts)
+                    if num_rejected == 0 else max(1, request.num_draft_slots - 1)
+                )
             if request.is_finished:
                 continue  # NOTE: aborted while its step ran; its tokens are dropped.
             new_token_ids = []
@@ -234,6 +245,7 @@ class Scheduler:
         # Room for all drafts and the token after them within max_tokens and the context.
         max_num_tokens = min(
             max_num_tokens,
+            request.num_draft_slots,
             params.max_tokens - request.num_output_tokens - 1,
             self.config.max_model_len - request.num_tokens - 1,
         )

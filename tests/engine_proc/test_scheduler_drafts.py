@@ -143,3 +143,27 @@ def test_in_a_batch_a_request_whose_drafts_miss_rests_then_tries_again() -> None
     assert 1 <= first_rest <= 3  # hopeful at first; a few misses and it rests...
     assert any(batched[first_rest:])  # ...then tries again
     assert sum(batched) < len(batched) / 3
+
+
+def test_a_request_gets_fewer_drafts_after_misses_and_more_after_hits() -> None:
+    def draft_lengths(scheduler: Scheduler, model: FakeModel, num_steps: int) -> list[int]:
+        lengths = []
+        for _ in range(num_steps):
+            step = scheduler.schedule()
+            lengths.append(len(step.scheduled[0].spec_token_ids))
+            scheduler.update_from_output(step, model(step))
+        return lengths
+
+    # Drafts always there, always wrong (as in the test above): one fewer a step, down to one.
+    prompt = [token for t in range(100, 160) for token in (t, 1)]
+    missing = make_scheduler(True, num_speculative_tokens=5, max_num_batched_tokens=256)
+    add(missing, "r", prompt, max_tokens=100)
+    counting = FakeModel(4, lambda context, _: 100 + len(context) - len(prompt))
+    assert draft_lengths(missing, counting, 8) == [0, 5, 4, 3, 2, 1, 1, 1]  # 0: the prompt's step
+    # Drafts always right ("1 2 3" repeats): two more after each step that accepted them all.
+    hitting = make_scheduler(True, num_speculative_tokens=5, max_num_batched_tokens=256)
+    request = add(hitting, "r", [1, 2, 3] * 5, max_tokens=100)
+    repeating = FakeModel(4, lambda context, _: context[-3])
+    assert draft_lengths(hitting, repeating, 3) == [0, 5, 5]
+    request.num_draft_slots = 1
+    assert draft_lengths(hitting, repeating, 4) == [1, 3, 5, 5]
