@@ -149,10 +149,18 @@ class Scheduler:
         is_drafting = self.proposer is not None and (
             self.max_num_drafting_seqs is None or len(self.running) <= self.max_num_drafting_seqs
         )
+        # NOTE: drafts are a bet; while prompts wait for their forward, drafts take at most
+        # half the step's tokens, so a batch of long draft runs cannot hold prompts back.
+        draft_budget = budget
+        if is_drafting and (self.waiting or any(r.num_tokens - r.num_computed_tokens > 1 for r in self.running)):
+            draft_budget //= 2
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            spec_token_ids = self._drafts(request, budget - 1) if is_drafting and num_new == 1 else ()
+            spec_token_ids = (
+                self._drafts(request, min(budget - 1, draft_budget)) if is_drafting and num_new == 1 else ()
+            )
+            draft_budget -= len(spec_token_ids)
             num_new += len(spec_token_ids)
             while not self.kv_cache_manager.can_allocate(request, num_new):
                 victim = self.running[-1]

@@ -167,3 +167,24 @@ def test_a_request_gets_fewer_drafts_after_misses_and_more_after_hits() -> None:
     assert draft_lengths(hitting, repeating, 3) == [0, 5, 5]
     request.num_draft_slots = 1
     assert draft_lengths(hitting, repeating, 4) == [1, 3, 5, 5]
+
+
+def test_while_a_prompt_waits_drafts_take_at_most_half_the_step() -> None:
+    model = FakeModel(4, lambda context, _: context[-3])
+    scheduler = make_scheduler(True, num_speculative_tokens=5)
+    for i in range(3):
+        add(scheduler, f"r{i}", [1, 2, 3] * 5)
+    step = scheduler.schedule()  # the three prompts
+    scheduler.update_from_output(step, model(step))
+    scheduler.config = dataclasses.replace(scheduler.config, max_num_batched_tokens=16)
+    add(scheduler, "late", [4, 5, 6] * 4)
+    step = scheduler.schedule()
+    num_drafts = sum(len(s.spec_token_ids) for s in step.scheduled)
+    assert num_drafts == 8  # 5 + 3 of a half budget; alone they would have taken all 16 tokens
+    assert [(s.request.request_id, s.num_new_tokens) for s in step.scheduled][-1] == ("late", 16 - 3 - num_drafts)
+    scheduler.update_from_output(step, model(step))
+    # Once no prompt waits, drafts may fill the step again.
+    while scheduler.requests["late"].num_computed_tokens < 12:
+        step = scheduler.schedule()
+        scheduler.update_from_output(step, model(step))
+    assert sum(len(s.spec_token_ids) for s in scheduler.schedule().scheduled) > 8
