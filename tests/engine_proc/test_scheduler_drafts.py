@@ -154,12 +154,12 @@ def test_a_request_gets_fewer_drafts_after_misses_and_more_after_hits() -> None:
             scheduler.update_from_output(step, model(step))
         return lengths
 
-    # Drafts always there, always wrong (as in the test above): one fewer a step, down to one.
+    # Drafts always there, always wrong (as in the test above): after the first miss, one.
     prompt = [token for t in range(100, 160) for token in (t, 1)]
     missing = make_scheduler(True, num_speculative_tokens=5, max_num_batched_tokens=256)
     add(missing, "r", prompt, max_tokens=100)
     counting = FakeModel(4, lambda context, _: 100 + len(context) - len(prompt))
-    assert draft_lengths(missing, counting, 8) == [0, 5, 4, 3, 2, 1, 1, 1]  # 0: the prompt's step
+    assert draft_lengths(missing, counting, 5) == [0, 5, 1, 1, 1]  # 0: the prompt's step
     # Drafts always right ("1 2 3" repeats): two more after each step that accepted them all.
     hitting = make_scheduler(True, num_speculative_tokens=5, max_num_batched_tokens=256)
     request = add(hitting, "r", [1, 2, 3] * 5, max_tokens=100)
@@ -167,6 +167,19 @@ def test_a_request_gets_fewer_drafts_after_misses_and_more_after_hits() -> None:
     assert draft_lengths(hitting, repeating, 3) == [0, 5, 5]
     request.num_draft_slots = 1
     assert draft_lengths(hitting, repeating, 4) == [1, 3, 5, 5]
+    # A miss after some hits: as many as were accepted, and one more.
+    pattern = [1, 2, 3, 4, 5, 6, 7, 8]
+    partly = make_scheduler(True, num_speculative_tokens=5, max_num_batched_tokens=256)
+    request = add(partly, "r", pattern * 3, max_tokens=100)
+    # It follows the pattern, except that 4 comes after 2: of the drafts "2 3 4 5 6", "3" misses.
+    model = FakeModel(4, lambda context, _: 4 if context[-1] == 2 else pattern[context[-1] % 8])
+    step = partly.schedule()  # the prompt: 1 follows 8
+    partly.update_from_output(step, model(step))
+    step = partly.schedule()
+    assert step.scheduled[0].spec_token_ids == (2, 3, 4, 5, 6)
+    (output,) = partly.update_from_output(step, model(step))
+    assert output.new_token_ids == [2, 4]  # "2" accepted, then the model's own 4
+    assert request.num_draft_slots == 2  # one accepted ("2"), one more
 
 
 def test_while_a_prompt_waits_drafts_take_at_most_half_the_step() -> None:
