@@ -100,14 +100,20 @@ def test_only_plain_greedy_requests_draft() -> None:
     assert all(not drafts[name] for name in ("sampled", "logprobs", "penalized", "min-tokens"))
 
 
-def test_drafts_fit_the_token_budget_and_stop_above_the_drafting_batch_size() -> None:
+def three_drafting_requests(max_num_batched_tokens: int) -> tuple[Scheduler, FakeModel]:
+    """Three requests past their prompts, each able to draft 5 tokens ("1 2 3" repeats); then the given budget."""
     model = FakeModel(4, lambda context, _: context[-3])
     scheduler = make_scheduler(True, num_speculative_tokens=5)
     for i in range(3):
         add(scheduler, f"r{i}", [1, 2, 3] * 5)
     step = scheduler.schedule()  # the three prompts
     scheduler.update_from_output(step, model(step))
-    scheduler.config = dataclasses.replace(scheduler.config, max_num_batched_tokens=8)
+    scheduler.config = dataclasses.replace(scheduler.config, max_num_batched_tokens=max_num_batched_tokens)
+    return scheduler, model
+
+
+def test_drafts_fit_the_token_budget_and_stop_above_the_drafting_batch_size() -> None:
+    scheduler, model = three_drafting_requests(max_num_batched_tokens=8)
     step = scheduler.schedule()
     # r0 drafts all 5 (6 tokens), r1 the one token left of the budget, r2 waits for the next step.
     assert [(s.request.request_id, s.num_new_tokens) for s in step.scheduled] == [("r0", 6), ("r1", 2)]
@@ -183,13 +189,7 @@ def test_a_request_gets_fewer_drafts_after_misses_and_more_after_hits() -> None:
 
 
 def test_while_a_prompt_waits_drafts_take_at_most_half_the_step() -> None:
-    model = FakeModel(4, lambda context, _: context[-3])
-    scheduler = make_scheduler(True, num_speculative_tokens=5)
-    for i in range(3):
-        add(scheduler, f"r{i}", [1, 2, 3] * 5)
-    step = scheduler.schedule()  # the three prompts
-    scheduler.update_from_output(step, model(step))
-    scheduler.config = dataclasses.replace(scheduler.config, max_num_batched_tokens=16)
+    scheduler, model = three_drafting_requests(max_num_batched_tokens=16)
     add(scheduler, "late", [4, 5, 6] * 4)
     step = scheduler.schedule()
     num_drafts = sum(len(s.spec_token_ids) for s in step.scheduled)
