@@ -17,6 +17,7 @@ from engine_proc.models.quantized_linear import (
     Linear,
     PackedWeight,
     Q4Blocks,
+    is_faster,
     is_plain_matmul_faster,
     is_prepack_supported,
 )
@@ -42,12 +43,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        # NOTE: a decode step runs 61 norms, so skip even the no-op conversions of float32.
-        is_float32 = x.dtype == torch.float32
-        x_float = x if is_float32 else x.float()
-        variance = x_float.pow(2).mean(-1, keepdim=True)
-        normed = x_float * torch.rsqrt(variance + self.eps)
-        return self.weight * (normed if is_float32 else normed.to(x.dtype))
+        # NOTE: a decode step runs 61 norms, so skip even the no-op conversions of float32,
+        # and compute in place in the float32 copy of a 16-bit input (same values, fewer tensors).
+        if x.dtype == torch.float32:
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        x_float = x.float()
+        x_float.mul_(x_float.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_())
+        normed = x_float.to(x.dtype)
+        return normed.mul_(self.weight) if self.weight.dtype == x.dtype else self.weight * normed
 
 
 def inverse_frequencies(config: ModelConfig) -> Tensor:
@@ -151,7 +154,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -239,6 +242,16 @@ class LlamaForCausalLM(nn.Module):
             self.transposed_lm_head = weight.t().contiguous()
             logger.info("output head: a plain matmul for more than %d rows (faster than oneDNN's layout here)",
                         _PACKED_HEAD_MAX_ROWS)
+        if self.packed_lm_head is not None and self.int8_lm_head_weight is not None and not self._is_int8_head_faster():
+            self.int8_lm_head_weight, self.int8_lm_head_scales = None, None
+            logger.info("output head: bfloat16 for few rows too (the int8 head is not faster here)")
+
+    def _is_int8_head_faster(self) -> bool:
+        assert self.packed_lm_head is not None and self.int8_lm_head_weight is not None
+        packed, int8_rows = self.packed_lm_head, Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales)
+        weight = self.lm_head_weight
+        hidden = torch.randn(INT8_MAX_ROWS, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        return is_faster(lambda: int8_rows.matmul(hidden), lambda: packed.linear(hidden))
 
     def unpack(self) -> None:
         """Drops the reordered copies (before the weights are freed)."""

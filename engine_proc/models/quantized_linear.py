@@ -27,7 +27,9 @@ GROUP_SIZE = 32
 # 18-22 ms for prepacked bfloat16 at any of them; Zen 4: int4 ahead up to 8 tokens (24 vs
 # 25 ms). Four keeps int4 where it wins on both.
 INT4_MAX_TOKENS = 4
-# NOTE: the int8 kernel is 2.8x faster than bfloat16 for one row, slower from about 8 rows.
+# NOTE: on Zen 4 the int8 kernel is 2.8x faster than bfloat16 for one row, slower from about 8
+# rows; with AMX the prepacked bfloat16 head is as fast for one row and faster from two, so the
+# int8 head is kept only where it measures faster at this many rows.
 INT8_MAX_ROWS = 4
 
 
@@ -77,6 +79,20 @@ class PackedWeight:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
 
 
+def is_faster(candidate: Callable[[], Tensor], baseline: Callable[[], Tensor], margin: float = 1.0) -> bool:
+    """Whether `candidate` runs in less than 1 / `margin` of `baseline`'s time (median of 5, interleaved)."""
+    runs = (candidate, baseline)
+    times: tuple[list[float], list[float]] = ([], [])
+    for repeat in range(7):
+        # NOTE: interleaved, so a burst of other load hits both; the first two runs warm up.
+        for run, run_times in zip(runs, times, strict=True):
+            started = time.perf_counter()
+            run()
+            if repeat >= 2:
+                run_times.append(time.perf_counter() - started)
+    return statistics.median(times[0]) * margin < statistics.median(times[1])
+
+
 def is_plain_matmul_faster(weight: Tensor, packed: PackedWeight, num_rows: int, margin: float = 1.2) -> bool:
     """Whether `x @ weight.T` (stored transposed) beats the packed weight at `num_rows` rows, by `margin`.
 
@@ -86,16 +102,7 @@ def is_plain_matmul_faster(weight: Tensor, packed: PackedWeight, num_rows: int, 
     """
     x = torch.randn(num_rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
     transposed = weight.t().contiguous()
-    runs: dict[str, Callable[[], Tensor]] = {"plain": lambda: x @ transposed, "packed": lambda: packed.linear(x)}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for repeat in range(7):
-        # NOTE: interleaved, so a burst of other load hits both; the first two runs warm up.
-        for name, run in runs.items():
-            started = time.perf_counter()
-            run()
-            if repeat >= 2:
-                times[name].append(time.perf_counter() - started)
-    return statistics.median(times["plain"]) * margin < statistics.median(times["packed"])
+    return is_faster(lambda: x @ transposed, lambda: packed.linear(x), margin)
 
 
 class Linear(nn.Linear):

@@ -133,3 +133,19 @@ def test_every_output_head_layout_gives_the_same_logits(tmp_path: Path) -> None:
         model.unpack()
         assert model.transposed_lm_head is None and model.packed_lm_head is None
         torch.testing.assert_close(model.compute_logits(hidden), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("is_int8_faster", [True, False])
+def test_int8_output_head_is_kept_only_where_it_measures_faster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, is_int8_faster: bool
+) -> None:
+    save_tiny_checkpoint(tmp_path, "llama")
+    model = load_model(tmp_path, dtype=torch.bfloat16)
+    hidden = torch.randn(2, TINY["hidden_size"]).bfloat16()
+    expected = torch.nn.functional.linear(hidden, model.lm_head_weight).float()
+    model.set_int8_lm_head(model.lm_head_weight.float())
+    monkeypatch.setattr("engine_proc.models.llama.is_faster", lambda candidate, baseline: is_int8_faster)
+    model.prepack()
+    assert (model.int8_lm_head_weight is not None) is is_int8_faster
+    with torch.no_grad():
+        torch.testing.assert_close(model.compute_logits(hidden), expected, rtol=0.05, atol=0.05)
