@@ -1,15 +1,19 @@
 """zeroserve's HTTP server against transformers `generate`, same GGUF, same machine, one run.
 
     .venv/bin/python -m benchmarks.reference_compare
-    .venv/bin/python -m benchmarks.reference_compare --dtype float32 --result-json fp32.json
+    .venv/bin/python -m benchmarks.reference_compare --dtype float32 --rounds 1 --result-json fp32.json
 
 (a) transformers (float32, as it loads a GGUF): sequential greedy `generate` of one prompt
 (decode tokens/s, its prefill excluded) and a static batch of 16 prompts (output tokens/s,
 its prefill included). (b) `zeroserve serve` with its default engine flags (or `--dtype`),
-driven by `zeroserve bench serve` at each `--concurrency`, and again with n-gram
-speculative decoding (`--speculative-config`, greedy outputs unchanged). Prompts are ≈230
-random tokens, 128 tokens come out of each, EOS ignored. Prints a table and the target
-ratios per server configuration, and writes them all to `--result-json`.
+driven by `zeroserve bench serve` at each `--concurrency`, and (c) a second server with
+n-gram speculative decoding (`--speculative-config`, greedy outputs unchanged). Prompts are
+≈230 random tokens, 128 tokens come out of each, EOS ignored.
+
+Both servers stay up while the run measures (a), (b) and (c) in turn, `--rounds` times
+over: each round's ratios compare figures taken minutes apart, so a slow spell of a shared
+machine weighs on both sides of a ratio. Prints each round's ratios, then the medians over
+rounds of every figure and ratio, and writes them all to `--result-json`.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +52,17 @@ TARGETS = {
 SPECULATIVE_CONFIG = '{"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_max": 4}'
 
 
-def transformers_figures(args: argparse.Namespace) -> dict[str, float]:
+def load_transformers(args: argparse.Namespace) -> Any:
     import transformers
 
     torch.set_num_threads(args.num_threads)
     path = resolve_model(args.model).path
-    model = transformers.AutoModelForCausalLM.from_pretrained(
+    return transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     ).eval()
+
+
+def transformers_figures(model: Any, args: argparse.Namespace) -> dict[str, float]:
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(100, 40000, (16, args.input_len), generator=generator)
 
@@ -71,7 +80,6 @@ def transformers_figures(args: argparse.Namespace) -> dict[str, float]:
     prefill_s = min(generate(prompts[:1], 1) for _ in range(2))
     sequential_s = generate(prompts[:1], args.output_len)
     batch_s = generate(prompts, args.output_len)
-    del model
     gc.collect()
     return {
         "sequential_decode_tok_s": (args.output_len - 1) / (sequential_s - prefill_s),
@@ -82,23 +90,25 @@ def transformers_figures(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-def zeroserve_figures(args: argparse.Namespace, tmp: Path, extra_args: list[str]) -> dict[str, dict[str, Any]]:
-    serve_args = [args.model, "--num-threads", str(args.num_threads), "--max-num-seqs", str(max(args.concurrency))]
+def serve_args(args: argparse.Namespace, extra_args: list[str]) -> list[str]:
+    serve = [args.model, "--num-threads", str(args.num_threads), "--max-num-seqs", str(max(args.concurrency))]
     if args.dtype:
-        serve_args += ["--dtype", args.dtype]
-    serve_args += extra_args
+        serve += ["--dtype", args.dtype]
+    return serve + extra_args
+
+
+def zeroserve_figures(args: argparse.Namespace, tmp: Path, base_url: str) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
-    with local_server(serve_args) as base_url:
-        for concurrency in args.concurrency:
-            result_path = tmp / f"serve-{concurrency}.json"
-            num_prompts = 4 if concurrency == 1 else 2 * concurrency
-            subprocess.run([
-                sys.executable, "-m", "service", "bench", "serve", "--base-url", base_url,
-                "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
-                "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-                "--ignore-eos", "--num-warmups", "2", "--result-json", str(result_path), "--disable-tqdm",
-            ], check=True, stdout=subprocess.DEVNULL)
-            results[str(concurrency)] = json.loads(result_path.read_text())
+    for concurrency in args.concurrency:
+        result_path = tmp / f"serve-{concurrency}.json"
+        num_prompts = 4 if concurrency == 1 else 2 * concurrency
+        subprocess.run([
+            sys.executable, "-m", "service", "bench", "serve", "--base-url", base_url,
+            "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+            "--ignore-eos", "--num-warmups", "2", "--result-json", str(result_path), "--disable-tqdm",
+        ], check=True, stdout=subprocess.DEVNULL)
+        results[str(concurrency)] = json.loads(result_path.read_text())
     return results
 
 
@@ -120,49 +130,84 @@ def ratios(reference: dict[str, float], served: dict[str, dict[str, Any]]) -> di
     return figures
 
 
-def print_report(name: str, served: dict[str, dict[str, Any]], figures: dict[str, float]) -> None:
-    print(f"zeroserve, {name}:")
+_REPORTED = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms")
+
+
+def medians(rounds: list[dict[str, Any]], name: str) -> dict[str, dict[str, float]]:
+    """Each reported figure of server configuration `name`, per concurrency, as its median over rounds."""
+    served = [round_["zeroserve"][name] for round_ in rounds]
+    return {
+        concurrency: {key: statistics.median(result[concurrency][key] for result in served) for key in _REPORTED}
+        for concurrency in served[0]
+    }
+
+
+def is_met(name: str, value: float) -> bool:
+    comparison, threshold = TARGETS[name]
+    return value >= threshold if comparison == ">=" else value > threshold if comparison == ">" else value < threshold
+
+
+def print_report(name: str, served: dict[str, dict[str, float]], per_round: list[dict[str, float]]) -> dict[str, float]:
+    """Prints a configuration's median figures and ratios (each round's in brackets); returns the median ratios."""
+    print(f"zeroserve, {name} (medians over {len(per_round)} rounds):")
     print(f"{'streams':>7} {'out tok/s':>9} {'TTFT p50 ms':>11} {'TPOT p50 ms':>11} {'ITL p50 ms':>10} {'ITL p99 ms':>10}")
     for concurrency, result in served.items():
         print(f"{concurrency:>7} {result['output_throughput']:>9.1f} {result['median_ttft_ms']:>11.0f} "
               f"{result['median_tpot_ms']:>11.1f} {result['median_itl_ms']:>10.1f} {result['p99_itl_ms']:>10.1f}")
-    for name, value in figures.items():
-        comparison, threshold = TARGETS[name]
-        is_met = value >= threshold if comparison == ">=" else value > threshold if comparison == ">" else value < threshold
-        print(f"{name:<50} {value:8.2f}  target {comparison} {threshold}: {'met' if is_met else 'MISSED'}")
+    figures = {key: statistics.median(ratios_[key] for ratios_ in per_round) for key in per_round[0]}
+    for key, value in figures.items():
+        comparison, threshold = TARGETS[key]
+        each = ", ".join(f"{ratios_[key]:.2f}" for ratios_ in per_round)
+        print(f"{key:<50} {value:8.2f}  [{each}]  target {comparison} {threshold}: "
+              f"{'met' if is_met(key, value) else 'MISSED'}")
+    return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--dtype", default=None, help="the server's --dtype (default: the server's default)")
+    parser.add_argument("--dtype", default=None, help="the servers' --dtype (default: the server's default)")
     parser.add_argument("--num-threads", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--input-len", type=int, default=230)
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3, help="measure every side this many times, interleaved")
     parser.add_argument(
         "--speculative-config", default=SPECULATIVE_CONFIG,
-        help="the second server configuration's --speculative-config ('' to run the default one only)",
+        help="the second server's --speculative-config ('' to run the default one only)",
     )
     parser.add_argument("--result-json", type=Path, default=Path("reference_compare.json"))
     args = parser.parse_args()
     load_before = os.getloadavg()
-    reference = transformers_figures(args)
-    configs = {"default flags": []}
+    model = load_transformers(args)
+    configs: dict[str, list[str]] = {"default flags": []}
     if args.speculative_config:
         configs["--speculative-config " + args.speculative_config] = ["--speculative-config", args.speculative_config]
-    served, figures = {}, {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, extra_args in configs.items():
-            served[name] = zeroserve_figures(args, Path(tmp), extra_args)
-            figures[name] = ratios(reference, served[name])
-    print(f"transformers fp32: sequential decode {reference['sequential_decode_tok_s']:.1f} tok/s, "
-          f"static batch 16 {reference['batch16_output_tok_s']:.1f} output tok/s")
+    rounds: list[dict[str, Any]] = []
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        # NOTE: both servers up for the whole run; an idle one waits on its queue and takes no CPU.
+        base_urls = {name: stack.enter_context(local_server(serve_args(args, extra))) for name, extra in configs.items()}
+        for index in range(args.rounds):
+            reference = transformers_figures(model, args)
+            served = {name: zeroserve_figures(args, Path(tmp), base_url) for name, base_url in base_urls.items()}
+            round_ratios = {name: ratios(reference, served[name]) for name in configs}
+            rounds.append({"transformers": reference, "zeroserve": served, "ratios": round_ratios})
+            print(f"round {index + 1}: transformers sequential {reference['sequential_decode_tok_s']:.1f} tok/s, "
+                  f"batch 16 {reference['batch16_output_tok_s']:.1f}; " + "; ".join(
+                      f"{name}: 16 streams {served[name]['16']['output_throughput']:.1f} tok/s"
+                      for name in configs if "16" in served[name]), flush=True)
+    del model
+    reference_medians = {key: statistics.median(round_["transformers"][key] for round_ in rounds) for key in rounds[0]["transformers"]}
+    print(f"transformers fp32 (medians): sequential decode {reference_medians['sequential_decode_tok_s']:.1f} tok/s, "
+          f"static batch 16 {reference_medians['batch16_output_tok_s']:.1f} output tok/s")
+    summary: dict[str, Any] = {}
     for name in configs:
-        print_report(name, served[name], figures[name])
+        served_medians = medians(rounds, name)
+        figures = print_report(name, served_medians, [round_["ratios"][name] for round_ in rounds])
+        summary[name] = {"zeroserve": served_medians, "ratios": figures}
     args.result_json.write_text(json.dumps({
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
-        "transformers": reference, "zeroserve": served, "ratios": figures,
+        "transformers": reference_medians, "medians": summary, "rounds": rounds,
         "settings": {key: str(value) for key, value in vars(args).items()},
     }, indent=2))
 
