@@ -8,6 +8,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine_proc.cpu_attention import load_decode_kernel
+
 
 # NOTE: measured on 2 Zen 4 cores: the fused kernel is ~4x faster for one sequence, on par at
 # 16, and a third slower than two batched matmuls at 64 sequences (3 query heads per KV head).
@@ -100,6 +102,14 @@ class PagedAttention:
         self._decode_mask: torch.Tensor | None = None
         self._decode_row_mask: torch.Tensor | None = None  # the draft mask per (query head, token) row
         self._prefill_rows: list[torch.Tensor] = []
+        # NOTE: the C++ kernel reads blocks in place: bfloat16 on x86 with AVX-512 BF16.
+        self._decode_kernel = (
+            load_decode_kernel()
+            if dtype == torch.bfloat16 and device.type == "cpu" and head_dim % 64 == 0 and block_size == 16
+            else None
+        )
+        self._decode_token_limits: torch.Tensor | None = None  # [num_decodes, max_query_len] keys each token sees
+        self._decode_row_limits: torch.Tensor | None = None  # the same per (query head, token) row
 
     def allocate_cache(self) -> None:
         num_layers, *shape = self._cache_shape
@@ -121,10 +131,13 @@ class PagedAttention:
         """Sets this step's metadata and derives, once for all layers, the blocks to gather."""
         self._metadata = metadata
         self._decode_rows, self._decode_mask, self._prefill_rows = None, None, []
-        self._decode_row_mask = None
+        self._decode_row_mask, self._decode_token_limits, self._decode_row_limits = None, None, None
         if metadata is None:
             return
-        if metadata.decode_block_table is not None and metadata.decode_lens is not None:
+        if self._decode_kernel is not None and metadata.decode_lens is not None:
+            positions = metadata.decode_query_positions
+            self._decode_token_limits = metadata.decode_lens.unsqueeze(1) if positions is None else positions + 1
+        elif metadata.decode_block_table is not None and metadata.decode_lens is not None:
             self._decode_rows = self._block_rows(metadata.decode_block_table)
             num_blocks = metadata.decode_block_table.shape[1]
             if metadata.decode_query_positions is None:
@@ -169,7 +182,12 @@ class PagedAttention:
         # NOTE: one copy for K and V: [num_tokens, 2, kv_heads, head_dim] -> [2, kv_heads, num_tokens, head_dim].
         cache.index_copy_(2, meta.slot_mapping, torch.stack((key, value), dim=1).permute(1, 2, 0, 3))
         num_decode_tokens = meta.num_decode_tokens
-        if meta.num_decodes:
+        if meta.num_decodes and self._decode_token_limits is not None:
+            decode_query = query[:num_decode_tokens] if meta.prefills else query
+            decoded = self._kernel_decode_attention(cache, decode_query, meta)
+            if not meta.prefills:
+                return decoded
+        elif meta.num_decodes:
             assert self._decode_rows is not None
             decode_query = query[:num_decode_tokens] if meta.prefills else query
             keys, values = self._gather(cache, self._decode_rows)
@@ -199,6 +217,17 @@ class PagedAttention:
             )
             out[span.start : end] = o[0].transpose(0, 1)
         return out
+
+    def _kernel_decode_attention(self, cache: torch.Tensor, query: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The decodes' attention by the C++ kernel, straight from the cache blocks."""
+        assert self._decode_kernel is not None and self._decode_token_limits is not None
+        assert meta.decode_block_table is not None
+        if self._decode_row_limits is None:
+            group = query.shape[1] // self.num_kv_heads
+            self._decode_row_limits = self._decode_token_limits.repeat(1, group)
+        rows = _query_rows(query, meta, self.num_kv_heads).contiguous()
+        out = self._decode_kernel(rows, cache, meta.decode_block_table, self._decode_row_limits, self.head_dim**-0.5)
+        return _from_query_rows(out, meta, query.shape[1])
 
 
 def _decode_attention(
@@ -233,19 +262,34 @@ def _multi_query_decode_attention(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, row_mask: torch.Tensor, meta: AttentionMetadata
 ) -> torch.Tensor:
     """Decodes with draft tokens: query [T, H, D] flat, laid out as a [B, Q] grid; row_mask from `_mask_per_row`."""
-    assert meta.decode_query_positions is not None
-    num_seqs, max_query_len = meta.decode_query_positions.shape
+    out = F.scaled_dot_product_attention(_query_rows(query, meta, keys.shape[1]), keys, values, attn_mask=row_mask)
+    return _from_query_rows(out, meta, query.shape[1])
+
+
+def _query_rows(query: torch.Tensor, meta: AttentionMetadata, num_kv_heads: int) -> torch.Tensor:
+    """The decodes' queries [T, H, D] as [B, KVH, group × Q, D]: each KV head's query heads times its sequence's tokens.
+
+    As for one token, where a KV head's query heads become its "query positions", with drafts
+    the [B, Q] grid's tokens multiply them: (group × Q) rows per KV head, a row sees what its token sees.
+    """
     num_heads, head_dim = query.shape[1:]
-    num_kv_heads = keys.shape[1]
     group = num_heads // num_kv_heads
+    if meta.decode_query_positions is None:
+        return query.reshape(meta.num_decodes, num_kv_heads, group, head_dim)
+    num_seqs, max_query_len = meta.decode_query_positions.shape
     if meta.decode_pad_index is not None:
         query = query.index_select(0, meta.decode_pad_index)
-    # NOTE: as for one token: a KV head's query heads and the grid's query tokens become its
-    # (group × Q) query rows, each row masked by its token's position.
     q = query.view(num_seqs, max_query_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
-    q = q.reshape(num_seqs, num_kv_heads, group * max_query_len, head_dim)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=row_mask)
-    out = out.view(num_seqs, num_kv_heads, group, max_query_len, head_dim).permute(0, 3, 1, 2, 4)
+    return q.reshape(num_seqs, num_kv_heads, group * max_query_len, head_dim)
+
+
+def _from_query_rows(out: torch.Tensor, meta: AttentionMetadata, num_heads: int) -> torch.Tensor:
+    """The inverse of `_query_rows`: [B, KVH, group × Q, D] back to the flat [T, H, D]."""
+    num_seqs, num_kv_heads, num_rows, head_dim = out.shape
+    if meta.decode_query_positions is None:
+        return out.reshape(num_seqs, num_heads, head_dim)
+    max_query_len = meta.decode_query_positions.shape[1]
+    out = out.view(num_seqs, num_kv_heads, num_rows // max_query_len, max_query_len, head_dim).permute(0, 3, 1, 2, 4)
     out = out.reshape(num_seqs * max_query_len, num_heads, head_dim).contiguous()
     if meta.decode_unpad_index is not None:
         out = out.index_select(0, meta.decode_unpad_index)

@@ -24,32 +24,54 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_context: in
 
 @pytest.mark.parametrize("query_lens", [[1, 1, 1], [3, 3], [1, 4, 2, 3], [5]])
 def test_decodes_with_draft_tokens_attend_like_dense_causal_attention(query_lens: list[int]) -> None:
+    out, expected = decode_step(query_lens)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def decode_step(
+    query_lens: list[int],
+    *,
+    dtype: torch.dtype = torch.float32,
+    num_heads: int = NUM_HEADS,
+    num_kv_heads: int = NUM_KV_HEADS,
+    head_dim: int = HEAD_DIM,
+    block_size: int = BLOCK_SIZE,
+    max_context_len: int = 13,
+    is_kernel_allowed: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefills a random context per sequence, then decodes `query_lens` tokens of each in one batched step.
+
+    Returns the step's attention output and dense causal attention's (float32) for the same tokens.
+    """
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     num_seqs = len(query_lens)
-    context_lens = [int(n) for n in rng.integers(1, 14, num_seqs)]
-    attention = PagedAttention(1, 64 * BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.float32, torch.device("cpu"))
+    context_lens = [int(n) for n in rng.integers(1, max_context_len + 1, num_seqs)]
+    num_blocks = max(64, sum(-(-(c + n) // block_size) for c, n in zip(context_lens, query_lens)) + 8)
+    attention = PagedAttention(1, num_blocks * block_size, num_kv_heads, head_dim, block_size, dtype, torch.device("cpu"))
+    if not is_kernel_allowed:
+        attention._decode_kernel = None
     # Each sequence gets scattered blocks, enough for its context and its new tokens.
-    free_blocks = list(rng.permutation(64))
-    block_ids = [[int(free_blocks.pop()) for _ in range(-(-(c + n) // BLOCK_SIZE))] for c, n in zip(context_lens, query_lens)]
+    free_blocks = list(rng.permutation(num_blocks))
+    block_ids = [[int(free_blocks.pop()) for _ in range(-(-(c + n) // block_size))] for c, n in zip(context_lens, query_lens)]
     totals = [c + n for c, n in zip(context_lens, query_lens)]
-    keys = [torch.randn(t, NUM_KV_HEADS, HEAD_DIM) for t in totals]
-    values = [torch.randn(t, NUM_KV_HEADS, HEAD_DIM) for t in totals]
-    queries = [torch.randn(n, NUM_HEADS, HEAD_DIM) for n in query_lens]
+    keys = [torch.randn(t, num_kv_heads, head_dim).to(dtype) for t in totals]
+    values = [torch.randn(t, num_kv_heads, head_dim).to(dtype) for t in totals]
+    queries = [torch.randn(n, num_heads, head_dim).to(dtype) for n in query_lens]
 
     def slots(seq: int, positions: range) -> list[int]:
-        return [block_ids[seq][p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in positions]
+        return [block_ids[seq][p // block_size] * block_size + p % block_size for p in positions]
 
     # Step 1: each context as a whole prefill span.
     spans, start = [], 0
     for seq, c in enumerate(context_lens):
-        spans.append(PrefillSpan(start, c, c, torch.tensor(block_ids[seq][: -(-c // BLOCK_SIZE)]), None))
+        spans.append(PrefillSpan(start, c, c, torch.tensor(block_ids[seq][: -(-c // block_size)]), None))
         start += c
     attention.metadata = AttentionMetadata(
         torch.tensor([s for seq, c in enumerate(context_lens) for s in slots(seq, range(c))]), 0, None, None, spans,
     )
     attention.forward(
-        0, torch.randn(sum(context_lens), NUM_HEADS, HEAD_DIM),
+        0, torch.randn(sum(context_lens), num_heads, head_dim).to(dtype),
         torch.cat([k[:c] for k, c in zip(keys, context_lens)]), torch.cat([v[:c] for v, c in zip(values, context_lens)]),
     )
     # Step 2: every sequence's last token plus drafts, as one batched decode.
@@ -71,5 +93,7 @@ def test_decodes_with_draft_tokens_attend_like_dense_causal_attention(query_lens
         0, torch.cat(queries),
         torch.cat([k[c:] for k, c in zip(keys, context_lens)]), torch.cat([v[c:] for v, c in zip(values, context_lens)]),
     )
-    expected = torch.cat([reference(q, k, v, c) for q, k, v, c in zip(queries, keys, values, context_lens)])
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    expected = torch.cat([
+        reference(q.float(), k.float(), v.float(), c) for q, k, v, c in zip(queries, keys, values, context_lens)
+    ])
+    return out, expected

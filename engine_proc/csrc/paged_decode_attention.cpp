@@ -1,0 +1,185 @@
+// Decode attention that reads a paged bfloat16 K/V cache in place (AVX-512, x86 CPUs).
+//
+// The Python side (engine_proc/cpu_attention.py) builds this once per machine with
+// torch.utils.cpp_extension and falls back to gather + SDPA where it cannot. For each
+// (sequence, KV head), in one OpenMP task: (1) the sequence's K blocks, transposed to
+// [head_dim][16] floats, and V blocks, as floats; every query row's scores, 4 rows at a time
+// (16 keys of a block = the 16 lanes of a register); (2) each row's softmax over the keys it
+// may see (`row_limits`: a row's query position + 1); (3) the probabilities times V, 2 rows at
+// a time. Float32 throughout, bfloat16 out (rounded to nearest even, as torch does).
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlockSize = 16;  // keys per cache block: the lanes of one register
+
+// e^x for x <= 0 (below -87 it is 0): 2^(x log2 e), a degree-6 polynomial for the fraction.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __m512 load_bf16(const uint16_t* src) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline void store_bf16(uint16_t* dst, __m512 values) {
+  const __m256bh packed = _mm512_cvtneps_pbh(values);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<const __m256i&>(packed));
+}
+
+inline __mmask16 first_lanes(int64_t count) {
+  return count <= 0 ? 0 : count >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1u);
+}
+
+// scores[i][0..16) = q[i] · keys of one block, for N rows; keys_t is the block as [head_dim][16].
+template <int N>
+inline void score_rows(const float* q, int64_t head_dim, const float* keys_t, float* scores, int64_t stride) {
+  __m512 even[N], odd[N];
+  for (int i = 0; i < N; ++i) even[i] = odd[i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += 2) {
+    const __m512 k0 = _mm512_load_ps(keys_t + d * kBlockSize), k1 = _mm512_load_ps(keys_t + (d + 1) * kBlockSize);
+    for (int i = 0; i < N; ++i) {
+      even[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * head_dim + d]), k0, even[i]);
+      odd[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * head_dim + d + 1]), k1, odd[i]);
+    }
+  }
+  for (int i = 0; i < N; ++i) _mm512_store_ps(scores + i * stride, _mm512_add_ps(even[i], odd[i]));
+}
+
+// out[i] = probs[i] · values over `length` keys, for N rows, 64 columns at a time.
+template <int N>
+inline void weigh_rows(const float* probs, int64_t stride, const float* values, int64_t length, float* out, int64_t head_dim) {
+  for (int64_t col = 0; col < head_dim; col += 64) {
+    __m512 acc[N][4];
+    for (int i = 0; i < N; ++i) for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < length; ++j) {
+      const float* row = values + j * head_dim + col;
+      const __m512 v0 = _mm512_load_ps(row), v1 = _mm512_load_ps(row + 16), v2 = _mm512_load_ps(row + 32), v3 = _mm512_load_ps(row + 48);
+      for (int i = 0; i < N; ++i) {
+        const __m512 p = _mm512_set1_ps(probs[i * stride + j]);
+        acc[i][0] = _mm512_fmadd_ps(p, v0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(p, v1, acc[i][1]);
+        acc[i][2] = _mm512_fmadd_ps(p, v2, acc[i][2]);
+        acc[i][3] = _mm512_fmadd_ps(p, v3, acc[i][3]);
+      }
+    }
+    for (int i = 0; i < N; ++i) for (int c = 0; c < 4; ++c) _mm512_store_ps(out + i * head_dim + col + c * 16, acc[i][c]);
+  }
+}
+
+float* aligned(std::vector<float>& buffer) {
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+}
+
+}  // namespace
+
+// query [S, KVH, R, D] (R rows per KV head: its query heads × the sequence's query tokens),
+// cache [2, KVH, num_slots, D] (slot = block * 16 + offset), block_table [S, max_blocks],
+// row_limits [S, R] (how many keys each row sees); returns [S, KVH, R, D].
+torch::Tensor paged_decode_attention(
+    const torch::Tensor& query, const torch::Tensor& cache, const torch::Tensor& block_table,
+    const torch::Tensor& row_limits, double scale) {
+  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && cache.scalar_type() == at::kBFloat16, "bfloat16 only");
+  TORCH_CHECK(block_table.scalar_type() == at::kLong && row_limits.scalar_type() == at::kLong, "int64 tables");
+  TORCH_CHECK(query.is_contiguous() && cache.is_contiguous() && block_table.is_contiguous() && row_limits.is_contiguous());
+  const int64_t num_seqs = query.size(0), num_kv_heads = query.size(1), num_rows = query.size(2), head_dim = query.size(3);
+  TORCH_CHECK(head_dim % 64 == 0 && cache.size(3) == head_dim && cache.size(1) == num_kv_heads, "head_dim must be a multiple of 64");
+  TORCH_CHECK(row_limits.size(0) == num_seqs && row_limits.size(1) == num_rows && block_table.size(0) == num_seqs);
+  const int64_t num_slots = cache.size(2), max_blocks = block_table.size(1);
+  auto out = torch::empty_like(query);
+  const auto* queries = reinterpret_cast<const uint16_t*>(query.data_ptr());
+  const auto* kv = reinterpret_cast<const uint16_t*>(cache.data_ptr());
+  const int64_t* tables = block_table.data_ptr<int64_t>();
+  const int64_t* limits_all = row_limits.data_ptr<int64_t>();
+  auto* outs = reinterpret_cast<uint16_t*>(out.data_ptr());
+  int64_t longest = 0;
+  for (int64_t i = 0; i < num_seqs * num_rows; ++i) longest = std::max(longest, limits_all[i]);
+  TORCH_CHECK(longest <= max_blocks * kBlockSize, "a row sees more keys than its blocks hold");
+  const int64_t max_keys = (longest + kBlockSize - 1) / kBlockSize * kBlockSize;
+  const __m512 vscale = _mm512_set1_ps(static_cast<float>(scale));
+
+  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> q_buf(num_rows * head_dim + 16), k_buf(max_keys * head_dim + 16), v_buf(max_keys * head_dim + 16),
+        s_buf(num_rows * max_keys + 16), o_buf(num_rows * head_dim + 16);
+    float *q = aligned(q_buf), *keys_t = aligned(k_buf), *values = aligned(v_buf), *scores = aligned(s_buf), *o = aligned(o_buf);
+    // NOTE: byte offsets of 16 keys' rows, to gather a column pair (d, d + 1) of a block in one load.
+    const __m512i key_rows = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(static_cast<int>(head_dim)));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t seq = item / num_kv_heads, head = item % num_kv_heads;
+      const int64_t* limits = limits_all + seq * num_rows;
+      const int64_t num_keys = *std::max_element(limits, limits + num_rows);
+      const int64_t num_blocks = (num_keys + kBlockSize - 1) / kBlockSize, length = num_blocks * kBlockSize;
+      const uint16_t* q_in = queries + item * num_rows * head_dim;
+      for (int64_t i = 0; i < num_rows * head_dim; i += 16) _mm512_store_ps(q + i, _mm512_mul_ps(load_bf16(q_in + i), vscale));
+      // 1) keys and values of the sequence's blocks, then the scores block by block.
+      const uint16_t* k_cache = kv + head * num_slots * head_dim;
+      const uint16_t* v_cache = kv + (num_kv_heads + head) * num_slots * head_dim;
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        const int64_t block = tables[seq * max_blocks + b];
+        const uint16_t* k_block = k_cache + block * kBlockSize * head_dim;
+        const uint16_t* v_block = v_cache + block * kBlockSize * head_dim;
+        float* block_keys_t = keys_t + b * kBlockSize * head_dim;
+        for (int64_t d = 0; d < head_dim; d += 2) {
+          const __m512i pair = _mm512_i32gather_epi32(key_rows, reinterpret_cast<const int*>(k_block + d), 2);
+          _mm512_store_ps(block_keys_t + d * kBlockSize, _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)));
+          _mm512_store_ps(block_keys_t + (d + 1) * kBlockSize,
+                          _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(static_cast<int>(0xFFFF0000)))));
+        }
+        for (int64_t i = 0; i < kBlockSize * head_dim; i += 16)
+          _mm512_store_ps(values + b * kBlockSize * head_dim + i, load_bf16(v_block + i));
+        int64_t r = 0;
+        for (; r + 4 <= num_rows; r += 4) score_rows<4>(q + r * head_dim, head_dim, block_keys_t, scores + r * length + b * kBlockSize, length);
+        for (; r < num_rows; ++r) score_rows<1>(q + r * head_dim, head_dim, block_keys_t, scores + r * length + b * kBlockSize, length);
+      }
+      // 2) each row's softmax over its first limits[r] keys; the others weigh 0.
+      for (int64_t r = 0; r < num_rows; ++r) {
+        float* row = scores + r * length;
+        const int64_t visible = std::min(limits[r], length);
+        __m512 row_max = _mm512_set1_ps(-1e30f);
+        for (int64_t j = 0; j < length; j += 16)
+          row_max = _mm512_mask_max_ps(row_max, first_lanes(visible - j), row_max, _mm512_load_ps(row + j));
+        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(row_max));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j = 0; j < length; j += 16) {
+          const __m512 e = _mm512_maskz_mov_ps(first_lanes(visible - j), exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(row + j), top)));
+          sum = _mm512_add_ps(sum, e);
+          _mm512_store_ps(row + j, e);
+        }
+        const float total = _mm512_reduce_add_ps(sum);
+        const __m512 inverse = _mm512_set1_ps(total > 0.f ? 1.f / total : 0.f);
+        for (int64_t j = 0; j < length; j += 16) _mm512_store_ps(row + j, _mm512_mul_ps(_mm512_load_ps(row + j), inverse));
+      }
+      // 3) probabilities times values.
+      int64_t r = 0;
+      for (; r + 2 <= num_rows; r += 2) weigh_rows<2>(scores + r * length, length, values, length, o + r * head_dim, head_dim);
+      for (; r < num_rows; ++r) weigh_rows<1>(scores + r * length, length, values, length, o + r * head_dim, head_dim);
+      uint16_t* o_out = outs + item * num_rows * head_dim;
+      for (int64_t i = 0; i < num_rows * head_dim; i += 16) store_bf16(o_out + i, _mm512_load_ps(o + i));
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged bfloat16 K/V cache");
+}
