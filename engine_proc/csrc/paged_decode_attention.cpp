@@ -5,8 +5,8 @@
 // (sequence, KV head), in one OpenMP task: (1) the sequence's K blocks, transposed to
 // [head_dim][16] floats, and V blocks, as floats; every query row's scores, 4 rows at a time
 // (16 keys of a block = the 16 lanes of a register); (2) each row's softmax over the keys it
-// may see (`row_limits`: a row's query position + 1); (3) the probabilities times V, 2 rows at
-// a time. Float32 throughout, bfloat16 out (rounded to nearest even, as torch does).
+// may see (`row_limits`: a row's query position + 1); (3) the probabilities times V, 4 rows
+// at a time. Float32 throughout, bfloat16 out (rounded to nearest even, as torch does).
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -171,6 +171,7 @@ torch::Tensor paged_decode_attention(
       }
       // 3) probabilities times values.
       int64_t r = 0;
+      for (; r + 4 <= num_rows; r += 4) weigh_rows<4>(scores + r * length, length, values, length, o + r * head_dim, head_dim);
       for (; r + 2 <= num_rows; r += 2) weigh_rows<2>(scores + r * length, length, values, length, o + r * head_dim, head_dim);
       for (; r < num_rows; ++r) weigh_rows<1>(scores + r * length, length, values, length, o + r * head_dim, head_dim);
       uint16_t* o_out = outs + item * num_rows * head_dim;
