@@ -97,16 +97,20 @@ def serve_args(args: argparse.Namespace, extra_args: list[str]) -> list[str]:
     return serve + extra_args
 
 
-def zeroserve_figures(args: argparse.Namespace, tmp: Path, base_url: str) -> dict[str, dict[str, Any]]:
+def zeroserve_figures(args: argparse.Namespace, tmp: Path, base_url: str, round_index: int) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     for concurrency in args.concurrency:
         result_path = tmp / f"serve-{concurrency}.json"
         num_prompts = 4 if concurrency == 1 else 2 * concurrency
+        # NOTE: prompts never seen before by this server (a seed per round and concurrency), so
+        # no prompt is served from the prefix cache: transformers has none to match it.
+        seed = 1000 * round_index + concurrency
         subprocess.run([
             sys.executable, "-m", "service", "bench", "serve", "--base-url", base_url,
             "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
             "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-            "--ignore-eos", "--num-warmups", "2", "--result-json", str(result_path), "--disable-tqdm",
+            "--ignore-eos", "--num-warmups", "2", "--seed", str(seed),
+            "--result-json", str(result_path), "--disable-tqdm",
         ], check=True, stdout=subprocess.DEVNULL)
         results[str(concurrency)] = json.loads(result_path.read_text())
     return results
@@ -189,7 +193,7 @@ def main() -> None:
         base_urls = {name: stack.enter_context(local_server(serve_args(args, extra))) for name, extra in configs.items()}
         for index in range(args.rounds):
             reference = transformers_figures(model, args)
-            served = {name: zeroserve_figures(args, Path(tmp), base_url) for name, base_url in base_urls.items()}
+            served = {name: zeroserve_figures(args, Path(tmp), base_url, index) for name, base_url in base_urls.items()}
             round_ratios = {name: ratios(reference, served[name]) for name in configs}
             rounds.append({"transformers": reference, "zeroserve": served, "ratios": round_ratios})
             print(f"round {index + 1}: transformers sequential {reference['sequential_decode_tok_s']:.1f} tok/s, "

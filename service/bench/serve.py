@@ -23,13 +23,14 @@ from service.model_registry import resolve_model
 from service.tokenizer import Tokenizer
 
 _CONNECT_TIMEOUT_S = 10.0
+_WARMUP_SEED_OFFSET = 7919
 
 
 def run_serve_benchmark(config: ServeBenchConfig) -> int:
     """Runs the benchmark, prints the report, writes the JSON; 1 when no request succeeded."""
     tokenizer = Tokenizer.from_model(resolve_model(config.tokenizer).path)
     samples = load_samples(config, tokenizer)
-    model_id, outputs, duration_s = asyncio.run(benchmark(config, samples))
+    model_id, outputs, duration_s = asyncio.run(benchmark(config, samples, load_warmup_samples(config, tokenizer, samples)))
     output_lens = [count_output_tokens(out, tokenizer) for out in outputs]
     metrics = calculate_metrics(
         outputs, output_lens, duration_s, config.metric_percentiles, config.goodput_slos_ms or None
@@ -55,6 +56,19 @@ def load_samples(config: ServeBenchConfig, tokenizer: Tokenizer) -> list[SampleR
     )
 
 
+def load_warmup_samples(
+    config: ServeBenchConfig, tokenizer: Tokenizer, samples: Sequence[SampleRequest]
+) -> list[SampleRequest]:
+    """Warm-up requests: random prompts of their own (none of the measured ones reaches the server
+    first, to be served from its prefix cache); a file's first requests, repeated as needed."""
+    if config.dataset == "jsonl":
+        return [samples[i % len(samples)] for i in range(config.num_warmups)] if samples else []
+    return random_dataset(
+        tokenizer, config.endpoint, config.num_warmups, config.random_input_len, config.random_output_len,
+        config.random_range_ratio, config.seed + _WARMUP_SEED_OFFSET,
+    )
+
+
 def count_output_tokens(output: RequestFuncOutput, tokenizer: Tokenizer) -> int:
     """The server's usage count when it sent one, else the generated text's tokens; 0 if it failed."""
     if not output.success:
@@ -65,21 +79,20 @@ def count_output_tokens(output: RequestFuncOutput, tokenizer: Tokenizer) -> int:
 
 
 async def benchmark(
-    config: ServeBenchConfig, samples: Sequence[SampleRequest]
+    config: ServeBenchConfig, samples: Sequence[SampleRequest], warmup_samples: Sequence[SampleRequest] = ()
 ) -> tuple[str, list[RequestFuncOutput], float]:
     """(model id, one output per sample, duration in s) of a run after its warm-up requests."""
     connector = aiohttp.TCPConnector(limit=config.max_concurrency or 0)
     timeout = aiohttp.ClientTimeout(total=None, connect=_CONNECT_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         model_id = config.model or await fetch_model_id(client, config)
-        inputs = [
-            RequestFuncInput(config.api_url, streaming_body(s.body, model_id, config.ignore_eos), s.prompt_len)
-            for s in samples
-        ]
-        semaphore = asyncio.Semaphore(config.max_concurrency or len(inputs) + config.num_warmups)
-        if config.num_warmups:
-            print(f"Warming up with {config.num_warmups} requests...", flush=True)
-            warmups = [inputs[i % len(inputs)] for i in range(config.num_warmups)]
+        inputs, warmups = (
+            [RequestFuncInput(config.api_url, streaming_body(s.body, model_id, config.ignore_eos), s.prompt_len) for s in group]
+            for group in (samples, warmup_samples)
+        )
+        semaphore = asyncio.Semaphore(config.max_concurrency or len(inputs) + len(warmups))
+        if warmups:
+            print(f"Warming up with {len(warmups)} requests...", flush=True)
             warmup_outputs = await asyncio.gather(*(_limited(client, semaphore, r, None) for r in warmups))
             if failed := [out.error for out in warmup_outputs if not out.success]:
                 print(f"warning: {len(failed)} warm-up requests failed; the first: {failed[0]}", file=sys.stderr)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.server_process import free_port, running_server
@@ -104,3 +105,19 @@ def test_bad_arguments_are_an_error_message_not_a_traceback() -> None:
     run = bench("--goodput", "itl:5")
     assert run.returncode == 2
     assert "Traceback" not in run.stderr and "--goodput" in run.stderr
+
+
+def prefix_cache_hits(base_url: str) -> float:
+    metrics = httpx.get(f"{base_url}/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("zeroserve:prefix_cache_hits_total"))
+
+
+def test_warmups_use_prompts_of_their_own_so_none_is_measured_from_the_prefix_cache(base_url: str) -> None:
+    hits_before = prefix_cache_hits(base_url)
+    run = bench(
+        "--base-url", base_url, "--num-prompts", "4", "--max-concurrency", "1", "--random-input-len", "48",
+        "--random-output-len", "2", "--num-warmups", "2", "--seed", "4242",
+    )
+    assert run.returncode == 0, run.stderr
+    # NOTE: a measured prompt repeated from a warm-up would find its first 32 tokens cached.
+    assert prefix_cache_hits(base_url) == hits_before
