@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e .
 	$(PY) -c "from service.model_registry import resolve_model; resolve_model('smollm2-135m-instruct')"
-	$(PY) -c "from engine_proc.cpu_attention import load_decode_kernel; load_decode_kernel()"
+	$(PY) -c "from engine_proc.cpu_kernels import load_cpu_kernels; load_cpu_kernels()"
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed

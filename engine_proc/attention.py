@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine_proc.cpu_attention import load_decode_kernel
+from engine_proc.cpu_kernels import load_cpu_kernels
 
 
 # NOTE: measured on 2 Zen 4 cores: the fused kernel is ~4x faster for one sequence, on par at
@@ -103,10 +103,9 @@ class PagedAttention:
         self._decode_row_mask: torch.Tensor | None = None  # the draft mask per (query head, token) row
         self._prefill_rows: list[torch.Tensor] = []
         # NOTE: the C++ kernel reads blocks in place: bfloat16 on x86 with AVX-512 BF16.
+        kernels = load_cpu_kernels() if dtype == torch.bfloat16 and device.type == "cpu" else None
         self._decode_kernel = (
-            load_decode_kernel()
-            if dtype == torch.bfloat16 and device.type == "cpu" and head_dim % 64 == 0 and block_size == 16
-            else None
+            kernels.paged_decode_attention if kernels is not None and head_dim % 64 == 0 and block_size == 16 else None
         )
         self._decode_token_limits: torch.Tensor | None = None  # [num_decodes, max_query_len] keys each token sees
         self._decode_row_limits: torch.Tensor | None = None  # the same per (query head, token) row

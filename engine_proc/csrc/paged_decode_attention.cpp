@@ -1,6 +1,6 @@
 // Decode attention that reads a paged bfloat16 K/V cache in place (AVX-512, x86 CPUs).
 //
-// The Python side (engine_proc/cpu_attention.py) builds this once per machine with
+// The Python side (engine_proc/cpu_kernels.py) builds this once per machine with
 // torch.utils.cpp_extension and falls back to gather + SDPA where it cannot. For each
 // (sequence, KV head), in one OpenMP task: (1) the sequence's K blocks, transposed to
 // [head_dim][16] floats, and V blocks, as floats; every query row's scores, 4 rows at a time
@@ -179,8 +179,4 @@ torch::Tensor paged_decode_attention(
     }
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged bfloat16 K/V cache");
 }

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.quantized_linear import (
@@ -41,8 +43,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.kernels: Any | None = None  # the CPU kernels, for bfloat16 rows (see `LlamaForCausalLM.prepack`)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernels is not None and x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous():
+            return self.kernels.rms_norm(x, self.weight, self.eps)
         # NOTE: a decode step runs 61 norms, so skip even the no-op conversions of float32,
         # and compute in place in the float32 copy of a 16-bit input (same values, fewer tensors).
         if x.dtype == torch.float32:
@@ -151,9 +156,13 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.kernels: Any | None = None  # the CPU kernels, for bfloat16 activations
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.kernels is not None and gate_up.dtype == torch.bfloat16:
+            return self.down_proj(self.kernels.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))
 
 
@@ -229,11 +238,17 @@ class LlamaForCausalLM(nn.Module):
         return F.linear(hidden, self.lm_head_weight)
 
     def prepack(self) -> None:
-        """Reorders every dense weight once for oneDNN where it has them (bfloat16 on the CPU)."""
+        """Reorders every dense weight once for oneDNN where it has them (bfloat16 on the CPU), and
+        hands the norms and MLPs the fused CPU kernels where those run (bfloat16, widths of 16s)."""
+        weight = self.lm_head_weight
+        kernels = load_cpu_kernels() if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" else None
         for module in self.modules():
             if isinstance(module, Linear):
                 module.prepack()
-        weight = self.lm_head_weight
+            elif isinstance(module, RMSNorm):
+                module.kernels = kernels if module.weight.numel() % 16 == 0 else None
+            elif isinstance(module, LlamaMLP):
+                module.kernels = kernels if module.down_proj.in_features % 16 == 0 else None
         self.packed_lm_head = PackedWeight(weight) if is_prepack_supported(weight) else None
         self.transposed_lm_head = None
         if self.packed_lm_head is not None and is_plain_matmul_faster(

@@ -1,0 +1,14 @@
+// The Python module of zeroserve's CPU kernels (engine_proc/cpu_kernels.py builds it).
+#include <torch/extension.h>
+
+torch::Tensor paged_decode_attention(
+    const torch::Tensor& query, const torch::Tensor& cache, const torch::Tensor& block_table,
+    const torch::Tensor& row_limits, double scale);
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged bfloat16 K/V cache");
+  m.def("rms_norm", &rms_norm, "weight * bf16(x / rms(x)) for bfloat16 rows");
+  m.def("silu_and_mul", &silu_and_mul, "bf16(silu(gate)) * up for bfloat16 [rows, 2 * width]");
+}
