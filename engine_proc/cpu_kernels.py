@@ -9,6 +9,7 @@ compiler, `ZEROSERVE_CPU_KERNELS=0`) the engine runs the same layers as torch op
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -16,7 +17,9 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp")]
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp")]
+_HEADERS = [_CSRC / "vec_bf16.h"]
 _REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma")
 # NOTE: explicit instruction sets rather than -march=native, so a build cached on one machine
 # never runs code another CPU of the kind checked above lacks.
@@ -35,9 +38,12 @@ def load_cpu_kernels() -> Any | None:
     try:
         from torch.utils import cpp_extension
 
+        # NOTE: torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag.
+        headers_hash = hashlib.sha256(b"".join(path.read_bytes() for path in _HEADERS)).hexdigest()[:16]
         return cpp_extension.load(
             name="zeroserve_cpu_kernels", sources=[str(path) for path in _SOURCES],
-            extra_cflags=_CFLAGS, extra_ldflags=["-fopenmp"], verbose=False,
+            extra_cflags=[*_CFLAGS, f"-DZEROSERVE_HEADERS_HASH={headers_hash}"], extra_ldflags=["-fopenmp"],
+            extra_include_paths=[str(_CSRC)], verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 - any build failure leaves the torch ops
         logger.warning("CPU kernels: not used (the C++ build failed: %s)", exc)

@@ -12,39 +12,19 @@
 #include <immintrin.h>
 #include <torch/extension.h>
 
+#include "vec_bf16.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 namespace {
 
+using zeroserve::exp512;
+using zeroserve::load_bf16;
+using zeroserve::store_bf16;
+
 constexpr int64_t kBlockSize = 16;  // keys per cache block: the lanes of one register
-
-// e^x for x <= 0 (below -87 it is 0): 2^(x log2 e), a degree-6 polynomial for the fraction.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
-inline __m512 load_bf16(const uint16_t* src) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-inline void store_bf16(uint16_t* dst, __m512 values) {
-  const __m256bh packed = _mm512_cvtneps_pbh(values);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<const __m256i&>(packed));
-}
 
 inline __mmask16 first_lanes(int64_t count) {
   return count <= 0 ? 0 : count >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1u);
@@ -161,7 +141,7 @@ torch::Tensor paged_decode_attention(
         const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(row_max));
         __m512 sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < length; j += 16) {
-          const __m512 e = _mm512_maskz_mov_ps(first_lanes(visible - j), exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(row + j), top)));
+          const __m512 e = _mm512_maskz_mov_ps(first_lanes(visible - j), exp512(_mm512_sub_ps(_mm512_load_ps(row + j), top)));
           sum = _mm512_add_ps(sum, e);
           _mm512_store_ps(row + j, e);
         }
