@@ -1,5 +1,6 @@
 """zeroserve's C++ kernels for x86 CPUs with AVX-512 BF16: decode attention that reads the paged
-cache in place, and fused RMSNorm and SiLU·up for bfloat16 activations.
+cache in place, fused RMSNorm and SiLU·up for bfloat16 activations, and (with AMX) greedy picks
+straight from the output head.
 
 Built once per machine with torch's extension builder (g++ and ninja) into torch's extension
 cache, at `make install` or on the first engine start; where they cannot be (another CPU, no
@@ -18,17 +19,20 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp")]
+_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "greedy_head.cpp")]
 _HEADERS = [_CSRC / "vec_bf16.h"]
 _REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma")
 # NOTE: explicit instruction sets rather than -march=native, so a build cached on one machine
 # never runs code another CPU of the kind checked above lacks.
-_CFLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"]
+# AMX code is compiled in but runs only where `has_amx` says the CPU has it.
+_CFLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16"]
+_AMX_CPU_FLAGS = ("amx_tile", "amx_bf16")
 
 
 @functools.cache
 def load_cpu_kernels() -> Any | None:
-    """The built module (`paged_decode_attention`, `rms_norm`, `silu_and_mul`), or None where unavailable."""
+    """The built module (`paged_decode_attention`, `rms_norm`, `silu_and_mul`, and `pack_greedy_head` and
+    `greedy_head` where `has_amx`), or None where unavailable."""
     if os.environ.get("ZEROSERVE_CPU_KERNELS", "1") == "0":
         return None
     missing = [flag for flag in _REQUIRED_CPU_FLAGS if flag not in _cpu_flags()]
@@ -48,6 +52,11 @@ def load_cpu_kernels() -> Any | None:
     except Exception as exc:  # noqa: BLE001 - any build failure leaves the torch ops
         logger.warning("CPU kernels: not used (the C++ build failed: %s)", exc)
         return None
+
+
+def has_amx() -> bool:
+    """Whether this CPU has AMX tiles with bfloat16 (the greedy output head's kernel needs them)."""
+    return all(flag in _cpu_flags() for flag in _AMX_CPU_FLAGS)
 
 
 def _cpu_flags() -> set[str]:

@@ -99,8 +99,16 @@ class ModelRunner:
             num_rows = 1 + len(scheduled.spec_token_ids)
             rows.extend(range(last_rows[id(scheduled)] - num_rows + 1, last_rows[id(scheduled)] + 1))
             row_requests.extend([scheduled.request] * num_rows)
-        logits = self.model.compute_raw_logits(hidden[torch.tensor(rows, device=self.device)])
-        sampler_output = self.sampler(logits, self._sampling_metadata(row_requests, logits.shape[-1]))
+        sampled_hidden = hidden[torch.tensor(rows, device=self.device)]
+        metadata = self._sampling_metadata(row_requests, self.model_config.vocab_size)
+        greedy_ids = (
+            self.model.compute_greedy_ids(sampled_hidden)
+            if metadata.is_plain_greedy and metadata.banned is None else None
+        )
+        if greedy_ids is not None:
+            sampler_output = SamplerOutput(greedy_ids, None, None, None)
+        else:
+            sampler_output = self.sampler(self.model.compute_raw_logits(sampled_hidden), metadata)
         token_ids = sampler_output.token_ids.tolist()
         sampled_token_ids, row = [], 0
         for scheduled in sampling_order:

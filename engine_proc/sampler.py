@@ -32,11 +32,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """logits [num_seqs, vocab] in any float dtype → one token id per row."""
-        is_plain_greedy = (
-            metadata.is_all_greedy and metadata.max_num_logprobs is None
-            and metadata.output_counts is None and metadata.logit_bias is None
-        )
-        if is_plain_greedy:
+        if metadata.is_plain_greedy:
             # NOTE: widening to float32 changes no value, so the model dtype's argmax is the
             # same, without a float32 copy of every row; bans (-inf) hold in any dtype.
             return SamplerOutput(greedy_ids(_apply_bias_and_bans(logits, metadata)), None, None, None)

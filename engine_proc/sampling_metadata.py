@@ -72,6 +72,14 @@ class SamplingMetadata:
             max_num_logprobs=max(num_logprobs) if num_logprobs else None,
         )
 
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Every row takes the argmax of its raw logits, bans aside: no logprobs, penalties or bias."""
+        return (
+            self.is_all_greedy and self.max_num_logprobs is None and self.output_counts is None
+            and self.logit_bias is None
+        )
+
 
 def _sparse(
     biases: Sequence[Sequence[tuple[int, float]]], device: torch.device

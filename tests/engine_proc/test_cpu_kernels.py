@@ -1,4 +1,5 @@
-"""The C++ kernels against the torch ops they replace: decode attention (also against dense attention), RMSNorm, SiLU·up."""
+"""The C++ kernels against the torch ops they replace: decode attention (also against dense attention), RMSNorm,
+SiLU·up, greedy picks straight from the output head."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import pytest
 import torch
 
 from engine_proc import cpu_kernels
-from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.cpu_kernels import has_amx, load_cpu_kernels
 from engine_proc.loader import load_model
+from engine_proc.models.llama import LlamaForCausalLM
+from engine_proc.sampler import greedy_ids
 from tests.engine_proc.models.test_llama import TINY, run, save_tiny_checkpoint
 from tests.engine_proc.test_attention import decode_step
 
@@ -17,6 +20,7 @@ from tests.engine_proc.test_attention import decode_step
 SMOLLM2 = dict(dtype=torch.bfloat16, num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, max_context_len=150)
 
 needs_kernel = pytest.mark.skipif(load_cpu_kernels() is None, reason="this CPU has no AVX-512 BF16 (or no compiler)")
+needs_amx = pytest.mark.skipif(load_cpu_kernels() is None or not has_amx(), reason="this CPU has no AMX BF16")
 
 
 @needs_kernel
@@ -83,3 +87,49 @@ def test_a_bfloat16_model_gives_the_logits_it_gives_without_the_fused_layers(tmp
             if hasattr(module, "kernels"):
                 module.kernels = None
         torch.testing.assert_close(fused, run(model, seqs), atol=0.02, rtol=0)
+
+
+@needs_amx
+@pytest.mark.parametrize(("num_rows", "hidden", "vocab_size"), [(1, 64, 1000), (17, 96, 5003), (40, 64, 49152)])
+def test_greedy_head_picks_what_greedy_ids_picks_from_the_bfloat16_logits(
+    num_rows: int, hidden: int, vocab_size: int
+) -> None:
+    kernels = load_cpu_kernels()
+    torch.manual_seed(num_rows)
+    x, weight = torch.randn(num_rows, hidden).bfloat16(), (torch.randn(vocab_size, hidden) * 0.1).bfloat16()
+    picks = kernels.greedy_head(x, kernels.pack_greedy_head(weight), vocab_size)
+    assert picks.dtype == torch.int64
+    assert torch.equal(picks, greedy_ids(torch.nn.functional.linear(x, weight)))
+
+
+@needs_amx
+def test_greedy_head_breaks_ties_of_the_rounded_logits_as_argmax_does() -> None:
+    kernels = load_cpu_kernels()
+    x = torch.ones(3, 64, dtype=torch.bfloat16)
+    weight = (torch.randn(100, 64) * 0.01).bfloat16()
+    weight[5] = 1.0
+    # NOTE: logit 64.0078 in float32 against 64.0 at id 5: both 64.0 in bfloat16, so id 5 comes first.
+    weight[9] = 1.0
+    weight[9, 0] = 1.0078125
+    # NOTE: the vocabulary ends inside the last block of 32 ids: 97 is in it, 99 (the largest) past it.
+    weight[97], weight[99] = 1.5, 2.0
+    x[2, :32] = 0
+    picks = kernels.greedy_head(x, kernels.pack_greedy_head(weight), 99)
+    logits = torch.nn.functional.linear(x, weight[:99])
+    assert picks.tolist() == greedy_ids(logits).tolist() == [97, 97, 97]
+    picks = kernels.greedy_head(x, kernels.pack_greedy_head(weight[:97]), 97)
+    assert picks.tolist() == [5, 5, 5]
+
+
+@needs_amx
+def test_a_model_takes_greedy_picks_from_the_head_from_sixteen_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    save_tiny_checkpoint(tmp_path, "llama")
+    monkeypatch.setattr(LlamaForCausalLM, "_is_greedy_head_faster", lambda self: True)
+    model = load_model(tmp_path, dtype=torch.bfloat16)
+    assert model.greedy_head_weight is not None
+    hidden = torch.randn(300, TINY["hidden_size"]).bfloat16()
+    assert model.compute_greedy_ids(hidden[:15]) is None
+    for num_rows in (16, 300):
+        assert torch.equal(model.compute_greedy_ids(hidden[:num_rows]), greedy_ids(model.compute_raw_logits(hidden[:num_rows])))
