@@ -105,7 +105,7 @@ class PagedAttention:
         # NOTE: the C++ kernel reads blocks in place: bfloat16 on x86 with AVX-512 BF16.
         kernels = load_cpu_kernels() if dtype == torch.bfloat16 and device.type == "cpu" else None
         self._decode_kernel = (
-            kernels.paged_decode_attention if kernels is not None and head_dim % 64 == 0 and block_size == 16 else None
+            kernels.paged_decode_attention if kernels is not None and head_dim % 16 == 0 and block_size == 16 else None
         )
         self._decode_token_limits: torch.Tensor | None = None  # [num_decodes, max_query_len] keys each token sees
         self._decode_row_limits: torch.Tensor | None = None  # the same per (query head, token) row

@@ -143,25 +143,38 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
 
 
 def _dataclass_converter(cls: type) -> Callable[[Any], Any]:
+    """A function built for `cls` (as attrs and msgspec build theirs): one `get` per field, a
+    conversion only for present, non-None values of fields that need one, then one call."""
     hints = typing.get_type_hints(cls)
-    names = frozenset(f.name for f in dataclasses.fields(cls))
-    # NOTE: only fields that need work are visited, and None needs none: a step's outputs
-    # decode with one dict copy and a few lookups each.
-    converted = [
-        (f.name, conv) for f in dataclasses.fields(cls)
-        if (conv := _converter(_without_none(hints[f.name]))) is not _identity
-    ]
-
-    def convert(value: dict[str, Any]) -> Any:
-        # NOTE: unknown keys are dropped, missing ones take defaults: peers may differ by
-        # a field within one protocol version.
-        kwargs = dict(value) if value.keys() <= names else {k: v for k, v in value.items() if k in names}
-        for name, conv in converted:
-            field_value = kwargs.get(name)
-            if field_value is not None:
-                kwargs[name] = conv(field_value)
-        return cls(**kwargs)
-
+    namespace: dict[str, Any] = {"cls": cls, "MISSING": dataclasses.MISSING}
+    lines, arguments, keywords = ["def convert(value):", "    get = value.get"], [], []
+    # NOTE: unknown keys are ignored and missing ones take defaults: peers may differ by a
+    # field within one protocol version. A missing field without a default is a KeyError.
+    for index, f in enumerate(field for field in dataclasses.fields(cls) if field.init):
+        name, conv = f"v{index}", _converter(_without_none(hints[f.name]))
+        namespace[f"conv{index}"], namespace[f"default{index}"] = conv, f.default
+        namespace[f"factory{index}"] = f.default_factory
+        if f.default is not dataclasses.MISSING:
+            missing = f"default{index}"
+        elif f.default_factory is not dataclasses.MISSING:
+            missing = f"factory{index}()"
+        else:
+            missing = None
+        if conv is _identity and missing is None:
+            lines.append(f"    {name} = value[{f.name!r}]")
+        elif conv is _identity and f.default_factory is dataclasses.MISSING:
+            lines.append(f"    {name} = get({f.name!r}, {missing})")
+        else:
+            lines.append(f"    {name} = get({f.name!r}, MISSING)")
+            lines.append(f"    if {name} is MISSING:")
+            lines.append(f"        {name} = {missing}" if missing else f"        raise KeyError({f.name!r})")
+            if conv is not _identity:
+                lines.append(f"    elif {name} is not None:")
+                lines.append(f"        {name} = conv{index}({name})")
+        (keywords if f.kw_only else arguments).append(f"{f.name}={name}" if f.kw_only else name)
+    lines.append(f"    return cls({', '.join(arguments + keywords)})")
+    exec("\n".join(lines), namespace)  # noqa: S102 - code built from the dataclass's own field names
+    convert: Callable[[Any], Any] = namespace["convert"]
     return convert
 
 

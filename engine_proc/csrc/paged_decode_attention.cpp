@@ -45,24 +45,34 @@ inline void score_rows(const float* q, int64_t head_dim, const float* keys_t, fl
   for (int i = 0; i < N; ++i) _mm512_store_ps(scores + i * stride, _mm512_add_ps(even[i], odd[i]));
 }
 
-// out[i] = probs[i] · values over `length` keys, for N rows, 64 columns at a time.
+// out[i][col, col + 16 G) = probs[i] · values over `length` keys, for N rows and G groups of 16 columns.
+template <int N, int G>
+inline void weigh_columns(const float* probs, int64_t stride, const float* values, int64_t length, float* out, int64_t head_dim,
+                          int64_t col) {
+  __m512 acc[N][G];
+  for (int i = 0; i < N; ++i) for (int c = 0; c < G; ++c) acc[i][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < length; ++j) {
+    const float* row = values + j * head_dim + col;
+    __m512 v[G];
+    for (int c = 0; c < G; ++c) v[c] = _mm512_load_ps(row + c * 16);
+    for (int i = 0; i < N; ++i) {
+      const __m512 p = _mm512_set1_ps(probs[i * stride + j]);
+      for (int c = 0; c < G; ++c) acc[i][c] = _mm512_fmadd_ps(p, v[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < N; ++i) for (int c = 0; c < G; ++c) _mm512_store_ps(out + i * head_dim + col + c * 16, acc[i][c]);
+}
+
+// out[i] = probs[i] · values over `length` keys, for N rows, up to 64 columns at a time.
 template <int N>
 inline void weigh_rows(const float* probs, int64_t stride, const float* values, int64_t length, float* out, int64_t head_dim) {
-  for (int64_t col = 0; col < head_dim; col += 64) {
-    __m512 acc[N][4];
-    for (int i = 0; i < N; ++i) for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < length; ++j) {
-      const float* row = values + j * head_dim + col;
-      const __m512 v0 = _mm512_load_ps(row), v1 = _mm512_load_ps(row + 16), v2 = _mm512_load_ps(row + 32), v3 = _mm512_load_ps(row + 48);
-      for (int i = 0; i < N; ++i) {
-        const __m512 p = _mm512_set1_ps(probs[i * stride + j]);
-        acc[i][0] = _mm512_fmadd_ps(p, v0, acc[i][0]);
-        acc[i][1] = _mm512_fmadd_ps(p, v1, acc[i][1]);
-        acc[i][2] = _mm512_fmadd_ps(p, v2, acc[i][2]);
-        acc[i][3] = _mm512_fmadd_ps(p, v3, acc[i][3]);
-      }
-    }
-    for (int i = 0; i < N; ++i) for (int c = 0; c < 4; ++c) _mm512_store_ps(out + i * head_dim + col + c * 16, acc[i][c]);
+  int64_t col = 0;
+  for (; col + 64 <= head_dim; col += 64) weigh_columns<N, 4>(probs, stride, values, length, out, head_dim, col);
+  switch ((head_dim - col) / 16) {
+    case 3: weigh_columns<N, 3>(probs, stride, values, length, out, head_dim, col); break;
+    case 2: weigh_columns<N, 2>(probs, stride, values, length, out, head_dim, col); break;
+    case 1: weigh_columns<N, 1>(probs, stride, values, length, out, head_dim, col); break;
+    default: break;
   }
 }
 
@@ -82,7 +92,7 @@ torch::Tensor paged_decode_attention(
   TORCH_CHECK(block_table.scalar_type() == at::kLong && row_limits.scalar_type() == at::kLong, "int64 tables");
   TORCH_CHECK(query.is_contiguous() && cache.is_contiguous() && block_table.is_contiguous() && row_limits.is_contiguous());
   const int64_t num_seqs = query.size(0), num_kv_heads = query.size(1), num_rows = query.size(2), head_dim = query.size(3);
-  TORCH_CHECK(head_dim % 64 == 0 && cache.size(3) == head_dim && cache.size(1) == num_kv_heads, "head_dim must be a multiple of 64");
+  TORCH_CHECK(head_dim % 16 == 0 && cache.size(3) == head_dim && cache.size(1) == num_kv_heads, "head_dim must be a multiple of 16");
   TORCH_CHECK(row_limits.size(0) == num_seqs && row_limits.size(1) == num_rows && block_table.size(0) == num_seqs);
   const int64_t num_slots = cache.size(2), max_blocks = block_table.size(1);
   auto out = torch::empty_like(query);

@@ -41,6 +41,13 @@ def test_a_context_of_many_blocks_with_a_partly_filled_last_block() -> None:
     torch.testing.assert_close(out.float(), expected, rtol=0.02, atol=0.02)
 
 
+@needs_kernel
+@pytest.mark.parametrize("head_dim", [16, 48, 80])
+def test_head_sizes_other_than_sixty_four(head_dim: int) -> None:
+    out, expected = decode_step([1, 3, 1], **{**SMOLLM2, "head_dim": head_dim})
+    torch.testing.assert_close(out.float(), expected, rtol=0.02, atol=0.02)
+
+
 def test_float32_keeps_the_exact_path() -> None:
     from engine_proc.attention import PagedAttention
 

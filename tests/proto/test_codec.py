@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import ormsgpack
 import pytest
 import torch
 import zmq
@@ -47,6 +48,17 @@ def test_outputs_roundtrip_with_enums_and_nested_lists() -> None:
     assert decoded == outputs
     assert decoded.outputs[1].finish_reason is FinishReason.LENGTH
     assert str(decoded.outputs[1].finish_reason) == "length"
+
+
+def test_a_peer_one_field_apart_still_decodes() -> None:
+    decoder = MsgpackDecoder(EngineCoreOutputs)
+    # NOTE: a newer peer's extra field is ignored; an older peer's missing ones take their defaults.
+    message = {"outputs": [{"request_id": "a", "new_token_ids": [5], "finish_reason": 1, "added_later": 3}]}
+    decoded = decoder.decode(ormsgpack.packb(message))
+    assert decoded.outputs == [EngineCoreOutput("a", [5], FinishReason.LENGTH)]
+    assert decoded.engine_index == 0 and decoded.scheduler_stats is None
+    with pytest.raises(KeyError, match="request_id"):
+        decoder.decode(ormsgpack.packb({"outputs": [{"new_token_ids": [5]}]}))
 
 
 def test_abort_and_utility_and_ready_roundtrip() -> None:
