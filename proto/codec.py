@@ -147,7 +147,9 @@ def _dataclass_converter(cls: type) -> Callable[[Any], Any]:
     conversion only for present, non-None values of fields that need one, then one call."""
     hints = typing.get_type_hints(cls)
     namespace: dict[str, Any] = {"cls": cls, "MISSING": dataclasses.MISSING}
-    lines, arguments, keywords = ["def convert(value):", "    get = value.get"], [], []
+    lines = ["def convert(value):", "    get = value.get"]
+    arguments: list[str] = []
+    keywords: list[str] = []
     # NOTE: unknown keys are ignored and missing ones take defaults: peers may differ by a
     # field within one protocol version. A missing field without a default is a KeyError.
     for index, f in enumerate(field for field in dataclasses.fields(cls) if field.init):

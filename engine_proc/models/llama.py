@@ -291,13 +291,16 @@ class LlamaForCausalLM(nn.Module):
         return is_faster(lambda: int8_rows.matmul(hidden), lambda: packed.linear(hidden))
 
     def _is_greedy_head_faster(self) -> bool:
-        """Whether the fused kernel beats logits + `greedy_ids` at the fewest rows it takes and at 256 rows."""
+        """Whether the fused kernel beats logits + `greedy_ids` by 20% at the fewest rows it takes and at 256 rows
+        (at the default model's width, 576, the two are close: 2.9 vs 2.3 ms at 16 rows, 22 vs 19 at 256)."""
+        return all(self._is_greedy_head_faster_at(n) for n in (_GREEDY_HEAD_MIN_ROWS, 4 * _PACKED_HEAD_MAX_ROWS))
+
+    def _is_greedy_head_faster_at(self, num_rows: int) -> bool:
         weight = self.lm_head_weight
-        for num_rows in (_GREEDY_HEAD_MIN_ROWS, 4 * _PACKED_HEAD_MAX_ROWS):
-            hidden = torch.randn(num_rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-            if not is_faster(lambda: self.compute_greedy_ids(hidden), lambda: greedy_ids(self.compute_raw_logits(hidden))):
-                return False
-        return True
+        hidden = torch.randn(num_rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        return is_faster(
+            lambda: self.compute_greedy_ids(hidden), lambda: greedy_ids(self.compute_raw_logits(hidden)), margin=1.2
+        )
 
     def unpack(self) -> None:
         """Drops the reordered copies (before the weights are freed)."""
