@@ -1,20 +1,17 @@
 // Greedy picks straight from the output head (x86 CPUs with AMX BF16): each row's argmax of
 // hidden @ weight.T, the logits computed 32 rows × 32 ids at a time in AMX tiles and compared
 // where they land, so the [rows, vocab] logits are never written out. Each logit is rounded to
-// bfloat16 before it is compared, as the bfloat16 matmul's output would be, so ties resolve as
-// `argmax` over those logits does: the first maximum wins.
+// bfloat16 as the bfloat16 matmul's output would be, and 32 of them are compared at once as
+// 16-bit integers in the floats' order, so ties resolve as `argmax` over those logits does:
+// the first maximum wins.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <torch/extension.h>
 #include <unistd.h>
 
-#include "vec_bf16.h"
-
 #include <cstdint>
 #include <limits>
-
-using zeroserve::round_bf16;
 
 namespace {
 
@@ -23,7 +20,7 @@ constexpr int64_t kTileDepth = 32;  // bfloat16 features one tile multiplies
 constexpr int64_t kTileElements = kTileRows * kTileDepth;
 constexpr int64_t kBlockIds = 2 * kTileRows;  // ids of one step: two weight tiles
 constexpr int64_t kBlockRows = 2 * kTileRows;  // rows of one step: two hidden tiles
-constexpr int64_t kChunkBlocks = 32;  // blocks of ids in one work item (1024 ids)
+constexpr int64_t kChunkBytes = 512 * 1024;  // of weights in one work item: they stay in L2 across its rows
 
 // The AMX palette-1 configuration: eight tiles of 16 rows × 64 bytes.
 struct alignas(64) TileConfig {
@@ -47,32 +44,31 @@ bool is_amx_granted() {
   return granted;
 }
 
-// Folds one block's 32 × 32 logits into each row's running best per lane (lane l holds ids ≡ l mod 16).
-inline void update_best(const float (&logits)[4][kTileRows][kTileRows], int32_t first_id, int64_t vocab_size,
-                        float (&best)[kBlockRows][kTileRows], int32_t (&best_ids)[kBlockRows][kTileRows]) {
-  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i ids0 = _mm512_add_epi32(_mm512_set1_epi32(first_id), lanes);
-  const __m512i ids1 = _mm512_add_epi32(ids0, _mm512_set1_epi32(kTileRows));
-  const __m512i limit = _mm512_set1_epi32(static_cast<int32_t>(vocab_size));
-  const __mmask16 valid0 = _mm512_cmplt_epi32_mask(ids0, limit);
-  const __mmask16 valid1 = _mm512_cmplt_epi32_mask(ids1, limit);
+// bfloat16 bit patterns -> 16-bit integers in the floats' order (negative values' magnitude
+// bits flipped; -0 taken as +0, which argmax counts as equal).
+inline __m512i ordered_keys(__m512i bits) {
+  bits = _mm512_mask_mov_epi16(bits, _mm512_cmpeq_epi16_mask(bits, _mm512_set1_epi16(static_cast<int16_t>(0x8000))),
+                               _mm512_setzero_si512());
+  return _mm512_xor_si512(bits, _mm512_and_si512(_mm512_srai_epi16(bits, 15), _mm512_set1_epi16(0x7FFF)));
+}
+
+// Folds one block's 32 rows × 32 ids of logits into each row's running best: per lane (id mod
+// 32) the largest bf16 logit so far, as an ordered key, and the block it came from.
+inline void update_best(const float (&logits)[4][kTileRows][kTileRows], int16_t block, __mmask32 is_valid,
+                        int16_t (&best_keys)[kBlockRows][kBlockIds], int16_t (&best_blocks)[kBlockRows][kBlockIds]) {
+  const __m512i block_vec = _mm512_set1_epi16(block);
   for (int64_t half = 0; half < 2; ++half) {
     for (int64_t row = 0; row < kTileRows; ++row) {
-      float* row_best = best[half * kTileRows + row];
-      int32_t* row_ids = best_ids[half * kTileRows + row];
-      __m512 values = _mm512_load_ps(row_best);
-      __m512i ids = _mm512_load_si512(row_ids);
-      // NOTE: strictly greater, and ids rise along a lane: a lane keeps its first maximum.
-      const __m512 first = round_bf16(_mm512_load_ps(logits[2 * half][row]));
-      const __mmask16 is_better0 = _mm512_mask_cmp_ps_mask(valid0, first, values, _CMP_GT_OQ);
-      values = _mm512_mask_mov_ps(values, is_better0, first);
-      ids = _mm512_mask_mov_epi32(ids, is_better0, ids0);
-      const __m512 second = round_bf16(_mm512_load_ps(logits[2 * half + 1][row]));
-      const __mmask16 is_better1 = _mm512_mask_cmp_ps_mask(valid1, second, values, _CMP_GT_OQ);
-      values = _mm512_mask_mov_ps(values, is_better1, second);
-      ids = _mm512_mask_mov_epi32(ids, is_better1, ids1);
-      _mm512_store_ps(row_best, values);
-      _mm512_store_si512(row_ids, ids);
+      // NOTE: ids 0-15 of the block from the first tile, 16-31 from the second, rounded to bf16 as torch rounds.
+      const __m512bh rounded = _mm512_cvtne2ps_pbh(_mm512_load_ps(logits[2 * half + 1][row]), _mm512_load_ps(logits[2 * half][row]));
+      const __m512i keys = ordered_keys(reinterpret_cast<const __m512i&>(rounded));
+      int16_t* row_keys = best_keys[half * kTileRows + row];
+      int16_t* row_blocks = best_blocks[half * kTileRows + row];
+      const __m512i best = _mm512_load_si512(row_keys);
+      // NOTE: strictly greater, and blocks rise: a lane keeps its first maximum.
+      const __mmask32 is_better = _mm512_mask_cmpgt_epi16_mask(is_valid, keys, best);
+      _mm512_store_si512(row_keys, _mm512_mask_mov_epi16(best, is_better, keys));
+      _mm512_store_si512(row_blocks, _mm512_mask_mov_epi16(_mm512_load_si512(row_blocks), is_better, block_vec));
     }
   }
 }
@@ -102,19 +98,20 @@ torch::Tensor greedy_head(const torch::Tensor& hidden, const torch::Tensor& pack
   const int64_t num_rows = hidden.size(0), depth = hidden.size(1), num_chunks_k = depth / kTileDepth;
   TORCH_CHECK(depth % kTileDepth == 0 && packed_weight.size(1) == num_chunks_k);
   const int64_t num_blocks = packed_weight.size(0) / 2;
-  TORCH_CHECK(num_blocks * kBlockIds >= vocab_size);
+  TORCH_CHECK(num_blocks * kBlockIds >= vocab_size && num_blocks <= std::numeric_limits<int16_t>::max());
   const int64_t padded_rows = (num_rows + kBlockRows - 1) / kBlockRows * kBlockRows;
   auto x = hidden.contiguous();
   if (padded_rows != num_rows) {
     x = torch::cat({x, torch::zeros({padded_rows - num_rows, depth}, x.options())});
   }
   const int64_t num_row_blocks = padded_rows / kBlockRows;
-  const int64_t num_chunks = (num_blocks + kChunkBlocks - 1) / kChunkBlocks;
-  auto chunk_best = torch::empty({padded_rows, num_chunks}, hidden.options().dtype(at::kFloat));
+  const int64_t chunk_blocks = std::max<int64_t>(1, kChunkBytes / (kBlockIds * depth * 2));
+  const int64_t num_chunks = (num_blocks + chunk_blocks - 1) / chunk_blocks;
+  auto chunk_best = torch::empty({padded_rows, num_chunks}, hidden.options().dtype(at::kShort));
   auto chunk_ids = torch::empty({padded_rows, num_chunks}, hidden.options().dtype(at::kInt));
   const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* ws = reinterpret_cast<const uint16_t*>(packed_weight.data_ptr());
-  auto* chunk_best_out = chunk_best.data_ptr<float>();
+  auto* chunk_best_out = chunk_best.data_ptr<int16_t>();
   auto* chunk_ids_out = chunk_ids.data_ptr<int32_t>();
   const int64_t x_stride = depth * 2;  // bytes
 
@@ -124,18 +121,19 @@ torch::Tensor greedy_head(const torch::Tensor& hidden, const torch::Tensor& pack
     const TileConfig config;
     _tile_loadconfig(&config);
     alignas(64) float logits[4][kTileRows][kTileRows];
-    alignas(64) float best[kBlockRows][kTileRows];
-    alignas(64) int32_t best_ids[kBlockRows][kTileRows];
+    alignas(64) int16_t best_keys[kBlockRows][kBlockIds];
+    alignas(64) int16_t best_blocks[kBlockRows][kBlockIds];
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t chunk = item / num_row_blocks, row_block = item % num_row_blocks;
       for (int64_t row = 0; row < kBlockRows; ++row) {
-        _mm512_store_ps(best[row], _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
-        _mm512_store_si512(best_ids[row], _mm512_set1_epi32(std::numeric_limits<int32_t>::max()));
+        _mm512_store_si512(best_keys[row], _mm512_set1_epi16(std::numeric_limits<int16_t>::min()));
+        _mm512_store_si512(best_blocks[row], _mm512_setzero_si512());
       }
       const uint16_t* x0 = xs + row_block * kBlockRows * depth;
       const uint16_t* x1 = x0 + kTileRows * depth;
-      const int64_t block_end = std::min(num_blocks, (chunk + 1) * kChunkBlocks);
-      for (int64_t block = chunk * kChunkBlocks; block < block_end; ++block) {
+      const int64_t block_end = std::min(num_blocks, (chunk + 1) * chunk_blocks);
+      for (int64_t block = chunk * chunk_blocks; block < block_end; ++block) {
         const uint16_t* w0 = ws + 2 * block * num_chunks_k * kTileElements;
         const uint16_t* w1 = w0 + num_chunks_k * kTileElements;
         _tile_zero(0);
@@ -156,17 +154,26 @@ torch::Tensor greedy_head(const torch::Tensor& hidden, const torch::Tensor& pack
         _tile_stored(1, logits[1], 64);
         _tile_stored(2, logits[2], 64);
         _tile_stored(3, logits[3], 64);
-        update_best(logits, static_cast<int32_t>(block * kBlockIds), vocab_size, best, best_ids);
+        const int64_t num_valid = std::min<int64_t>(kBlockIds, vocab_size - block * kBlockIds);
+        const __mmask32 is_valid = num_valid >= kBlockIds ? ~__mmask32{0} : (__mmask32{1} << num_valid) - 1;
+        update_best(logits, static_cast<int16_t>(block), is_valid, best_keys, best_blocks);
       }
       for (int64_t row = 0; row < kBlockRows; ++row) {
-        const __m512 values = _mm512_load_ps(best[row]);
-        const float top = _mm512_reduce_max_ps(values);
-        const __mmask16 is_top = _mm512_cmp_ps_mask(values, _mm512_set1_ps(top), _CMP_EQ_OQ);
-        const __m512i ids = _mm512_mask_mov_epi32(_mm512_set1_epi32(std::numeric_limits<int32_t>::max()), is_top,
-                                                  _mm512_load_si512(best_ids[row]));
+        // NOTE: the largest key, then the smallest id holding it: the chunk's first maximum.
+        const __m512i keys0 = _mm512_cvtepi16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(best_keys[row])));
+        const __m512i keys1 = _mm512_cvtepi16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(best_keys[row] + 16)));
+        const int32_t top = _mm512_reduce_max_epi32(_mm512_max_epi32(keys0, keys1));
+        const __m512i blocks0 = _mm512_cvtepi16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(best_blocks[row])));
+        const __m512i blocks1 = _mm512_cvtepi16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(best_blocks[row] + 16)));
+        const __m512i ids0 = _mm512_add_epi32(_mm512_slli_epi32(blocks0, 5), lanes);
+        const __m512i ids1 = _mm512_add_epi32(_mm512_slli_epi32(blocks1, 5), _mm512_add_epi32(lanes, _mm512_set1_epi32(16)));
+        const __m512i none = _mm512_set1_epi32(std::numeric_limits<int32_t>::max());
+        const __m512i top_vec = _mm512_set1_epi32(top);
+        const __m512i candidates = _mm512_min_epi32(_mm512_mask_mov_epi32(none, _mm512_cmpeq_epi32_mask(keys0, top_vec), ids0),
+                                                    _mm512_mask_mov_epi32(none, _mm512_cmpeq_epi32_mask(keys1, top_vec), ids1));
         const int64_t out_row = row_block * kBlockRows + row;
-        chunk_best_out[out_row * num_chunks + chunk] = top;
-        chunk_ids_out[out_row * num_chunks + chunk] = _mm512_reduce_min_epi32(ids);
+        chunk_best_out[out_row * num_chunks + chunk] = static_cast<int16_t>(top);
+        chunk_ids_out[out_row * num_chunks + chunk] = _mm512_reduce_min_epi32(candidates);
       }
     }
     _tile_release();
@@ -176,7 +183,7 @@ torch::Tensor greedy_head(const torch::Tensor& hidden, const torch::Tensor& pack
   auto* out = token_ids.data_ptr<int64_t>();
   for (int64_t row = 0; row < num_rows; ++row) {
     // NOTE: chunks in id order, strictly greater: the first maximum wins across chunks too.
-    float top = chunk_best_out[row * num_chunks];
+    int16_t top = chunk_best_out[row * num_chunks];
     int32_t top_id = chunk_ids_out[row * num_chunks];
     for (int64_t chunk = 1; chunk < num_chunks; ++chunk) {
       if (chunk_best_out[row * num_chunks + chunk] > top) {
@@ -184,8 +191,7 @@ torch::Tensor greedy_head(const torch::Tensor& hidden, const torch::Tensor& pack
         top_id = chunk_ids_out[row * num_chunks + chunk];
       }
     }
-    // NOTE: a row of NaNs has no maximum; it gets id 0 rather than one past the vocabulary.
-    out[row] = top_id == std::numeric_limits<int32_t>::max() ? 0 : top_id;
+    out[row] = top_id;
   }
   return token_ids;
 }

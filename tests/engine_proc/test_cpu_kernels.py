@@ -126,6 +126,11 @@ def test_greedy_head_breaks_ties_of_the_rounded_logits_as_argmax_does() -> None:
     assert picks.tolist() == greedy_ids(logits).tolist() == [97, 97, 97]
     picks = kernels.greedy_head(x, kernels.pack_greedy_head(weight[:97]), 97)
     assert picks.tolist() == [5, 5, 5]
+    # NOTE: every logit negative: the least negative wins, the first of equals.
+    negative = -(weight.abs() + 0.25)
+    negative[40] = negative[70] = -0.25
+    picks = kernels.greedy_head(x, kernels.pack_greedy_head(negative), 100)
+    assert picks.tolist() == greedy_ids(torch.nn.functional.linear(x, negative)).tolist() == [40, 40, 40]
 
 
 @needs_amx
