@@ -276,12 +276,19 @@ class LlamaForCausalLM(nn.Module):
             logger.info("output head: bfloat16 for few rows too (the int8 head is not faster here)")
         self.greedy_head_weight, self._greedy_kernels = None, None
         if kernels is not None and has_amx() and self.packed_lm_head is not None and weight.shape[1] % 32 == 0:
-            self._greedy_kernels, self.greedy_head_weight = kernels, kernels.pack_greedy_head(weight)
-            if not self._is_greedy_head_faster():
-                self.greedy_head_weight, self._greedy_kernels = None, None
-            else:
-                logger.info("output head: greedy picks from %d rows straight from the head (AMX kernel)",
-                            _GREEDY_HEAD_MIN_ROWS)
+            self._set_up_greedy_head(kernels, weight)
+
+    def _set_up_greedy_head(self, kernels: Any, weight: Tensor) -> None:
+        self._greedy_kernels, self.greedy_head_weight = kernels, kernels.pack_greedy_head(weight)
+        try:
+            is_kept = self._is_greedy_head_faster()
+        except RuntimeError as exc:  # NOTE: e.g. a kernel (or container) that refuses AMX tile state
+            logger.info("output head: no greedy picks from the head (%s)", exc)
+            is_kept = False
+        if not is_kept:
+            self.greedy_head_weight, self._greedy_kernels = None, None
+            return
+        logger.info("output head: greedy picks from %d rows straight from the head (AMX kernel)", _GREEDY_HEAD_MIN_ROWS)
 
     def _is_int8_head_faster(self) -> bool:
         assert self.packed_lm_head is not None and self.int8_lm_head_weight is not None

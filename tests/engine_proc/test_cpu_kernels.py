@@ -145,3 +145,16 @@ def test_a_model_takes_greedy_picks_from_the_head_from_sixteen_rows(
     assert model.compute_greedy_ids(hidden[:15]) is None
     for num_rows in (16, 300):
         assert torch.equal(model.compute_greedy_ids(hidden[:num_rows]), greedy_ids(model.compute_raw_logits(hidden[:num_rows])))
+
+
+@needs_amx
+def test_a_process_refused_amx_keeps_the_plain_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    save_tiny_checkpoint(tmp_path, "llama")
+
+    def refused(self: LlamaForCausalLM) -> bool:
+        raise RuntimeError("the kernel asked Linux for AMX tile state and was refused")
+
+    monkeypatch.setattr(LlamaForCausalLM, "_is_greedy_head_faster", refused)
+    model = load_model(tmp_path, dtype=torch.bfloat16)
+    assert model.greedy_head_weight is None
+    assert model.compute_greedy_ids(torch.randn(32, TINY["hidden_size"]).bfloat16()) is None
