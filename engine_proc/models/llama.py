@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine_proc.cpu_kernels import has_amx, load_cpu_kernels
+from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.models.quantized_linear import (
     INT8_MAX_ROWS,
     Int8Rows,
@@ -23,14 +24,11 @@ from engine_proc.models.quantized_linear import (
     is_plain_matmul_faster,
     is_prepack_supported,
 )
-from engine_proc.sampler import greedy_ids
 
 logger = logging.getLogger(__name__)
 
 # The packed output head serves up to this many rows; beyond, a plain matmul where it measured faster.
 _PACKED_HEAD_MAX_ROWS = 64
-# Greedy picks come straight from the head (AMX kernel) from this many rows, where it measured faster.
-_GREEDY_HEAD_MIN_ROWS = 16
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
 _FUSED_PROJECTIONS = (
@@ -217,9 +215,7 @@ class LlamaForCausalLM(nn.Module):
         self.packed_lm_head: PackedWeight | None = None
         # NOTE: [hidden_size, vocab_size], kept only where it beats the packed head for many rows.
         self.transposed_lm_head: Tensor | None = None
-        # NOTE: the head in the AMX kernel's tile layout, kept only where greedy picks measured faster through it.
-        self.greedy_head_weight: Tensor | None = None
-        self._greedy_kernels: Any = None
+        self.greedy_head: GreedyHead | None = None
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
         """Final-normed hidden states [num_tokens, hidden_size] for the tokens of several sequences."""
@@ -246,10 +242,9 @@ class LlamaForCausalLM(nn.Module):
     def compute_greedy_ids(self, hidden: Tensor) -> Tensor | None:
         """Each row's greedy pick (the argmax of `compute_raw_logits`, first maximum) without writing
         the logits out, where the fused head kernel runs and pays at this many rows; else None."""
-        if self.greedy_head_weight is None or hidden.shape[0] < _GREEDY_HEAD_MIN_ROWS:
+        if self.greedy_head is None or hidden.shape[0] < self.greedy_head.min_rows:
             return None
-        token_ids: Tensor = self._greedy_kernels.greedy_head(hidden, self.greedy_head_weight, self.config.vocab_size)
-        return token_ids
+        return self.greedy_head.greedy_ids(hidden)
 
     def prepack(self) -> None:
         """Reorders every dense weight once for oneDNN where it has them (bfloat16 on the CPU), and
@@ -274,21 +269,9 @@ class LlamaForCausalLM(nn.Module):
         if self.packed_lm_head is not None and self.int8_lm_head_weight is not None and not self._is_int8_head_faster():
             self.int8_lm_head_weight, self.int8_lm_head_scales = None, None
             logger.info("output head: bfloat16 for few rows too (the int8 head is not faster here)")
-        self.greedy_head_weight, self._greedy_kernels = None, None
-        if kernels is not None and has_amx() and self.packed_lm_head is not None and weight.shape[1] % 32 == 0:
-            self._set_up_greedy_head(kernels, weight)
-
-    def _set_up_greedy_head(self, kernels: Any, weight: Tensor) -> None:
-        self._greedy_kernels, self.greedy_head_weight = kernels, kernels.pack_greedy_head(weight)
-        try:
-            is_kept = self._is_greedy_head_faster()
-        except RuntimeError as exc:  # NOTE: e.g. a kernel (or container) that refuses AMX tile state
-            logger.info("output head: no greedy picks from the head (%s)", exc)
-            is_kept = False
-        if not is_kept:
-            self.greedy_head_weight, self._greedy_kernels = None, None
-            return
-        logger.info("output head: greedy picks from %d rows straight from the head (AMX kernel)", _GREEDY_HEAD_MIN_ROWS)
+        self.greedy_head = None
+        if self.packed_lm_head is not None:
+            self.greedy_head = GreedyHead.if_faster(kernels, weight, self.compute_raw_logits)
 
     def _is_int8_head_faster(self) -> bool:
         assert self.packed_lm_head is not None and self.int8_lm_head_weight is not None
@@ -297,18 +280,6 @@ class LlamaForCausalLM(nn.Module):
         hidden = torch.randn(INT8_MAX_ROWS, weight.shape[1], dtype=weight.dtype, device=weight.device)
         return is_faster(lambda: int8_rows.matmul(hidden), lambda: packed.linear(hidden))
 
-    def _is_greedy_head_faster(self) -> bool:
-        """Whether the fused kernel beats logits + `greedy_ids` by 20% at the fewest rows it takes and at 256 rows
-        (at the default model's width, 576, the two are close: 2.9 vs 2.3 ms at 16 rows, 22 vs 19 at 256)."""
-        return all(self._is_greedy_head_faster_at(n) for n in (_GREEDY_HEAD_MIN_ROWS, 4 * _PACKED_HEAD_MAX_ROWS))
-
-    def _is_greedy_head_faster_at(self, num_rows: int) -> bool:
-        weight = self.lm_head_weight
-        hidden = torch.randn(num_rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        return is_faster(
-            lambda: self.compute_greedy_ids(hidden), lambda: greedy_ids(self.compute_raw_logits(hidden)), margin=1.2
-        )
-
     def unpack(self) -> None:
         """Drops the reordered copies (before the weights are freed)."""
         for module in self.modules():
@@ -316,7 +287,7 @@ class LlamaForCausalLM(nn.Module):
                 module.unpack()
         self.packed_lm_head = None
         self.transposed_lm_head = None
-        self.greedy_head_weight = None
+        self.greedy_head = None
 
     @property
     def lm_head_weight(self) -> Tensor:

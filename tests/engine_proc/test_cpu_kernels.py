@@ -11,7 +11,7 @@ import torch
 from engine_proc import cpu_kernels
 from engine_proc.cpu_kernels import has_amx, load_cpu_kernels
 from engine_proc.loader import load_model
-from engine_proc.models.llama import LlamaForCausalLM
+from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.sampler import greedy_ids
 from tests.engine_proc.models.test_llama import TINY, run, save_tiny_checkpoint
 from tests.engine_proc.test_attention import decode_step
@@ -138,9 +138,9 @@ def test_a_model_takes_greedy_picks_from_the_head_from_sixteen_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     save_tiny_checkpoint(tmp_path, "llama")
-    monkeypatch.setattr(LlamaForCausalLM, "_is_greedy_head_faster", lambda self: True)
+    monkeypatch.setattr(GreedyHead, "is_faster_at", lambda self, num_rows, raw_logits: True)
     model = load_model(tmp_path, dtype=torch.bfloat16)
-    assert model.greedy_head_weight is not None
+    assert model.greedy_head is not None
     hidden = torch.randn(300, TINY["hidden_size"]).bfloat16()
     assert model.compute_greedy_ids(hidden[:15]) is None
     for num_rows in (16, 300):
@@ -151,10 +151,10 @@ def test_a_model_takes_greedy_picks_from_the_head_from_sixteen_rows(
 def test_a_process_refused_amx_keeps_the_plain_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     save_tiny_checkpoint(tmp_path, "llama")
 
-    def refused(self: LlamaForCausalLM) -> bool:
+    def refused(self: GreedyHead, num_rows: int, raw_logits: object) -> bool:
         raise RuntimeError("the kernel asked Linux for AMX tile state and was refused")
 
-    monkeypatch.setattr(LlamaForCausalLM, "_is_greedy_head_faster", refused)
+    monkeypatch.setattr(GreedyHead, "is_faster_at", refused)
     model = load_model(tmp_path, dtype=torch.bfloat16)
-    assert model.greedy_head_weight is None
+    assert model.greedy_head is None
     assert model.compute_greedy_ids(torch.randn(32, TINY["hidden_size"]).bfloat16()) is None

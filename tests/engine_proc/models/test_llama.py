@@ -144,7 +144,7 @@ def test_int8_output_head_is_kept_only_where_it_measures_faster(
     hidden = torch.randn(2, TINY["hidden_size"]).bfloat16()
     expected = torch.nn.functional.linear(hidden, model.lm_head_weight).float()
     model.set_int8_lm_head(model.lm_head_weight.float())
-    monkeypatch.setattr("engine_proc.models.llama.is_faster", lambda candidate, baseline, margin=1.0: is_int8_faster)
+    monkeypatch.setattr("engine_proc.models.llama.is_faster", lambda candidate, baseline: is_int8_faster)
     model.prepack()
     assert (model.int8_lm_head_weight is not None) is is_int8_faster
     with torch.no_grad():
