@@ -16,17 +16,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+from engine_proc.cpu_features import cpu_features
+
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "greedy_head.cpp")]
 _HEADERS = [_CSRC / "vec_bf16.h"]
-_REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma")
-# NOTE: explicit instruction sets rather than -march=native, so a build cached on one machine
-# never runs code another CPU of the kind checked above lacks.
+# NOTE: explicit instruction sets rather than -march=native, and one build per instruction set
+# (its name says which), so a build cached on one machine never runs on a CPU that lacks them.
 # AMX code is compiled in but runs only where `has_amx` says the CPU has it.
-_CFLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16"]
-_AMX_CPU_FLAGS = ("amx_tile", "amx_bf16")
+_CFLAGS_BY_ISA = {
+    "avx512_bf16": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16"],
+}
 
 
 @functools.cache
@@ -35,9 +37,10 @@ def load_cpu_kernels() -> Any | None:
     `greedy_head` where `has_amx`), or None where unavailable."""
     if os.environ.get("ZEROSERVE_CPU_KERNELS", "1") == "0":
         return None
-    missing = [flag for flag in _REQUIRED_CPU_FLAGS if flag not in _cpu_flags()]
-    if missing:
-        logger.info("CPU kernels: not used (this CPU lacks %s)", ", ".join(missing))
+    features = cpu_features()
+    isa = features.kernel_isa
+    if isa not in _CFLAGS_BY_ISA:
+        logger.info("CPU kernels: not used (none built for %s; torch ops instead)", features.describe())
         return None
     try:
         from torch.utils import cpp_extension
@@ -45,8 +48,9 @@ def load_cpu_kernels() -> Any | None:
         # NOTE: torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag.
         headers_hash = hashlib.sha256(b"".join(path.read_bytes() for path in _HEADERS)).hexdigest()[:16]
         return cpp_extension.load(
-            name="zeroserve_cpu_kernels", sources=[str(path) for path in _SOURCES],
-            extra_cflags=[*_CFLAGS, f"-DZEROSERVE_HEADERS_HASH={headers_hash}"], extra_ldflags=["-fopenmp"],
+            name=f"zeroserve_cpu_kernels_{isa}", sources=[str(path) for path in _SOURCES],
+            extra_cflags=["-O3", "-fopenmp", *_CFLAGS_BY_ISA[isa], f"-DZEROSERVE_HEADERS_HASH={headers_hash}"],
+            extra_ldflags=["-fopenmp"],
             extra_include_paths=[str(_CSRC)], verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 - any build failure leaves the torch ops
@@ -56,13 +60,4 @@ def load_cpu_kernels() -> Any | None:
 
 def has_amx() -> bool:
     """Whether this CPU has AMX tiles with bfloat16 (the greedy output head's kernel needs them)."""
-    return all(flag in _cpu_flags() for flag in _AMX_CPU_FLAGS)
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
+    return cpu_features().has_amx

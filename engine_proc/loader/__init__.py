@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from engine_proc.config import LOAD_FORMATS, QUANTIZATIONS
+from engine_proc.cpu_features import cpu_features
 from engine_proc.loader.gguf_loader import load_gguf, load_gguf_config
 from engine_proc.loader.hf_loader import load_hf_config, load_hf_dir
 from engine_proc.models.config import ModelConfig
@@ -42,7 +43,8 @@ def load_model(
     """Load a `.gguf` file or a Hugging Face directory into an inference-ready model.
 
     `dtype=None` ("auto") picks bfloat16 for a GGUF with 4-bit weights (which run as int4 with
-    bfloat16 activations) and for dummy weights, else the checkpoint's own floating dtype.
+    bfloat16 activations) and for dummy weights, else the checkpoint's own floating dtype; float32
+    on an x86 CPU without AVX2. Each matmul's form per batch size is measured here (matmul_plan).
     `quantization`: "auto" runs a GGUF's 4-bit blocks as int4 (for small batches) when the
     dtype allows it, "gguf" insists on it, "none" dequantizes every weight.
     `load_format="dummy"` reads only the config and fills the weights with random values;
@@ -76,13 +78,24 @@ def load_model(
         if model.model.layers[0].mlp.down_proj.int4_weight is not None and weights is not None:
             name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
             model.set_int8_lm_head(weights[name])
-    model.prepack()
-    return model.eval().requires_grad_(False)
+    model.eval().requires_grad_(False)
+    model.prepack(is_measured=True)
+    logger.info("%s", describe_choices(model.choices))
+    return model
+
+
+def describe_choices(choices: Mapping[str, str]) -> str:
+    """"linears: int4 ≤2 tokens, int8 above; head: int8; ..." for the startup log."""
+    return "; ".join(f"{piece}: {choice}" for piece, choice in choices.items())
 
 
 def _auto_dtype(
     weights: dict[str, torch.Tensor] | None, int4_blocks: dict[str, Q4Blocks], device: torch.device
 ) -> torch.dtype:
+    # NOTE: an x86 CPU without AVX2 runs bfloat16 as scalar code: float32 is both exact and faster there.
+    features = cpu_features()
+    if device.type == "cpu" and features.is_x86 and not features.has_avx2:
+        return torch.float32
     if weights is None or (int4_blocks and is_int4_supported(torch.bfloat16, device)):
         return torch.bfloat16
     dtypes = [tensor.dtype for tensor in weights.values() if tensor.is_floating_point()]

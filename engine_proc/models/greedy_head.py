@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from engine_proc.cpu_kernels import has_amx
-from engine_proc.models.quantized_linear import is_faster
+from engine_proc.models.matmul_forms import is_faster
 from engine_proc.sampler import greedy_ids
 
 logger = logging.getLogger(__name__)

@@ -14,21 +14,11 @@ from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.greedy_head import GreedyHead
-from engine_proc.models.quantized_linear import (
-    INT8_MAX_ROWS,
-    Int8Rows,
-    Linear,
-    PackedWeight,
-    Q4Blocks,
-    is_faster,
-    is_plain_matmul_faster,
-    is_prepack_supported,
-)
+from engine_proc.models.matmul_forms import Int8Rows, MatmulForms
+from engine_proc.models.matmul_plan import plan_head, plan_linears
+from engine_proc.models.quantized_linear import Linear, Q4Blocks
 
 logger = logging.getLogger(__name__)
-
-# The packed output head serves up to this many rows; beyond, a plain matmul where it measured faster.
-_PACKED_HEAD_MAX_ROWS = 64
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
 _FUSED_PROJECTIONS = (
@@ -212,10 +202,10 @@ class LlamaForCausalLM(nn.Module):
         # NOTE: buffers, so that freeing the weights (`to_empty(device="meta")`) frees these too.
         self.register_buffer("int8_lm_head_weight", None, persistent=False)
         self.register_buffer("int8_lm_head_scales", None, persistent=False)
-        self.packed_lm_head: PackedWeight | None = None
-        # NOTE: [hidden_size, vocab_size], kept only where it beats the packed head for many rows.
-        self.transposed_lm_head: Tensor | None = None
+        # NOTE: the output head's weight in the forms chosen for this machine (see `prepack`).
+        self.head: MatmulForms | None = None
         self.greedy_head: GreedyHead | None = None
+        self.choices: dict[str, str] = {}  # what runs each piece of a step here, for the log and /version
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
         """Final-normed hidden states [num_tokens, hidden_size] for the tokens of several sequences."""
@@ -231,12 +221,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_raw_logits(self, hidden: Tensor) -> Tensor:
         """Logits in the output head's dtype: greedy picks need no float32 copy of [n, vocab_size]."""
-        if self.int8_lm_head_weight is not None and hidden.shape[0] <= INT8_MAX_ROWS:
-            return Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales).matmul(hidden)
-        if self.transposed_lm_head is not None and hidden.shape[0] > _PACKED_HEAD_MAX_ROWS:
-            return hidden @ self.transposed_lm_head
-        if self.packed_lm_head is not None:
-            return self.packed_lm_head.linear(hidden)
+        if self.head is not None:
+            return self.head(hidden)
         return F.linear(hidden, self.lm_head_weight)
 
     def compute_greedy_ids(self, hidden: Tensor) -> Tensor | None:
@@ -246,47 +232,41 @@ class LlamaForCausalLM(nn.Module):
             return None
         return self.greedy_head.greedy_ids(hidden)
 
-    def prepack(self) -> None:
-        """Reorders every dense weight once for oneDNN where it has them (bfloat16 on the CPU), and
-        hands the norms and MLPs the fused CPU kernels where those run (bfloat16, widths of 16s)."""
+    @torch.no_grad()
+    def prepack(self, is_measured: bool = False) -> None:
+        """Keeps every matmul's weight in the forms this machine runs (oneDNN's bfloat16 layout, int8
+        rows, float32 copies: see matmul_forms), measured at load to pick one per batch size when
+        `is_measured`, and hands the norms and MLPs the fused CPU kernels where those run."""
         weight = self.lm_head_weight
-        kernels = load_cpu_kernels() if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" else None
+        is_cpu = weight.device.type == "cpu"
+        kernels = load_cpu_kernels() if weight.dtype == torch.bfloat16 and is_cpu else None
         for module in self.modules():
-            if isinstance(module, Linear):
-                module.prepack()
-            elif isinstance(module, RMSNorm):
+            if isinstance(module, RMSNorm):
                 module.kernels = kernels if module.weight.numel() % 16 == 0 else None
             elif isinstance(module, LlamaMLP):
                 module.kernels = kernels if module.down_proj.in_features % 16 == 0 else None
-        self.packed_lm_head = PackedWeight(weight) if is_prepack_supported(weight) else None
-        self.transposed_lm_head = None
-        if self.packed_lm_head is not None and is_plain_matmul_faster(
-            weight, self.packed_lm_head, num_rows=4 * _PACKED_HEAD_MAX_ROWS
-        ):
-            self.transposed_lm_head = weight.t().contiguous()
-            logger.info("output head: a plain matmul for more than %d rows (faster than oneDNN's layout here)",
-                        _PACKED_HEAD_MAX_ROWS)
-        if self.packed_lm_head is not None and self.int8_lm_head_weight is not None and not self._is_int8_head_faster():
-            self.int8_lm_head_weight, self.int8_lm_head_scales = None, None
-            logger.info("output head: bfloat16 for few rows too (the int8 head is not faster here)")
+        forms = ("packed", "int8", "float32") if is_cpu else ()
+        linears = [(name, module) for name, module in self.named_modules() if isinstance(module, Linear)]
+        self.choices = {"linears": plan_linears(linears, forms, is_measured)}
+        int8_head = None
+        if self.int8_lm_head_weight is not None:
+            int8_head = Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales)
+        self.head = MatmulForms(weight)
+        self.choices["head"] = plan_head(self.head, forms, int8_head, is_measured)
+        self.int8_lm_head_weight = self.int8_lm_head_scales = None
         self.greedy_head = None
-        if self.packed_lm_head is not None:
+        if "packed" in self.head.runs:
             self.greedy_head = GreedyHead.if_faster(kernels, weight, self.compute_raw_logits)
-
-    def _is_int8_head_faster(self) -> bool:
-        assert self.packed_lm_head is not None and self.int8_lm_head_weight is not None
-        packed, int8_rows = self.packed_lm_head, Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales)
-        weight = self.lm_head_weight
-        hidden = torch.randn(INT8_MAX_ROWS, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        return is_faster(lambda: int8_rows.matmul(hidden), lambda: packed.linear(hidden))
+        self.choices["norms"] = "zeroserve C++ kernels" if kernels is not None else "torch ops"
+        if self.greedy_head is not None:
+            self.choices["greedy"] = "from the head (AMX kernel)"
 
     def unpack(self) -> None:
         """Drops the reordered copies (before the weights are freed)."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.unpack()
-        self.packed_lm_head = None
-        self.transposed_lm_head = None
+        self.head = None
         self.greedy_head = None
 
     @property

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine_proc import cpu_kernels
+from engine_proc.cpu_features import CpuFeatures
 from engine_proc.cpu_kernels import has_amx, load_cpu_kernels
 from engine_proc.loader import load_model
 from engine_proc.models.greedy_head import GreedyHead
@@ -60,7 +61,8 @@ def test_the_kernel_can_be_switched_off_and_is_not_tried_on_other_cpus(monkeypat
     monkeypatch.setenv("ZEROSERVE_CPU_KERNELS", "0")
     assert build() is None
     monkeypatch.delenv("ZEROSERVE_CPU_KERNELS")
-    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: {"avx2", "fma"})
+    older_cpu = CpuFeatures(machine="x86_64", capability="DEFAULT", has_avx512_bf16=False, has_amx=False)
+    monkeypatch.setattr(cpu_kernels, "cpu_features", lambda: older_cpu)
     assert build() is None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,17 +122,26 @@ def test_checkpoint_with_a_misshaped_tensor_is_rejected(tmp_path: Path) -> None:
         load_model(tmp_path)
 
 
-def test_every_output_head_layout_gives_the_same_logits(tmp_path: Path) -> None:
+def test_every_output_head_form_gives_the_same_logits(tmp_path: Path) -> None:
     save_tiny_checkpoint(tmp_path, "llama")
     model = load_model(tmp_path, dtype=torch.bfloat16)
+    model.set_int8_lm_head(model.lm_head_weight.float())
+    model.prepack()
+    assert model.head is not None
     hidden = torch.randn(100, TINY["hidden_size"]).bfloat16()
     expected = torch.nn.functional.linear(hidden, model.lm_head_weight).float()
+    assert "int8" in model.head.runs and len(model.head.runs) >= 3  # int8 and dense, packed or float32
     with torch.no_grad():
-        model.transposed_lm_head = model.lm_head_weight.t().contiguous()
-        for num_rows in (3, 64, 100):  # the packed head, then the plain matmul past 64 rows
-            torch.testing.assert_close(model.compute_logits(hidden[:num_rows]), expected[:num_rows], rtol=0.02, atol=0.02)
+        for form in model.head.runs:
+            model.head.plan = ((sys.maxsize, form),)
+            for num_rows in (3, 64, 100):
+                # NOTE: int8 rows round each weight to 1/254 of its row's largest.
+                tolerance = 0.05 if form == "int8" else 0.02
+                torch.testing.assert_close(
+                    model.compute_logits(hidden[:num_rows]), expected[:num_rows], rtol=tolerance, atol=tolerance
+                )
         model.unpack()
-        assert model.transposed_lm_head is None and model.packed_lm_head is None
+        assert model.head is None
         torch.testing.assert_close(model.compute_logits(hidden), expected, rtol=0, atol=0)
 
 
@@ -144,8 +154,14 @@ def test_int8_output_head_is_kept_only_where_it_measures_faster(
     hidden = torch.randn(2, TINY["hidden_size"]).bfloat16()
     expected = torch.nn.functional.linear(hidden, model.lm_head_weight).float()
     model.set_int8_lm_head(model.lm_head_weight.float())
-    monkeypatch.setattr("engine_proc.models.llama.is_faster", lambda candidate, baseline: is_int8_faster)
-    model.prepack()
-    assert (model.int8_lm_head_weight is not None) is is_int8_faster
+
+    def median_times(runs: dict[str, object], repeats: int = 0) -> dict[str, float]:
+        return {form: 0.5 if (form == "int8") is is_int8_faster else 1.0 for form in runs}
+
+    monkeypatch.setattr("engine_proc.models.matmul_forms.median_times", median_times)
+    model.prepack(is_measured=True)
+    assert model.head is not None
+    assert ("int8" in model.head.runs) is is_int8_faster
+    assert (model.choices["head"] == "int8") is is_int8_faster
     with torch.no_grad():
         torch.testing.assert_close(model.compute_logits(hidden), expected, rtol=0.05, atol=0.05)

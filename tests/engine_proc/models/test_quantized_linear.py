@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from engine_proc.cpu_features import cpu_features
+from engine_proc.models.matmul_forms import PackedWeight
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, Q4Blocks
 
 
@@ -54,20 +58,52 @@ def test_blocks_of_another_shape_are_rejected() -> None:
         linear.set_int4(random_blocks(32, 96), torch.bfloat16)
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
 @pytest.mark.parametrize("num_tokens", [1, 7, 64, 300])
 def test_prepacked_weights_give_the_plain_matmul_bit_for_bit(num_tokens: int) -> None:
     linear = Linear(96, 160, bias=True).to(torch.bfloat16).requires_grad_(False)
-    linear.prepack()
-    assert linear.packed is not None
+    forms = linear.prepack()
+    if "packed" not in forms.runs:
+        pytest.skip(f"oneDNN has no bfloat16 packing on this CPU ({cpu_features().describe()})")
+    assert forms.plan == ((sys.maxsize, "packed"),)
     x = torch.randn(num_tokens, 96).bfloat16()
     with torch.no_grad():
         assert torch.equal(linear(x), F.linear(x, linear.weight, linear.bias))
     linear.unpack()
-    assert linear.packed is None
+    assert linear.forms is None
 
 
 def test_float32_weights_are_not_prepacked() -> None:
     linear = Linear(64, 32).requires_grad_(False)
-    linear.prepack()
-    assert linear.packed is None
+    assert set(linear.prepack(("packed", "int8", "float32")).runs) == {"dense"}
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5, 40])
+def test_every_form_gives_the_dense_result_within_its_rounding(num_tokens: int) -> None:
+    blocks = random_blocks(96, 128)
+    linear = int4_linear(blocks)
+    forms = linear.prepack(("packed", "int8", "float32"))
+    # NOTE: packed where oneDNN has native bfloat16, float32 where it has not: one of the two.
+    assert {"dense", "int4", "int8"} < set(forms.runs) and len(forms.runs) == 4
+    x = torch.randn(num_tokens, 128).bfloat16()
+    expected = x.float() @ blocks.dequantize().T
+    with torch.no_grad():
+        for form in forms.runs:
+            forms.plan = ((sys.maxsize, form),)
+            out = linear(x).float()
+            # NOTE: int8 rows round each weight to 1/254 of its row's largest; the others round
+            # activations and weights (or int4 scales) to bfloat16 only.
+            tolerance = (0.03 if form == "int8" else 0.02) * expected.abs().max().item()
+            torch.testing.assert_close(out, expected, atol=tolerance, rtol=0, msg=form)
+
+
+def test_a_packing_that_fails_leaves_the_float32_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: object, weight: torch.Tensor) -> None:
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert")
+
+    monkeypatch.setattr(PackedWeight, "__init__", refuse)
+    linear = Linear(64, 32).to(torch.bfloat16).requires_grad_(False)
+    forms = linear.prepack(("packed", "int8", "float32"))
+    assert set(forms.runs) == {"dense", "float32"}
+    x = torch.randn(3, 64).bfloat16()
+    with torch.no_grad():
+        torch.testing.assert_close(linear(x), F.linear(x, linear.weight), rtol=0.01, atol=0.01)

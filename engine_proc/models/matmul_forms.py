@@ -1,0 +1,224 @@
+"""The forms one weight can be multiplied by on this machine, and which form serves how many tokens.
+
+A weight [out, in] is kept as loaded ("dense", the model's dtype) and, where they run here, as:
+
+- "int4": the GGUF's own 4-bit group-32 blocks (`aten._weight_int4pack_mm_for_cpu`);
+- "int8": int8 rows with one scale per row (`aten._weight_int8pack_mm`), only for weights that
+  came quantized (a 4-bit GGUF): the rounding of an 8-bit row is far below the file's 4-bit one;
+- "packed": oneDNN's blocked bfloat16 layout (bit for bit the dense result), where oneDNN has
+  native bfloat16 (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX; it refuses elsewhere);
+- "float32": a float32 copy, for CPUs where bfloat16 matmuls are emulated (AVX2): activations
+  are widened, multiplied by MKL/oneDNN's float32 GEMM and rounded back;
+- "transposed": [in, out] for `x @ w` (output heads with a narrow input, where oneDNN's layout
+  loses at many rows).
+
+Which is fastest depends on the CPU and the batch (on a Zen 2 for the default model's
+projections: int4 at 1 token, int8 at 16 and 64; on Zen 4 and AMX: int4 at few tokens, packed
+bfloat16 above), so `measure_plan` times the candidates at load and the plan maps a number of
+tokens to the fastest form.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+Plan = tuple[tuple[int, str], ...]  # (at most this many tokens, form), ascending; the last covers all
+
+# Token counts measured at load, and up to where each one's winner serves (geometric midpoints).
+MEASURED_TOKENS = (1, 4, 16, 64, 256)
+_SERVES_UP_TO = (2, 8, 32, 128, sys.maxsize)
+# NOTE: a candidate this much slower than the best at one size is not timed at larger ones
+# (bfloat16 emulated on AVX2 is 9x float32 at 64 tokens: timing it would slow every start).
+_PRUNE_RATIO = 3.0
+_REPEATS = 5
+
+
+class PackedWeight:
+    """A dense bfloat16 weight [out, in] reordered once for oneDNN, so no matmul reorders it again.
+
+    `F.linear` on the CPU re-lays out a bfloat16 weight on every call; measured on the
+    default model's 120 projections (2 threads, AVX-512): 11.7 → 7.2 ms at 16 tokens, 18.9 → 11.8 at 64.
+    """
+
+    # NOTE: oneDNN picks the blocked layout for a batch size; 16 was as fast as 1, 64 or
+    # 512 for every size measured.
+    _BATCH_SIZE_HINT = 16
+
+    def __init__(self, weight: Tensor) -> None:
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, self._BATCH_SIZE_HINT)
+
+    def linear(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
+
+    @staticmethod
+    def try_pack(weight: Tensor) -> PackedWeight | None:
+        """The packed weight, or None where this CPU, device or dtype has no packing (never raises)."""
+        if not is_packing_possible(weight):
+            return None
+        try:
+            packed = PackedWeight(weight)
+            packed.linear(torch.zeros(1, weight.shape[1], dtype=weight.dtype))
+        except RuntimeError as exc:  # NOTE: oneDNN refuses bfloat16 without native support (AVX2)
+            _log_once("oneDNN bfloat16 packing: not used (%s)", str(exc).splitlines()[0])
+            return None
+        return packed
+
+
+def is_packing_possible(weight: Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+
+
+class Int8Rows:
+    """A weight [rows, cols] as int8 with one scale per row (symmetric), for `x @ weight.T`."""
+
+    def __init__(self, weight: Tensor, scales: Tensor) -> None:
+        self.weight = weight  # [rows, cols] int8
+        self.scales = scales  # [rows], the activations' dtype
+
+    @staticmethod
+    def quantize(weight: Tensor, dtype: torch.dtype) -> Int8Rows:
+        """Per-row absmax int8 of a weight (computed in float32)."""
+        weight = weight.float()
+        scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+        codes = (weight / scales.unsqueeze(1)).round_().clamp_(-127, 127).to(torch.int8)
+        return Int8Rows(codes, scales.to(dtype))
+
+    def matmul(self, x: Tensor) -> Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+
+
+class MatmulForms:
+    """One weight in the forms kept for it here, and the plan that picks one per batch size."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
+        self.weight = weight
+        self.bias = bias
+        self.runs: dict[str, Callable[[Tensor], Tensor]] = {"dense": self._dense}
+        self.plan: Plan = ((sys.maxsize, "dense"),)
+
+    def _dense(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def add(self, form: str, run: Callable[[Tensor], Tensor]) -> None:
+        self.runs[form] = run
+
+    def add_packed(self) -> bool:
+        packed = PackedWeight.try_pack(self.weight)
+        if packed is not None:
+            self.runs["packed"] = lambda x: packed.linear(x, self.bias)
+        return packed is not None
+
+    def add_int8(self, rows: Int8Rows | None = None) -> None:
+        int8 = rows if rows is not None else Int8Rows.quantize(self.weight, self.weight.dtype)
+        bias = self.bias
+        self.runs["int8"] = int8.matmul if bias is None else lambda x: int8.matmul(x) + bias
+
+    def add_float32(self) -> None:
+        weight = self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        self.runs["float32"] = lambda x: F.linear(x.float(), weight, bias).to(x.dtype)
+
+    def add_transposed(self) -> None:
+        transposed = self.weight.t().contiguous()
+        bias = self.bias
+        self.runs["transposed"] = (lambda x: x @ transposed) if bias is None else (lambda x: x @ transposed + bias)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        num_tokens = x.shape[0]
+        for max_tokens, form in self.plan:
+            if num_tokens <= max_tokens:
+                return self.runs[form](x)
+        raise AssertionError("a plan's last entry covers every batch")
+
+    def set_plan(self, plan: Plan) -> None:
+        """Keeps the forms the plan uses (and "dense"), dropping the others' memory."""
+        self.plan = plan
+        used = {form for _, form in plan} | {"dense"}
+        self.runs = {form: run for form, run in self.runs.items() if form in used}
+
+
+def measure_plan(
+    forms: Sequence[MatmulForms], measured_tokens: Sequence[int] = MEASURED_TOKENS, preferred: str = ""
+) -> Plan:
+    """The fastest form at each measured token count, timed over `forms` (weights of one shape, run
+    one after another as in a step, so they stream from memory) and merged into a plan.
+
+    `preferred` wins unless another form is at least 5% faster (fewer switches on noise)."""
+    candidates = [form for form in forms[0].runs if all(form in f.runs for f in forms)]
+    if "packed" in candidates:
+        candidates.remove("dense")  # NOTE: the same bits, reordered on every call
+    in_features, dtype, device = forms[0].weight.shape[1], forms[0].weight.dtype, forms[0].weight.device
+    winners: list[str] = []
+    for num_tokens in measured_tokens:
+        x = torch.randn(num_tokens, in_features, dtype=dtype, device=device)
+        times = median_times({form: _run_all(forms, form, x) for form in candidates})
+        best = min(times, key=times.__getitem__)
+        if preferred in times and times[preferred] <= 1.05 * times[best]:
+            best = preferred
+        winners.append(best)
+        candidates = [form for form in candidates if times[form] <= _PRUNE_RATIO * times[best]]
+    bounds = list(_SERVES_UP_TO[: len(winners) - 1]) + [sys.maxsize]
+    plan: list[tuple[int, str]] = []
+    for bound, winner in zip(bounds, winners, strict=True):
+        if plan and plan[-1][1] == winner:
+            plan[-1] = (bound, winner)
+        else:
+            plan.append((bound, winner))
+    return tuple(plan)
+
+
+def median_times(runs: dict[str, Callable[[], object]], repeats: int = _REPEATS) -> dict[str, float]:
+    """Each run's median time over `repeats`, interleaved so a burst of other load hits them all; one warm-up."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for repeat in range(repeats + 1):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run()
+            if repeat:
+                times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def is_faster(candidate: Callable[[], object], baseline: Callable[[], object], margin: float = 1.0) -> bool:
+    """Whether `candidate` runs in less than 1 / `margin` of `baseline`'s time (medians, interleaved)."""
+    times = median_times({"candidate": candidate, "baseline": baseline})
+    return times["candidate"] * margin < times["baseline"]
+
+
+def describe_plan(plan: Plan) -> str:
+    """"int4 ≤2 tokens, int8 ≤32, float32 above" (or just "packed")."""
+    if len(plan) == 1:
+        return plan[0][1]
+    parts = [f"{form} ≤{bound}" for bound, form in plan[:-1]]
+    parts[0] += " tokens"
+    return ", ".join(parts) + f", {plan[-1][1]} above"
+
+
+def _run_all(forms: Sequence[MatmulForms], form: str, x: Tensor) -> Callable[[], None]:
+    runs = [f.runs[form] for f in forms]
+
+    def run() -> None:
+        for matmul in runs:
+            matmul(x)
+
+    return run
+
+
+_logged: set[str] = set()
+
+
+def _log_once(message: str, *args: object) -> None:
+    text = message % args
+    if text not in _logged:
+        _logged.add(text)
+        logger.info(text)
