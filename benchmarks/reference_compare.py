@@ -4,11 +4,15 @@
     .venv/bin/python -m benchmarks.reference_compare --dtype float32 --rounds 1 --result-json fp32.json
 
 (a) transformers (float32, as it loads a GGUF): sequential greedy `generate` of one prompt
-(decode tokens/s, its prefill excluded) and a static batch of 16 prompts (output tokens/s,
-its prefill included). (b) `zeroserve serve` with its default engine flags (or `--dtype`),
-driven by `zeroserve bench serve` at each `--concurrency`, and (c) a second server with
-n-gram speculative decoding (`--speculative-config`, greedy outputs unchanged). Prompts are
-≈230 random tokens, 128 tokens come out of each, EOS ignored.
+(decode tokens/s, its prefill excluded) and a static batch of 16 prompts, left-padded (output
+tokens/s, its prefill included). (b) `zeroserve serve` with its default engine flags (or
+`--dtype`), driven by `zeroserve bench serve` with streamed chat requests at each
+`--concurrency`, and (c) optionally a second server with n-gram speculative decoding
+(`--speculative-config`, greedy outputs unchanged). Prompts are natural chat requests of about
+230 tokens once templated, each distinct (service/bench/chat_prompts.py; `--prompts random` for
+random tokens, which the model continues in loops that flatter n-gram drafts); 128 tokens come
+out of each, greedy, EOS ignored. The result names the CPU, torch's capability and what the
+engine chose to run each piece of a step on (its /version).
 
 Both servers stay up while the run measures (a), (b) and (c) in turn, `--rounds` times
 over: each round's ratios compare figures taken minutes apart, so a slow spell of a shared
@@ -31,10 +35,14 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 
 from benchmarks.local_server import local_server
+from engine_proc.cpu_features import cpu_model_name
+from service.bench.chat_prompts import chat_prompts
 from service.model_registry import DEFAULT_MODEL, resolve_model
+from service.tokenizer import Tokenizer
 
 # Goals of issue 6: (figure, comparison, threshold).
 TARGETS = {
@@ -62,24 +70,45 @@ def load_transformers(args: argparse.Namespace) -> Any:
     ).eval()
 
 
-def transformers_figures(model: Any, args: argparse.Namespace) -> dict[str, float]:
-    generator = torch.Generator().manual_seed(0)
-    prompts = torch.randint(100, 40000, (16, args.input_len), generator=generator)
+def reference_prompts(args: argparse.Namespace, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """16 prompts as token ids, left-padded, and their attention mask: the servers' kind of prompt."""
+    tokenizer = Tokenizer.from_model(resolve_model(args.model).path)
+    if args.prompts == "random":
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(100, 40000, (16, args.input_len), generator=generator)
+        return ids, torch.ones_like(ids)
+    rows = [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]), add_special_tokens=True)
+        for text in chat_prompts(tokenizer, 16, args.input_len, seed)
+    ]
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[0] * (width - len(row)) + row for row in rows])
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
+    return ids, mask
 
-    def generate(batch: torch.Tensor, num_tokens: int) -> float:
+
+def transformers_figures(model: Any, args: argparse.Namespace, round_index: int) -> dict[str, float]:
+    prompts, mask = reference_prompts(args, seed=round_index)
+
+    def generate(rows: slice, num_tokens: int) -> float:
+        batch, batch_mask = prompts[rows], mask[rows]
+        # NOTE: a lone prompt without its padding, as a single request would come.
+        if batch.shape[0] == 1:
+            batch = batch[:, int((batch_mask == 0).sum()):]
+            batch_mask = torch.ones_like(batch)
         started = time.perf_counter()
         with torch.no_grad():
             out = model.generate(
-                batch, attention_mask=torch.ones_like(batch), max_new_tokens=num_tokens,
+                batch, attention_mask=batch_mask, max_new_tokens=num_tokens,
                 min_new_tokens=num_tokens, do_sample=False, pad_token_id=0,
             )
         assert out.shape[1] == batch.shape[1] + num_tokens
         return time.perf_counter() - started
 
-    generate(prompts[:1], 4)  # warm-up
-    prefill_s = min(generate(prompts[:1], 1) for _ in range(2))
-    sequential_s = generate(prompts[:1], args.output_len)
-    batch_s = generate(prompts, args.output_len)
+    generate(slice(0, 1), 4)  # warm-up
+    prefill_s = min(generate(slice(0, 1), 1) for _ in range(2))
+    sequential_s = generate(slice(0, 1), args.output_len)
+    batch_s = generate(slice(0, 16), args.output_len)
     gc.collect()
     return {
         "sequential_decode_tok_s": (args.output_len - 1) / (sequential_s - prefill_s),
@@ -88,6 +117,13 @@ def transformers_figures(model: Any, args: argparse.Namespace) -> dict[str, floa
         "batch16_output_tok_s": 16 * args.output_len / batch_s,
         "batch16_s": batch_s,
     }
+
+
+def machine_record(base_url: str) -> dict[str, Any]:
+    """The CPU, torch's capability and the engine's choices, as the server reports them."""
+    version = httpx.get(f"{base_url}/version", timeout=10).json()
+    return {"cpu": version.get("cpu", cpu_model_name()), "kernels": version.get("kernels", {}),
+            "torch": torch.__version__, "num_cpus": os.cpu_count()}
 
 
 def serve_args(args: argparse.Namespace, extra_args: list[str]) -> list[str]:
@@ -108,6 +144,7 @@ def zeroserve_figures(args: argparse.Namespace, tmp: Path, base_url: str, round_
         subprocess.run([
             sys.executable, "-m", "service", "bench", "serve", "--base-url", base_url,
             "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+            "--dataset", args.prompts, "--endpoint", "chat" if args.prompts == "chat" else "completions",
             "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
             "--ignore-eos", "--num-warmups", "2", "--seed", str(seed),
             "--result-json", str(result_path), "--disable-tqdm",
@@ -176,9 +213,10 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=230)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3, help="measure every side this many times, interleaved")
+    parser.add_argument("--prompts", choices=["chat", "random"], default="chat", help="(default: %(default)s)")
     parser.add_argument(
-        "--speculative-config", default=SPECULATIVE_CONFIG,
-        help="the second server's --speculative-config ('' to run the default one only)",
+        "--speculative-config", default="",
+        help=f"also run a second server with this --speculative-config (e.g. '{SPECULATIVE_CONFIG}')",
     )
     parser.add_argument("--result-json", type=Path, default=Path("reference_compare.json"))
     args = parser.parse_args()
@@ -191,8 +229,10 @@ def main() -> None:
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         # NOTE: both servers up for the whole run; an idle one waits on its queue and takes no CPU.
         base_urls = {name: stack.enter_context(local_server(serve_args(args, extra))) for name, extra in configs.items()}
+        machine = machine_record(next(iter(base_urls.values())))
+        print(f"CPU: {machine['cpu']}; engine: {machine['kernels']}", flush=True)
         for index in range(args.rounds):
-            reference = transformers_figures(model, args)
+            reference = transformers_figures(model, args, index)
             served = {name: zeroserve_figures(args, Path(tmp), base_url, index) for name, base_url in base_urls.items()}
             round_ratios = {name: ratios(reference, served[name]) for name in configs}
             rounds.append({"transformers": reference, "zeroserve": served, "ratios": round_ratios})
@@ -210,7 +250,7 @@ def main() -> None:
         figures = print_report(name, served_medians, [round_["ratios"][name] for round_ in rounds])
         summary[name] = {"zeroserve": served_medians, "ratios": figures}
     args.result_json.write_text(json.dumps({
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "machine": machine, "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "transformers": reference_medians, "medians": summary, "rounds": rounds,
         "settings": {key: str(value) for key, value in vars(args).items()},
     }, indent=2))

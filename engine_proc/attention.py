@@ -107,6 +107,7 @@ class PagedAttention:
         self._decode_kernel = (
             kernels.paged_decode_attention if kernels is not None and head_dim % 16 == 0 and block_size == 16 else None
         )
+        self.choice = "zeroserve C++ paged decode kernel, torch SDPA for prefill" if self._decode_kernel else "torch SDPA"
         self._decode_token_limits: torch.Tensor | None = None  # [num_decodes, max_query_len] keys each token sees
         self._decode_row_limits: torch.Tensor | None = None  # the same per (query head, token) row
 

@@ -78,6 +78,8 @@ class EngineCore:
             vocab_size=self.model_runner.model_config.vocab_size,
             eos_token_ids=list(self.eos_token_ids),
             host=socket.gethostname(),
+            cpu=self.model_runner.device_description,
+            kernel_choices=self.model_runner.kernel_choices,
         )
 
     def set_engine_index(self, engine_index: int) -> None:

@@ -9,6 +9,7 @@ import torch
 
 from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan, decode_query_grid
 from engine_proc.config import EngineConfig
+from engine_proc.cpu_features import cpu_features, cpu_model_name
 from engine_proc.kv_cache_memory import num_kv_blocks, release_memory
 from engine_proc.loader import load_model
 from engine_proc.models.llama import LlamaForCausalLM
@@ -69,6 +70,17 @@ class ModelRunner:
         self._generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs = PromptLogprobs()
         self.token_counts = TokenCounts(self.model_config.vocab_size, self.device)
+
+    @property
+    def kernel_choices(self) -> dict[str, str]:
+        """What runs each piece of a step here (measured or detected at load)."""
+        return {**self.model.choices, "attention": self.attention.choice}
+
+    @property
+    def device_description(self) -> str:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        return f"{cpu_model_name()}, torch {cpu_features().describe()}"
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

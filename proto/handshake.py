@@ -37,6 +37,8 @@ class EngineReady:
     vocab_size: int = 0
     eos_token_ids: list[int] = field(default_factory=list)
     host: str = ""
+    cpu: str = ""  # the CPU (or device) and what torch can run on it
+    kernel_choices: dict[str, str] = field(default_factory=dict)  # what runs each piece of a step
 
     @property
     def num_kv_tokens(self) -> int:

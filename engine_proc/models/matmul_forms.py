@@ -41,6 +41,12 @@ _SERVES_UP_TO = (2, 8, 32, 128, sys.maxsize)
 # (bfloat16 emulated on AVX2 is 9x float32 at 64 tokens: timing it would slow every start).
 _PRUNE_RATIO = 3.0
 _REPEATS = 5
+# NOTE: timing is bounded, so a slow CPU (or an emulated one: qemu-user runs a 256-token float32
+# projection in seconds) starts in bounded time: a size stops repeating after this long, and
+# larger sizes are not timed once a weight's measurements have taken this long (the last
+# measured winner, or the preferred form, serves them).
+_SIZE_BUDGET_S = 0.4
+_WEIGHT_BUDGET_S = 2.0
 
 
 class PackedWeight:
@@ -159,9 +165,13 @@ def measure_plan(
         candidates.remove("dense")  # NOTE: the same bits, reordered on every call
     in_features, dtype, device = forms[0].weight.shape[1], forms[0].weight.dtype, forms[0].weight.device
     winners: list[str] = []
+    started = time.perf_counter()
     for num_tokens in measured_tokens:
+        if winners and time.perf_counter() - started > _WEIGHT_BUDGET_S:
+            winners.append(preferred if preferred in candidates else winners[-1])
+            continue
         x = torch.randn(num_tokens, in_features, dtype=dtype, device=device)
-        times = median_times({form: _run_all(forms, form, x) for form in candidates})
+        times = median_times({form: _run_all(forms, form, x) for form in candidates}, budget_s=_SIZE_BUDGET_S)
         best = min(times, key=times.__getitem__)
         if preferred in times and times[preferred] <= 1.05 * times[best]:
             best = preferred
@@ -177,16 +187,21 @@ def measure_plan(
     return tuple(plan)
 
 
-def median_times(runs: dict[str, Callable[[], object]], repeats: int = _REPEATS) -> dict[str, float]:
-    """Each run's median time over `repeats`, interleaved so a burst of other load hits them all; one warm-up."""
+def median_times(
+    runs: dict[str, Callable[[], object]], repeats: int = _REPEATS, budget_s: float = float("inf")
+) -> dict[str, float]:
+    """Each run's median time over `repeats`, interleaved so a burst of other load hits them all,
+    after one warm-up round (which counts only if `budget_s` ran out before a second round)."""
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for repeat in range(repeats + 1):
+    started = time.perf_counter()
+    for _ in range(repeats + 1):
         for name, run in runs.items():
-            started = time.perf_counter()
+            run_started = time.perf_counter()
             run()
-            if repeat:
-                times[name].append(time.perf_counter() - started)
-    return {name: statistics.median(values) for name, values in times.items()}
+            times[name].append(time.perf_counter() - run_started)
+        if time.perf_counter() - started > budget_s:
+            break
+    return {name: statistics.median(values[1:] or values) for name, values in times.items()}
 
 
 def is_faster(candidate: Callable[[], object], baseline: Callable[[], object], margin: float = 1.0) -> bool:

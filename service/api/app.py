@@ -54,7 +54,12 @@ async def version(request: Request) -> Response:
         package_version = importlib.metadata.version("zeroserve")
     except importlib.metadata.PackageNotFoundError:
         package_version = "unknown"
-    return JSONResponse({"version": package_version})
+    body: dict[str, object] = {"version": package_version}
+    state: ServerState | None = getattr(request.app.state, "server", None)
+    if state is not None:
+        # NOTE: what the (first) engine's machine is and what it chose to run each piece of a step on.
+        body |= {"cpu": state.llm.ready.cpu, "kernels": state.llm.ready.kernel_choices}
+    return JSONResponse(body)
 
 
 async def list_models(request: Request) -> Response:

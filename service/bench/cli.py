@@ -50,7 +50,10 @@ def add_serve_parser(commands: Any) -> None:
         "--tokenizer", default=DEFAULT_MODEL,
         help="model name or path whose tokenizer sizes the prompts and counts tokens (default: %(default)s)",
     )
-    serve.add_argument("--dataset", default=None, choices=["random", "jsonl"], help="(default: random)")
+    serve.add_argument(
+        "--dataset", default=None, choices=["random", "chat", "jsonl"],
+        help="random tokens, natural chat requests (sized by --random-input-len), or a file (default: random)",
+    )
     serve.add_argument(
         "--dataset-path", type=Path, default=None, help="a JSONL file, one OpenAI request body a line (implies jsonl)"
     )

@@ -14,6 +14,7 @@ import aiohttp
 from tqdm import tqdm
 
 from service.bench.arrivals import arrival_offsets
+from service.bench.chat_prompts import chat_dataset
 from service.bench.datasets import SampleRequest, jsonl_dataset, random_dataset
 from service.bench.metrics import calculate_metrics
 from service.bench.report import format_report, result_dict
@@ -50,6 +51,10 @@ def load_samples(config: ServeBenchConfig, tokenizer: Tokenizer) -> list[SampleR
     if config.dataset == "jsonl":
         assert config.dataset_path is not None
         return jsonl_dataset(tokenizer, config.endpoint, config.dataset_path, config.num_prompts)
+    if config.dataset == "chat":
+        return chat_dataset(
+            tokenizer, config.endpoint, config.num_prompts, config.random_input_len, config.random_output_len, config.seed
+        )
     return random_dataset(
         tokenizer, config.endpoint, config.num_prompts, config.random_input_len, config.random_output_len,
         config.random_range_ratio, config.seed,

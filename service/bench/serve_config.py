@@ -22,7 +22,7 @@ class ServeBenchConfig:
     model: str | None = None
     endpoint: Endpoint = "completions"
     tokenizer: str = DEFAULT_MODEL
-    dataset: Literal["random", "jsonl"] = "random"
+    dataset: Literal["random", "chat", "jsonl"] = "random"
     dataset_path: Path | None = None
     num_prompts: int = 1000
     random_input_len: int = 1024

@@ -155,7 +155,7 @@ def test_int8_output_head_is_kept_only_where_it_measures_faster(
     expected = torch.nn.functional.linear(hidden, model.lm_head_weight).float()
     model.set_int8_lm_head(model.lm_head_weight.float())
 
-    def median_times(runs: dict[str, object], repeats: int = 0) -> dict[str, float]:
+    def median_times(runs: dict[str, object], repeats: int = 0, budget_s: float = 0.0) -> dict[str, float]:
         return {form: 0.5 if (form == "int8") is is_int8_faster else 1.0 for form in runs}
 
     monkeypatch.setattr("engine_proc.models.matmul_forms.median_times", median_times)

@@ -20,6 +20,7 @@ import httpx
 import openai
 import psutil
 import pytest
+import torch
 
 from tests.server_process import ServerProcess, free_port, running_server
 from tests.service.api.sse_client import stream_events
@@ -79,7 +80,11 @@ def test_health_is_503_while_loading_then_200_and_503_once_the_engine_is_gone(ti
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "model_loading"
         wait_for(lambda: client.get("/health").status_code == 200, 120)
-        assert client.get("/version").json() == {"version": importlib.metadata.version("zeroserve")}
+        version = client.get("/version").json()
+        assert version["version"] == importlib.metadata.version("zeroserve")
+        # NOTE: the machine and what the engine chose to run on it, as its startup log names them.
+        assert torch.backends.cpu.get_cpu_capability() in version["cpu"]
+        assert {"linears", "head", "attention"} <= version["kernels"].keys()
         (engine_pid,) = server.engine_pids()
         os.kill(engine_pid, signal.SIGKILL)
         wait_for(lambda: client.get("/health").status_code == 503, 10)
