@@ -22,7 +22,7 @@ class EngineConfig:
     input_address: str = ""
     output_address: str = ""
     dtype: str = "float32"
-    device: str = "cpu"
+    device: str = "auto"  # "auto": CUDA when torch sees a GPU, else the CPU
     block_size: int = 16
     kv_cache_memory_gib: float | None = None  # None: a share of free (GPU or host) memory
     max_model_len: int | None = None

@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         "--speculative-config", default="",
         help='speculative decoding as a JSON object, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'',
     )
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="auto")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument(
         "--kv-cache-memory", type=float, default=None,

@@ -43,7 +43,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.device = torch.device(config.device)
+        self.device = resolve_device(config.device)
         self.dtype = _DTYPES.get(config.dtype)
         self.block_size = config.block_size
         self.config = config
@@ -277,6 +277,13 @@ class ModelRunner:
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)
+
+
+def resolve_device(device: str) -> torch.device:
+    """`device`, with "auto" as CUDA where torch sees a GPU, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
 
 
 def _is_decode(scheduled: ScheduledRequest) -> bool:

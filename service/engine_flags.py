@@ -43,7 +43,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         'repeats): n-gram drafts from the context, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
         '"prompt_lookup_max": 4}\'; other keys: prompt_lookup_min, disable_by_batch_size (default: off)',
     )
-    group.add_argument("--device", default="cpu", help="torch device of the engine (default: %(default)s)")
+    group.add_argument(
+        "--device", default="auto",
+        help="torch device of the engine: auto (CUDA when present), cpu, cuda, cuda:N (default: %(default)s)",
+    )
     group.add_argument(
         "--kv-cache-memory", type=float, default=None,
         help="GiB for the KV cache (default: a share of free GPU memory, or of free RAM on the CPU)",

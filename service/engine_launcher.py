@@ -19,7 +19,7 @@ class EngineArgs:
     model_path: str
     model_name: str
     dtype: str = "float32"
-    device: str = "cpu"
+    device: str = "auto"  # "auto": CUDA when torch sees a GPU, else the CPU
     kv_cache_memory_gib: float | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 64

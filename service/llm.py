@@ -39,7 +39,7 @@ class LLM:
         *,
         dtype: str = "auto",
         quantization: str = "auto",
-        device: str = "cpu",
+        device: str = "auto",
         kv_cache_memory: float | None = None,
         max_model_len: int | None = None,
         max_num_seqs: int = 64,

@@ -44,7 +44,7 @@ def load_model(
 
     `dtype=None` ("auto") picks bfloat16 for a GGUF with 4-bit weights (which run as int4 with
     bfloat16 activations) and for dummy weights, else the checkpoint's own floating dtype; float32
-    on an x86 CPU without AVX2. Each matmul's form per batch size is measured here (matmul_plan).
+    on an x86 CPU without AVX2; bfloat16 (float16 where unsupported) on a CUDA GPU. Each matmul's form per batch size is measured here (matmul_plan).
     `quantization`: "auto" runs a GGUF's 4-bit blocks as int4 (for small batches) when the
     dtype allows it, "gguf" insists on it, "none" dequantizes every weight.
     `load_format="dummy"` reads only the config and fills the weights with random values;
@@ -93,6 +93,8 @@ def _auto_dtype(
     weights: dict[str, torch.Tensor] | None, int4_blocks: dict[str, Q4Blocks], device: torch.device
 ) -> torch.dtype:
     # NOTE: an x86 CPU without AVX2 runs bfloat16 as scalar code: float32 is both exact and faster there.
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     features = cpu_features()
     if device.type == "cpu" and features.is_x86 and not features.has_avx2:
         return torch.float32

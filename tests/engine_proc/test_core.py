@@ -104,7 +104,11 @@ def test_drafting_requests_leave_their_batch_mates_unchanged(tiny_model_dir: Pat
     tokens, logprobs, num_drafts = run('{"num_speculative_tokens": 3}')
     assert num_drafts > 0
     assert tokens == plain_tokens
-    assert logprobs == plain_logprobs
+    # NOTE: the same tokens and ranks; the values only within float32 rounding, since a batch of
+    # another size may sum in another order (oneDNN's AVX2 kernels do).
+    assert [(lp.token_ids, lp.ranks) for lp in logprobs] == [(lp.token_ids, lp.ranks) for lp in plain_logprobs]
+    for drafted, plain in zip(logprobs, plain_logprobs, strict=True):
+        assert drafted.logprobs == [pytest.approx(row, abs=1e-4) for row in plain.logprobs]
 
 
 def test_too_long_prompt_is_refused_without_stopping_the_engine(tiny_model_dir: Path) -> None:
