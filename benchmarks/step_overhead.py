@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=230)
     parser.add_argument("--num-steps", type=int, default=30)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="auto", choices=["auto", "gguf", "none"])
     parser.add_argument("--num-threads", type=int, default=2)
     args = parser.parse_args()
@@ -107,6 +107,8 @@ def main() -> None:
     forward_ms = median_ms["execute_model"] - median_ms["prepare_inputs"]
     bookkeeping_ms = median_ms["schedule"] + median_ms["prepare_inputs"] + median_ms["update"]
     print(f"decode batch {args.batch}, {args.dtype}, {args.num_threads} threads, median of {args.num_steps} steps")
+    ready = core.ready_message()
+    print(f"  on {ready.cpu}: " + "; ".join(f"{piece}: {choice}" for piece, choice in ready.kernel_choices.items()))
     print(f"  schedule            {median_ms['schedule']:8.2f} ms")
     print(f"  prepare inputs      {median_ms['prepare_inputs']:8.2f} ms")
     print(f"  forward + sample    {forward_ms:8.2f} ms")

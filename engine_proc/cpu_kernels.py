@@ -1,10 +1,12 @@
-"""zeroserve's C++ kernels for x86 CPUs with AVX-512 BF16: decode attention that reads the paged
-cache in place, fused RMSNorm and SiLU·up for bfloat16 activations, and (with AMX) greedy picks
-straight from the output head.
+"""zeroserve's C++ kernels for x86 CPUs (AVX-512 BF16 or AVX2 + FMA): decode attention that reads
+the paged cache in place, fused RMSNorm and SiLU·up for bfloat16 activations, and (AVX-512 build,
+run only with AMX) greedy picks straight from the output head.
 
-Built once per machine with torch's extension builder (g++ and ninja) into torch's extension
-cache, at `make install` or on the first engine start; where they cannot be (another CPU, no
-compiler, `ZEROSERVE_CPU_KERNELS=0`) the engine runs the same layers as torch ops.
+The same sources build for either instruction set (csrc/vec16.h holds the one part that
+differs). Built once per machine and instruction set with torch's extension builder (g++ and
+ninja) into torch's extension cache, at `make install` or on the first engine start; where they
+cannot be (ARM, an x86 CPU without AVX2, no compiler, `ZEROSERVE_CPU_KERNELS=0`) the engine runs
+the same layers as torch ops.
 """
 
 from __future__ import annotations
@@ -21,20 +23,24 @@ from engine_proc.cpu_features import cpu_features
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "greedy_head.cpp")]
-_HEADERS = [_CSRC / "vec_bf16.h"]
+_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp")]
+_HEADERS = [_CSRC / "vec16.h"]
 # NOTE: explicit instruction sets rather than -march=native, and one build per instruction set
 # (its name says which), so a build cached on one machine never runs on a CPU that lacks them.
 # AMX code is compiled in but runs only where `has_amx` says the CPU has it.
 _CFLAGS_BY_ISA = {
-    "avx512_bf16": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16"],
+    "avx512_bf16": [
+        "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16", "-DZEROSERVE_AMX",
+    ],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
 }
+_EXTRA_SOURCES_BY_ISA = {"avx512_bf16": [_CSRC / "greedy_head.cpp"], "avx2": []}
 
 
 @functools.cache
 def load_cpu_kernels() -> Any | None:
-    """The built module (`paged_decode_attention`, `rms_norm`, `silu_and_mul`, and `pack_greedy_head` and
-    `greedy_head` where `has_amx`), or None where unavailable."""
+    """The built module (`paged_decode_attention`, `rms_norm`, `silu_and_mul`, and in the AVX-512 build
+    `pack_greedy_head` and `greedy_head`, run only where `has_amx`), or None where unavailable."""
     if os.environ.get("ZEROSERVE_CPU_KERNELS", "1") == "0":
         return None
     features = cpu_features()
@@ -43,12 +49,14 @@ def load_cpu_kernels() -> Any | None:
         logger.info("CPU kernels: not used (none built for %s; torch ops instead)", features.describe())
         return None
     try:
+        import torch
         from torch.utils import cpp_extension
 
         # NOTE: torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag.
         headers_hash = hashlib.sha256(b"".join(path.read_bytes() for path in _HEADERS)).hexdigest()[:16]
-        return cpp_extension.load(
-            name=f"zeroserve_cpu_kernels_{isa}", sources=[str(path) for path in _SOURCES],
+        kernels = cpp_extension.load(
+            name=f"zeroserve_cpu_kernels_{isa}",
+            sources=[str(path) for path in (*_SOURCES, *_EXTRA_SOURCES_BY_ISA[isa])],
             extra_cflags=["-O3", "-fopenmp", *_CFLAGS_BY_ISA[isa], f"-DZEROSERVE_HEADERS_HASH={headers_hash}"],
             extra_ldflags=["-fopenmp"],
             extra_include_paths=[str(_CSRC)], verbose=False,
@@ -56,6 +64,24 @@ def load_cpu_kernels() -> Any | None:
     except Exception as exc:  # noqa: BLE001 - any build failure leaves the torch ops
         logger.warning("CPU kernels: not used (the C++ build failed: %s)", exc)
         return None
+    # NOTE: a kernel that cannot run right here must not fail a step later: one small call each.
+    x = torch.linspace(-3, 3, 2 * 64).view(2, 64).bfloat16()
+    try:
+        is_right = torch.equal(kernels.silu_and_mul(x), (torch.nn.functional.silu(x[:, :32]) * x[:, 32:]))
+        is_right &= bool((kernels.rms_norm(x, torch.ones(64).bfloat16(), 1e-5).float() - _rms_norm(x)).abs().max() < 0.05)
+    except RuntimeError as exc:
+        logger.warning("CPU kernels: not used (a trial call failed: %s)", exc)
+        return None
+    if not is_right:
+        logger.warning("CPU kernels: not used (a trial call disagreed with torch)")
+        return None
+    logger.info("CPU kernels: built for %s", isa)
+    return kernels
+
+
+def _rms_norm(x: Any) -> Any:
+    x = x.float()
+    return x * (x.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt()
 
 
 def has_amx() -> bool:

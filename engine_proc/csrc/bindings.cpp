@@ -6,13 +6,17 @@ torch::Tensor paged_decode_attention(
     const torch::Tensor& row_limits, double scale);
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
+#ifdef ZEROSERVE_AMX
 torch::Tensor pack_greedy_head(const torch::Tensor& weight);
 torch::Tensor greedy_head(const torch::Tensor& hidden, const torch::Tensor& packed_weight, int64_t vocab_size);
+#endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged bfloat16 K/V cache");
   m.def("rms_norm", &rms_norm, "weight * bf16(x / rms(x)) for bfloat16 rows");
   m.def("silu_and_mul", &silu_and_mul, "bf16(silu(gate)) * up for bfloat16 [rows, 2 * width]");
+#ifdef ZEROSERVE_AMX
   m.def("pack_greedy_head", &pack_greedy_head, "an output head's weight in greedy_head's AMX tile layout");
   m.def("greedy_head", &greedy_head, "each row's first argmax of bf16(hidden @ weight.T), logits never written (AMX)");
+#endif
 }

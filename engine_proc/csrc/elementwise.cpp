@@ -1,20 +1,16 @@
-// Fused element-wise layers for bfloat16 activations (AVX-512 BF16, x86 CPUs): one pass over
-// the rows instead of one torch op per step of the formula, with the same roundings to
+// Fused element-wise layers for bfloat16 activations (x86 CPUs, AVX-512 BF16 or AVX2): one pass
+// over the rows instead of one torch op per step of the formula, with the same roundings to
 // bfloat16 as those ops (SiLU·up bit for bit; RMSNorm sums its squares in another order, so
 // now and then a value lands one bfloat16 step away).
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <torch/extension.h>
 
-#include "vec_bf16.h"
+#include "vec16.h"
 
 #include <cmath>
 #include <cstdint>
 
-using zeroserve::exp512;
-using zeroserve::load_bf16;
-using zeroserve::round_bf16;
-using zeroserve::store_bf16;
+using namespace zeroserve;
 
 // x [M, H] bf16 contiguous, weight [H] bf16: weight * bf16(x / rms(x)), computed as Hugging Face does.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -28,12 +24,12 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const uint16_t* row = in + r * hidden;
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t i = 0; i < hidden; i += 16) { const __m512 v = load_bf16(row + i); sum = _mm512_fmadd_ps(v, v, sum); }
-      const float inv = 1.0f / std::sqrt(_mm512_reduce_add_ps(sum) / static_cast<float>(hidden) + static_cast<float>(eps));
-      const __m512 scale = _mm512_set1_ps(inv);
+      V16 sum = zero16();
+      for (int64_t i = 0; i < hidden; i += 16) { const V16 v = load_bf16(row + i); sum = fmadd(v, v, sum); }
+      const float inv = 1.0f / std::sqrt(reduce_add(sum) / static_cast<float>(hidden) + static_cast<float>(eps));
+      const V16 scale = set16(inv);
       for (int64_t i = 0; i < hidden; i += 16)
-        store_bf16(o + r * hidden + i, _mm512_mul_ps(round_bf16(_mm512_mul_ps(load_bf16(row + i), scale)), load_bf16(w + i)));
+        store_bf16(o + r * hidden + i, round_bf16(load_bf16(row + i) * scale) * load_bf16(w + i));
     }
   });
   return out;
@@ -52,9 +48,9 @@ torch::Tensor silu_and_mul(const torch::Tensor& gate_up) {
       const uint16_t* gate = in + r * 2 * width;
       const uint16_t* up = gate + width;
       for (int64_t i = 0; i < width; i += 16) {
-        const __m512 g = load_bf16(gate + i);
-        const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-        store_bf16(o + r * width + i, _mm512_mul_ps(round_bf16(silu), load_bf16(up + i)));
+        const V16 g = load_bf16(gate + i);
+        const V16 silu = g / (set16(1.0f) + exp16(zero16() - g));
+        store_bf16(o + r * width + i, round_bf16(silu) * load_bf16(up + i));
       }
     }
   });

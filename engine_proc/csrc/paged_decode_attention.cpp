@@ -1,4 +1,4 @@
-// Decode attention that reads a paged bfloat16 K/V cache in place (AVX-512, x86 CPUs).
+// Decode attention that reads a paged bfloat16 K/V cache in place (x86 CPUs, AVX-512 BF16 or AVX2).
 //
 // The Python side (engine_proc/cpu_kernels.py) builds this once per machine with
 // torch.utils.cpp_extension and falls back to gather + SDPA where it cannot. For each
@@ -9,10 +9,9 @@
 // at a time. Float32 throughout, bfloat16 out (rounded to nearest even, as torch does).
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <torch/extension.h>
 
-#include "vec_bf16.h"
+#include "vec16.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -20,47 +19,41 @@
 
 namespace {
 
-using zeroserve::exp512;
-using zeroserve::load_bf16;
-using zeroserve::store_bf16;
+using namespace zeroserve;
 
-constexpr int64_t kBlockSize = 16;  // keys per cache block: the lanes of one register
-
-inline __mmask16 first_lanes(int64_t count) {
-  return count <= 0 ? 0 : count >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1u);
-}
+constexpr int64_t kBlockSize = 16;  // keys per cache block: the lanes of one V16
 
 // scores[i][0..16) = q[i] · keys of one block, for N rows; keys_t is the block as [head_dim][16].
 template <int N>
 inline void score_rows(const float* q, int64_t head_dim, const float* keys_t, float* scores, int64_t stride) {
-  __m512 even[N], odd[N];
-  for (int i = 0; i < N; ++i) even[i] = odd[i] = _mm512_setzero_ps();
+  V16 even[N], odd[N];
+  for (int i = 0; i < N; ++i) even[i] = odd[i] = zero16();
   for (int64_t d = 0; d < head_dim; d += 2) {
-    const __m512 k0 = _mm512_load_ps(keys_t + d * kBlockSize), k1 = _mm512_load_ps(keys_t + (d + 1) * kBlockSize);
+    const V16 k0 = load16(keys_t + d * kBlockSize), k1 = load16(keys_t + (d + 1) * kBlockSize);
     for (int i = 0; i < N; ++i) {
-      even[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * head_dim + d]), k0, even[i]);
-      odd[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * head_dim + d + 1]), k1, odd[i]);
+      even[i] = fmadd(set16(q[i * head_dim + d]), k0, even[i]);
+      odd[i] = fmadd(set16(q[i * head_dim + d + 1]), k1, odd[i]);
     }
   }
-  for (int i = 0; i < N; ++i) _mm512_store_ps(scores + i * stride, _mm512_add_ps(even[i], odd[i]));
+  for (int i = 0; i < N; ++i) store16(scores + i * stride, even[i] + odd[i]);
 }
 
 // out[i][col, col + 16 G) = probs[i] · values over `length` keys, for N rows and G groups of 16 columns.
 template <int N, int G>
 inline void weigh_columns(const float* probs, int64_t stride, const float* values, int64_t length, float* out, int64_t head_dim,
                           int64_t col) {
-  __m512 acc[N][G];
-  for (int i = 0; i < N; ++i) for (int c = 0; c < G; ++c) acc[i][c] = _mm512_setzero_ps();
+  V16 acc[N][G];
+  for (int i = 0; i < N; ++i) for (int c = 0; c < G; ++c) acc[i][c] = zero16();
   for (int64_t j = 0; j < length; ++j) {
     const float* row = values + j * head_dim + col;
-    __m512 v[G];
-    for (int c = 0; c < G; ++c) v[c] = _mm512_load_ps(row + c * 16);
+    V16 v[G];
+    for (int c = 0; c < G; ++c) v[c] = load16(row + c * 16);
     for (int i = 0; i < N; ++i) {
-      const __m512 p = _mm512_set1_ps(probs[i * stride + j]);
-      for (int c = 0; c < G; ++c) acc[i][c] = _mm512_fmadd_ps(p, v[c], acc[i][c]);
+      const V16 p = set16(probs[i * stride + j]);
+      for (int c = 0; c < G; ++c) acc[i][c] = fmadd(p, v[c], acc[i][c]);
     }
   }
-  for (int i = 0; i < N; ++i) for (int c = 0; c < G; ++c) _mm512_store_ps(out + i * head_dim + col + c * 16, acc[i][c]);
+  for (int i = 0; i < N; ++i) for (int c = 0; c < G; ++c) store16(out + i * head_dim + col + c * 16, acc[i][c]);
 }
 
 // out[i] = probs[i] · values over `length` keys, for N rows, up to 64 columns at a time.
@@ -105,22 +98,19 @@ torch::Tensor paged_decode_attention(
   for (int64_t i = 0; i < num_seqs * num_rows; ++i) longest = std::max(longest, limits_all[i]);
   TORCH_CHECK(longest <= max_blocks * kBlockSize, "a row sees more keys than its blocks hold");
   const int64_t max_keys = (longest + kBlockSize - 1) / kBlockSize * kBlockSize;
-  const __m512 vscale = _mm512_set1_ps(static_cast<float>(scale));
+  const V16 vscale = set16(static_cast<float>(scale));
 
   at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> q_buf(num_rows * head_dim + 16), k_buf(max_keys * head_dim + 16), v_buf(max_keys * head_dim + 16),
         s_buf(num_rows * max_keys + 16), o_buf(num_rows * head_dim + 16);
     float *q = aligned(q_buf), *keys_t = aligned(k_buf), *values = aligned(v_buf), *scores = aligned(s_buf), *o = aligned(o_buf);
-    // NOTE: byte offsets of 16 keys' rows, to gather a column pair (d, d + 1) of a block in one load.
-    const __m512i key_rows = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(static_cast<int>(head_dim)));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / num_kv_heads, head = item % num_kv_heads;
       const int64_t* limits = limits_all + seq * num_rows;
       const int64_t num_keys = *std::max_element(limits, limits + num_rows);
       const int64_t num_blocks = (num_keys + kBlockSize - 1) / kBlockSize, length = num_blocks * kBlockSize;
       const uint16_t* q_in = queries + item * num_rows * head_dim;
-      for (int64_t i = 0; i < num_rows * head_dim; i += 16) _mm512_store_ps(q + i, _mm512_mul_ps(load_bf16(q_in + i), vscale));
+      for (int64_t i = 0; i < num_rows * head_dim; i += 16) store16(q + i, load_bf16(q_in + i) * vscale);
       // 1) keys and values of the sequence's blocks, then the scores block by block.
       const uint16_t* k_cache = kv + head * num_slots * head_dim;
       const uint16_t* v_cache = kv + (num_kv_heads + head) * num_slots * head_dim;
@@ -130,13 +120,13 @@ torch::Tensor paged_decode_attention(
         const uint16_t* v_block = v_cache + block * kBlockSize * head_dim;
         float* block_keys_t = keys_t + b * kBlockSize * head_dim;
         for (int64_t d = 0; d < head_dim; d += 2) {
-          const __m512i pair = _mm512_i32gather_epi32(key_rows, reinterpret_cast<const int*>(k_block + d), 2);
-          _mm512_store_ps(block_keys_t + d * kBlockSize, _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)));
-          _mm512_store_ps(block_keys_t + (d + 1) * kBlockSize,
-                          _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(static_cast<int>(0xFFFF0000)))));
+          // NOTE: one gather loads the column pair (d, d + 1) of the block's 16 keys.
+          V16 even, odd;
+          load_bf16_column_pair(k_block + d, head_dim, even, odd);
+          store16(block_keys_t + d * kBlockSize, even);
+          store16(block_keys_t + (d + 1) * kBlockSize, odd);
         }
-        for (int64_t i = 0; i < kBlockSize * head_dim; i += 16)
-          _mm512_store_ps(values + b * kBlockSize * head_dim + i, load_bf16(v_block + i));
+        for (int64_t i = 0; i < kBlockSize * head_dim; i += 16) store16(values + b * kBlockSize * head_dim + i, load_bf16(v_block + i));
         int64_t r = 0;
         for (; r + 4 <= num_rows; r += 4) score_rows<4>(q + r * head_dim, head_dim, block_keys_t, scores + r * length + b * kBlockSize, length);
         for (; r < num_rows; ++r) score_rows<1>(q + r * head_dim, head_dim, block_keys_t, scores + r * length + b * kBlockSize, length);
@@ -145,19 +135,19 @@ torch::Tensor paged_decode_attention(
       for (int64_t r = 0; r < num_rows; ++r) {
         float* row = scores + r * length;
         const int64_t visible = std::min(limits[r], length);
-        __m512 row_max = _mm512_set1_ps(-1e30f);
-        for (int64_t j = 0; j < length; j += 16)
-          row_max = _mm512_mask_max_ps(row_max, first_lanes(visible - j), row_max, _mm512_load_ps(row + j));
-        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(row_max));
-        __m512 sum = _mm512_setzero_ps();
+        const V16 lowest = set16(-1e30f);
+        V16 row_max = lowest;
+        for (int64_t j = 0; j < length; j += 16) row_max = max16(row_max, first_lanes(load16(row + j), visible - j, lowest));
+        const V16 top = set16(reduce_max(row_max));
+        V16 sum = zero16();
         for (int64_t j = 0; j < length; j += 16) {
-          const __m512 e = _mm512_maskz_mov_ps(first_lanes(visible - j), exp512(_mm512_sub_ps(_mm512_load_ps(row + j), top)));
-          sum = _mm512_add_ps(sum, e);
-          _mm512_store_ps(row + j, e);
+          const V16 e = first_lanes(exp16(load16(row + j) - top), visible - j, zero16());
+          sum = sum + e;
+          store16(row + j, e);
         }
-        const float total = _mm512_reduce_add_ps(sum);
-        const __m512 inverse = _mm512_set1_ps(total > 0.f ? 1.f / total : 0.f);
-        for (int64_t j = 0; j < length; j += 16) _mm512_store_ps(row + j, _mm512_mul_ps(_mm512_load_ps(row + j), inverse));
+        const float total = reduce_add(sum);
+        const V16 inverse = set16(total > 0.f ? 1.f / total : 0.f);
+        for (int64_t j = 0; j < length; j += 16) store16(row + j, load16(row + j) * inverse);
       }
       // 3) probabilities times values.
       int64_t r = 0;
@@ -165,7 +155,7 @@ torch::Tensor paged_decode_attention(
       for (; r + 2 <= num_rows; r += 2) weigh_rows<2>(scores + r * length, length, values, length, o + r * head_dim, head_dim);
       for (; r < num_rows; ++r) weigh_rows<1>(scores + r * length, length, values, length, o + r * head_dim, head_dim);
       uint16_t* o_out = outs + item * num_rows * head_dim;
-      for (int64_t i = 0; i < num_rows * head_dim; i += 16) store_bf16(o_out + i, _mm512_load_ps(o + i));
+      for (int64_t i = 0; i < num_rows * head_dim; i += 16) store_bf16(o_out + i, load16(o + i));
     }
   });
   return out;

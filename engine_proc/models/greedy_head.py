@@ -41,7 +41,7 @@ class GreedyHead:
         """The head where it beats `greedy_ids(raw_logits(hidden))` by 20% at both measured row counts
         (at the default model's width, 576, the two are close: 2.9 vs 2.3 ms at 16 rows, 22 vs 19 at
         256; at width 64, 2.5 vs 7-10 ms at 256); None without AMX, or where Linux refuses its tiles."""
-        if kernels is None or not has_amx() or weight.dtype != torch.bfloat16 or weight.shape[1] % 32 != 0:
+        if not has_amx() or not hasattr(kernels, "greedy_head") or weight.dtype != torch.bfloat16 or weight.shape[1] % 32:
             return None
         head = cls(kernels, weight)
         try:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+import httpx
 from tqdm import tqdm
 
 from service.bench.arrivals import arrival_offsets
@@ -39,12 +40,23 @@ def run_serve_benchmark(config: ServeBenchConfig) -> int:
     print(format_report(config, metrics, duration_s), flush=True)
     if config.result_json is not None:
         result = result_dict(config, model_id, metrics, outputs, output_lens, duration_s)
+        result["server_version"] = server_version(config.base_url)
         config.result_json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     if metrics.completed == 0:
         first_error = next((out.error for out in outputs if out.error), "")
         print(f"zeroserve bench serve: error: every request failed; the first: {first_error}", file=sys.stderr)
         return 1
     return 0
+
+
+def server_version(base_url: str) -> dict[str, Any] | None:
+    """The server's /version (zeroserve's names its CPU and kernel choices), or None where it has none."""
+    try:
+        response = httpx.get(f"{base_url.rstrip('/')}/version", timeout=_CONNECT_TIMEOUT_S)
+        body = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def load_samples(config: ServeBenchConfig, tokenizer: Tokenizer) -> list[SampleRequest]:

@@ -67,6 +67,9 @@ def test_random_completions_run_reports_every_request_and_writes_vllms_json(base
     assert result["model_id"]  # asked of the server's /v1/models
     assert result["mean_ttft_ms"] > 0 and result["mean_tpot_ms"] > 0
     assert result["errors"] == [""] * 12
+    # NOTE: the machine the figures came from, and what the engine ran there.
+    assert "x86_64" in result["server_version"]["cpu"] or "aarch64" in result["server_version"]["cpu"]
+    assert "linears" in result["server_version"]["kernels"]
 
 
 def test_chat_from_jsonl_with_rate_warmups_and_goodput(base_url: str, tmp_path: Path) -> None:
@@ -121,3 +124,16 @@ def test_warmups_use_prompts_of_their_own_so_none_is_measured_from_the_prefix_ca
     assert run.returncode == 0, run.stderr
     # NOTE: a measured prompt repeated from a warm-up would find its first 32 tokens cached.
     assert prefix_cache_hits(base_url) == hits_before
+
+
+def test_chat_dataset_streams_natural_requests_of_about_the_asked_length(base_url: str, tmp_path: Path) -> None:
+    result_path = tmp_path / "chat.json"
+    run = bench(
+        "--base-url", base_url, "--endpoint", "chat", "--dataset", "chat", "--num-prompts", "4",
+        "--random-input-len", "230", "--random-output-len", "4", "--ignore-eos", "--result-json", str(result_path),
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(result_path.read_text())
+    assert (result["completed"], result["backend"]) == (4, "openai-chat")
+    assert all(170 <= n <= 230 for n in result["input_lens"]) and len(set(result["input_lens"])) > 1
+    assert result["output_lens"] == [4] * 4

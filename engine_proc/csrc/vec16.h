@@ -1,0 +1,172 @@
+// 16 floats as one value, for the CPU kernels: one AVX-512 register, or two AVX2 registers.
+// Each build compiles the kernels for one instruction set (engine_proc/cpu_kernels.py passes
+// its flags): with AVX-512 F/BW/VL/BF16 the AVX-512 branch, with AVX2 + FMA + F16C the other.
+// bfloat16 conversions round to nearest even and keep NaNs quiet, as torch does.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace zeroserve {
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+
+struct V16 {
+  __m512 v;
+};
+
+inline V16 zero16() { return {_mm512_setzero_ps()}; }
+inline V16 set16(float x) { return {_mm512_set1_ps(x)}; }
+inline V16 load16(const float* src) { return {_mm512_loadu_ps(src)}; }
+inline void store16(float* dst, V16 x) { _mm512_storeu_ps(dst, x.v); }
+inline V16 operator+(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V16 operator-(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V16 operator*(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V16 operator/(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V16 fmadd(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V16 max16(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V16 min16(V16 a, V16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline float reduce_add(V16 x) { return _mm512_reduce_add_ps(x.v); }
+inline float reduce_max(V16 x) { return _mm512_reduce_max_ps(x.v); }
+
+// Lanes below `count` from `x`, the others from `fill`.
+inline V16 first_lanes(V16 x, int64_t count, V16 fill) {
+  const __mmask16 mask = count <= 0 ? 0 : count >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1u);
+  return {_mm512_mask_mov_ps(fill.v, mask, x.v)};
+}
+
+// 16 bfloat16 values widened to float.
+inline V16 load_bf16(const uint16_t* src) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))};
+}
+
+// 16 floats rounded to bfloat16.
+inline void store_bf16(uint16_t* dst, V16 x) {
+  const __m256bh packed = _mm512_cvtneps_pbh(x.v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<const __m256i&>(packed));
+}
+
+// The value bfloat16 rounding gives, as float.
+inline V16 round_bf16(V16 x) {
+  const __m256bh packed = _mm512_cvtneps_pbh(x.v);
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(packed)), 16))};
+}
+
+// p * 2^n for whole-number floats n in [-126, 127].
+inline V16 scale_pow2(V16 p, V16 n) { return {_mm512_scalef_ps(p.v, n.v)}; }
+inline V16 round_nearest(V16 x) { return {_mm512_roundscale_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+
+// Columns d and d + 1 of 16 bfloat16 rows `row_stride` apart, from `src` = row 0's column d.
+inline void load_bf16_column_pair(const uint16_t* src, int64_t row_stride, V16& even, V16& odd) {
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(static_cast<int>(row_stride)));
+  const __m512i pair = _mm512_i32gather_epi32(rows, reinterpret_cast<const int*>(src), 2);
+  even = {_mm512_castsi512_ps(_mm512_slli_epi32(pair, 16))};
+  odd = {_mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(static_cast<int>(0xFFFF0000))))};
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+struct V16 {
+  __m256 lo, hi;
+};
+
+inline V16 zero16() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V16 set16(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline V16 load16(const float* src) { return {_mm256_loadu_ps(src), _mm256_loadu_ps(src + 8)}; }
+inline void store16(float* dst, V16 x) { _mm256_storeu_ps(dst, x.lo); _mm256_storeu_ps(dst + 8, x.hi); }
+inline V16 operator+(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline V16 operator-(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline V16 operator*(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline V16 operator/(V16 a, V16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline V16 fmadd(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline V16 max16(V16 a, V16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline V16 min16(V16 a, V16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+
+inline float reduce8(__m256 x, bool is_max) {
+  __m128 v = is_max ? _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1))
+                    : _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 swapped = _mm_movehl_ps(v, v);
+  v = is_max ? _mm_max_ps(v, swapped) : _mm_add_ps(v, swapped);
+  const __m128 last = _mm_shuffle_ps(v, v, 1);
+  return _mm_cvtss_f32(is_max ? _mm_max_ss(v, last) : _mm_add_ss(v, last));
+}
+inline float reduce_add(V16 x) { return reduce8(_mm256_add_ps(x.lo, x.hi), false); }
+inline float reduce_max(V16 x) { return reduce8(_mm256_max_ps(x.lo, x.hi), true); }
+
+inline V16 first_lanes(V16 x, int64_t count, V16 fill) {
+  const int limit = count <= 0 ? 0 : count >= 16 ? 16 : static_cast<int>(count);
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 keep_lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(limit), lanes));
+  const __m256 keep_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(limit - 8), lanes));
+  return {_mm256_blendv_ps(fill.lo, x.lo, keep_lo), _mm256_blendv_ps(fill.hi, x.hi, keep_hi)};
+}
+
+inline __m256 widen_bf16(__m128i raw) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)); }
+
+inline V16 load_bf16(const uint16_t* src) {
+  return {widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))),
+          widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8)))};
+}
+
+// The float's bits rounded to the nearest even bfloat16 (in the high half; NaN as a quiet NaN).
+inline __m256i round_bits(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb));
+  const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256i kept = _mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xFFFF0000)));
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(kept), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), is_nan));
+}
+
+inline void store_bf16(uint16_t* dst, V16 x) {
+  const __m256i lo = _mm256_srli_epi32(round_bits(x.lo), 16), hi = _mm256_srli_epi32(round_bits(x.hi), 16);
+  // NOTE: packus packs within 128-bit lanes (lo0-3, hi0-3, lo4-7, hi4-7); the permute restores the order.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), packed);
+}
+
+inline V16 round_bf16(V16 x) { return {_mm256_castsi256_ps(round_bits(x.lo)), _mm256_castsi256_ps(round_bits(x.hi))}; }
+
+inline __m256 pow2(__m256 n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline V16 scale_pow2(V16 p, V16 n) { return {_mm256_mul_ps(p.lo, pow2(n.lo)), _mm256_mul_ps(p.hi, pow2(n.hi))}; }
+inline V16 round_nearest(V16 x) {
+  constexpr int kMode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(x.lo, kMode), _mm256_round_ps(x.hi, kMode)};
+}
+
+inline void load_bf16_column_pair(const uint16_t* src, int64_t row_stride, V16& even, V16& odd) {
+  const __m256i rows = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(row_stride)));
+  const auto* base = reinterpret_cast<const int*>(src);
+  const __m256i pair_lo = _mm256_i32gather_epi32(base, rows, 2);
+  const __m256i pair_hi = _mm256_i32gather_epi32(base + 4 * row_stride, rows, 2);
+  const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000));
+  even = {_mm256_castsi256_ps(_mm256_slli_epi32(pair_lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(pair_hi, 16))};
+  odd = {_mm256_castsi256_ps(_mm256_and_si256(pair_lo, high_half)), _mm256_castsi256_ps(_mm256_and_si256(pair_hi, high_half))};
+}
+
+#else
+#error "zeroserve's CPU kernels need AVX-512 BF16 or AVX2 with FMA"
+#endif
+
+// e^x (0 below -87, capped at e^88): 2^(x log2 e), a degree-6 polynomial for the fraction.
+inline V16 exp16(V16 x) {
+  x = max16(min16(x, set16(88.0f)), set16(-87.0f));
+  const V16 t = x * set16(1.44269504088896341f);
+  const V16 n = round_nearest(t);
+  const V16 f = t - n;
+  V16 p = set16(1.535336188319500e-4f);
+  p = fmadd(p, f, set16(1.339887440266574e-3f));
+  p = fmadd(p, f, set16(9.618437357674640e-3f));
+  p = fmadd(p, f, set16(5.550332471162809e-2f));
+  p = fmadd(p, f, set16(2.402264791363012e-1f));
+  p = fmadd(p, f, set16(6.931472028550421e-1f));
+  p = fmadd(p, f, set16(1.0f));
+  return scale_pow2(p, n);
+}
+
+}  // namespace zeroserve
