@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -79,8 +80,9 @@ def load_model(
             name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
             model.set_int8_lm_head(weights[name])
     model.eval().requires_grad_(False)
+    started = time.perf_counter()
     model.prepack(is_measured=True)
-    logger.info("%s", describe_choices(model.choices))
+    logger.info("%s (chosen in %.1f s)", describe_choices(model.choices), time.perf_counter() - started)
     return model
 
 

@@ -21,6 +21,7 @@ tokens to the fastest form.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import sys
 import time
@@ -37,8 +38,9 @@ Plan = tuple[tuple[int, str], ...]  # (at most this many tokens, form), ascendin
 # Token counts measured at load, and up to where each one's winner serves (geometric midpoints).
 MEASURED_TOKENS = (1, 4, 16, 64, 256)
 _SERVES_UP_TO = (2, 8, 32, 128, sys.maxsize)
-# NOTE: a candidate this much slower than the best at one size is not timed at larger ones
-# (bfloat16 emulated on AVX2 is 9x float32 at 64 tokens: timing it would slow every start).
+# NOTE: a candidate this much slower than the best at one size, and not closing in since the size
+# before, is not timed at larger ones (bfloat16 emulated on AVX2 is 9x float32 at 64 tokens:
+# timing it would slow every start; float32 is far behind int4 at one token, but catches up).
 _PRUNE_RATIO = 3.0
 _REPEATS = 5
 # NOTE: timing is bounded, so a slow CPU (or an emulated one: qemu-user runs a 256-token float32
@@ -165,6 +167,7 @@ def measure_plan(
         candidates.remove("dense")  # NOTE: the same bits, reordered on every call
     in_features, dtype, device = forms[0].weight.shape[1], forms[0].weight.dtype, forms[0].weight.device
     winners: list[str] = []
+    previous_behind: dict[str, float] = {}
     started = time.perf_counter()
     for num_tokens in measured_tokens:
         if winners and time.perf_counter() - started > _WEIGHT_BUDGET_S:
@@ -176,7 +179,11 @@ def measure_plan(
         if preferred in times and times[preferred] <= 1.05 * times[best]:
             best = preferred
         winners.append(best)
-        candidates = [form for form in candidates if times[form] <= _PRUNE_RATIO * times[best]]
+        behind = {form: times[form] / times[best] for form in candidates}
+        candidates = [
+            form for form in candidates if behind[form] <= _PRUNE_RATIO or behind[form] < previous_behind.get(form, math.inf)
+        ]
+        previous_behind = behind
     bounds = list(_SERVES_UP_TO[: len(winners) - 1]) + [sys.maxsize]
     plan: list[tuple[int, str]] = []
     for bound, winner in zip(bounds, winners, strict=True):
