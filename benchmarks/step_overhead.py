@@ -33,7 +33,10 @@ from service.model_registry import DEFAULT_MODEL, resolve_model
 
 # Kinds of torch ops, by the name of the (innermost) aten op that spends the time.
 OP_KINDS = {
-    "linears": ("aten::mm", "aten::addmm", "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm"),
+    "linears": (
+        "aten::mm", "aten::addmm", "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm",
+        "mkldnn::_linear_pointwise",
+    ),
     "attention": (
         "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::bmm", "aten::index_select",
         "aten::index_copy_", "aten::_softmax",
