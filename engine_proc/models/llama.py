@@ -253,6 +253,7 @@ class LlamaForCausalLM(nn.Module):
             int8_head = Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales)
         self.head = MatmulForms(weight)
         self.choices["head"] = plan_head(self.head, forms, int8_head, is_measured)
+        # NOTE: the head's forms hold the int8 rows where the plan uses them; unused, they are freed.
         self.int8_lm_head_weight = self.int8_lm_head_scales = None
         self.greedy_head = None
         if "packed" in self.head.runs:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine_proc import cpu_kernels
-from engine_proc.cpu_features import CpuFeatures
+from engine_proc.cpu_features import CpuFeatures, cpu_features
 from engine_proc.cpu_kernels import has_amx, load_cpu_kernels
 from engine_proc.loader import load_model
 from engine_proc.models.greedy_head import GreedyHead
@@ -20,8 +20,13 @@ from tests.engine_proc.test_attention import decode_step
 # The default model's attention: 9 query heads over 3 KV heads of 64, blocks of 16.
 SMOLLM2 = dict(dtype=torch.bfloat16, num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, max_context_len=150)
 
-needs_kernel = pytest.mark.skipif(load_cpu_kernels() is None, reason="this CPU has no AVX-512 BF16 (or no compiler)")
-needs_amx = pytest.mark.skipif(load_cpu_kernels() is None or not has_amx(), reason="this CPU has no AMX BF16")
+needs_kernel = pytest.mark.skipif(
+    load_cpu_kernels() is None,
+    reason=f"no zeroserve CPU kernels here: they need x86 with AVX2 or AVX-512 BF16 and g++ ({cpu_features().describe()})",
+)
+needs_amx = pytest.mark.skipif(
+    load_cpu_kernels() is None or not has_amx(), reason=f"this CPU has no AMX BF16 ({cpu_features().describe()})"
+)
 
 
 @needs_kernel
