@@ -256,7 +256,7 @@ class LlamaForCausalLM(nn.Module):
         # NOTE: the head's forms hold the int8 rows where the plan uses them; unused, they are freed.
         self.int8_lm_head_weight = self.int8_lm_head_scales = None
         self.greedy_head = None
-        if "packed" in self.head.runs:
+        if kernels is not None:
             self.greedy_head = GreedyHead.if_faster(kernels, weight, self.compute_raw_logits)
         self.choices["norms"] = "zeroserve C++ kernels" if kernels is not None else "torch ops"
         if self.greedy_head is not None:
