@@ -13,21 +13,18 @@ logger = logging.getLogger(__name__)
 # The output head is timed up to this many rows (a row per sampled sequence): past it, the
 # winner at 64 serves, since timing a 49152-wide head at 256 rows would slow every start.
 HEAD_MEASURED_ROWS = (1, 4, 16, 64)
-# Layers whose projections are timed, one after another, for each kind of projection.
-_NUM_TIMED_LAYERS = 3
 
 
 def plan_linears(linears: Sequence[tuple[str, Linear]], forms: tuple[str, ...], is_measured: bool) -> str:
-    """Builds each projection's forms and, when `is_measured`, times those of a few layers per kind
-    (q/k/v, o, gate/up, down) to plan them all; returns the plan in words."""
+    """Builds each projection's forms and, when `is_measured`, times them per kind (q/k/v, o,
+    gate/up, down: see `measure_plan`) to plan them all; returns the plan in words."""
     groups: dict[str, list[MatmulForms]] = {}
     for name, linear in linears:
         groups.setdefault(name.rpartition(".")[2], []).append(linear.prepack(forms))
     plans = {}
     for kind, group in groups.items():
         if is_measured and len(group[0].runs) > 1:
-            step = max(1, len(group) // _NUM_TIMED_LAYERS)
-            plan = measure_plan(group[::step][:_NUM_TIMED_LAYERS], preferred="packed")
+            plan = measure_plan(group, preferred="packed")
             for matmul in group:
                 matmul.set_plan(plan)
         plans[kind] = describe_plan(group[0].plan)
