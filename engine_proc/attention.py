@@ -108,6 +108,8 @@ class PagedAttention:
             kernels.paged_decode_attention if kernels is not None and head_dim % 16 == 0 and block_size == 16 else None
         )
         self.choice = "zeroserve C++ paged decode kernel, torch SDPA for prefill" if self._decode_kernel else "torch SDPA"
+        # NOTE: rotary and the cache write in one pass, for bfloat16 (head_dim a multiple of 32).
+        self._rotary_kernel = kernels.rotary_store_kv if kernels is not None and head_dim % 32 == 0 else None
         self._decode_token_limits: torch.Tensor | None = None  # [num_decodes, max_query_len] keys each token sees
         self._decode_row_limits: torch.Tensor | None = None  # the same per (query head, token) row
 
@@ -173,14 +175,27 @@ class PagedAttention:
         keys, values = gathered.view(*rows.shape[:-1], rows.shape[-1] * self.block_size, self.head_dim)
         return keys, values
 
+    def rotate_and_store(
+        self, layer_idx: int, qkv: torch.Tensor, rotary_table: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Rotated queries and keys, K/V stored, by the C++ kernel where it runs (bfloat16 on x86)."""
+        meta = self._metadata
+        assert meta is not None, "attention metadata must be set before the forward"
+        if self._rotary_kernel is None or rotary_table.dtype != self._dtype or not qkv.is_contiguous():
+            return None
+        num_heads = qkv.shape[1] // self.head_dim - 2 * self.num_kv_heads
+        query, key = self._rotary_kernel(qkv, rotary_table, meta.slot_mapping, self.kv_caches[layer_idx], num_heads)
+        return query, key
+
     def forward(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_stored: bool = False
     ) -> torch.Tensor:
         meta = self._metadata
         assert meta is not None, "attention metadata must be set before the forward"
         cache = self.kv_caches[layer_idx]
-        # NOTE: one copy for K and V: [num_tokens, 2, kv_heads, head_dim] -> [2, kv_heads, num_tokens, head_dim].
-        cache.index_copy_(2, meta.slot_mapping, torch.stack((key, value), dim=1).permute(1, 2, 0, 3))
+        if not is_stored:
+            # NOTE: one copy for K and V: [num_tokens, 2, kv_heads, head_dim] -> [2, kv_heads, num_tokens, head_dim].
+            cache.index_copy_(2, meta.slot_mapping, torch.stack((key, value), dim=1).permute(1, 2, 0, 3))
         num_decode_tokens = meta.num_decode_tokens
         if meta.num_decodes and self._decode_token_limits is not None:
             decode_query = query[:num_decode_tokens] if meta.prefills else query

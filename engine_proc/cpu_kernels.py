@@ -1,5 +1,6 @@
 """zeroserve's C++ kernels for x86 CPUs (AVX-512 BF16 or AVX2 + FMA): decode attention that reads
-the paged cache in place, fused RMSNorm and SiLU·up for bfloat16 activations, and (AVX-512 build,
+the paged cache in place, fused RMSNorm (alone or after the residual add), SiLU·up, and rotary
+with the K/V cache write for bfloat16 activations, and (AVX-512 build,
 run only with AMX) greedy picks straight from the output head.
 
 The same sources build for either instruction set (csrc/vec16.h holds the one part that
@@ -39,7 +40,8 @@ _EXTRA_SOURCES_BY_ISA = {"avx512_bf16": [_CSRC / "greedy_head.cpp"], "avx2": []}
 
 @functools.cache
 def load_cpu_kernels() -> Any | None:
-    """The built module (`paged_decode_attention`, `rms_norm`, `silu_and_mul`, and in the AVX-512 build
+    """The built module (`paged_decode_attention`, `rms_norm`, `add_rms_norm`, `silu_and_mul`,
+    `rotary_store_kv`, and in the AVX-512 build
     `pack_greedy_head` and `greedy_head`, run only where `has_amx`), or None where unavailable."""
     if os.environ.get("ZEROSERVE_CPU_KERNELS", "1") == "0":
         return None
@@ -69,6 +71,17 @@ def load_cpu_kernels() -> Any | None:
     try:
         is_right = torch.equal(kernels.silu_and_mul(x), (torch.nn.functional.silu(x[:, :32]) * x[:, 32:]))
         is_right &= bool((kernels.rms_norm(x, torch.ones(64).bfloat16(), 1e-5).float() - _rms_norm(x)).abs().max() < 0.05)
+        residual = x.flip(0)
+        added = x + residual
+        normed = kernels.add_rms_norm(x, residual, torch.ones(64).bfloat16(), 1e-5)
+        is_right &= torch.equal(residual, added) and bool((normed.float() - _rms_norm(added)).abs().max() < 0.05)
+        # one token with one query and one KV head of 32 dims
+        cache = torch.zeros(2, 1, 4, 32, dtype=torch.bfloat16)
+        qkv = torch.cat((x[0], x[1, :32])).view(1, 96)
+        table = torch.ones(1, 64, dtype=torch.bfloat16)  # cos 1, sin 1: x + roll(x)
+        query, key = kernels.rotary_store_kv(qkv, table, torch.tensor([2]), cache, 1)
+        is_right &= torch.equal(query[0, 0], qkv[0, :32] + qkv[0, :32].roll(16)) and torch.equal(cache[0, 0, 2], key[0, 0])
+        is_right &= torch.equal(cache[1, 0, 2], qkv[0, 64:])
     except RuntimeError as exc:
         logger.warning("CPU kernels: not used (a trial call failed: %s)", exc)
         return None

@@ -6,6 +6,9 @@ torch::Tensor paged_decode_attention(
     const torch::Tensor& row_limits, double scale);
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
+torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual, const torch::Tensor& weight, double eps);
+std::vector<torch::Tensor> rotary_store_kv(
+    const torch::Tensor& qkv, const torch::Tensor& cos_sin, const torch::Tensor& slots, torch::Tensor& cache, int64_t num_heads);
 #ifdef ZEROSERVE_AMX
 torch::Tensor pack_greedy_head(const torch::Tensor& weight);
 torch::Tensor greedy_head(const torch::Tensor& hidden, const torch::Tensor& packed_weight, int64_t vocab_size);
@@ -15,6 +18,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged bfloat16 K/V cache");
   m.def("rms_norm", &rms_norm, "weight * bf16(x / rms(x)) for bfloat16 rows");
   m.def("silu_and_mul", &silu_and_mul, "bf16(silu(gate)) * up for bfloat16 [rows, 2 * width]");
+  m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then rms_norm(residual), for bfloat16 rows");
+  m.def("rotary_store_kv", &rotary_store_kv, "rotary on a fused QKV's queries and keys, K/V stored in a paged cache");
 #ifdef ZEROSERVE_AMX
   m.def("pack_greedy_head", &pack_greedy_head, "an output head's weight in greedy_head's AMX tile layout");
   m.def("greedy_head", &greedy_head, "each row's first argmax of bf16(hidden @ weight.T), logits never written (AMX)");

@@ -1,7 +1,7 @@
 // Fused element-wise layers for bfloat16 activations (x86 CPUs, AVX-512 BF16 or AVX2): one pass
 // over the rows instead of one torch op per step of the formula, with the same roundings to
-// bfloat16 as those ops (SiLU·up bit for bit; RMSNorm sums its squares in another order, so
-// now and then a value lands one bfloat16 step away).
+// bfloat16 as those ops (SiLU·up, the residual add and rotary bit for bit; RMSNorm sums its
+// squares in another order, so now and then a value lands one bfloat16 step away).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -9,30 +9,109 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 using namespace zeroserve;
 
+namespace {
+
+// One row's weight * bf16(x / rms(x)) into `out` (x: `hidden` bf16 values).
+inline void rms_norm_row(const uint16_t* row, const uint16_t* w, uint16_t* out, int64_t hidden, float eps) {
+  V16 sum = zero16();
+  for (int64_t i = 0; i < hidden; i += 16) { const V16 v = load_bf16(row + i); sum = fmadd(v, v, sum); }
+  const float inv = 1.0f / std::sqrt(reduce_add(sum) / static_cast<float>(hidden) + eps);
+  const V16 scale = set16(inv);
+  for (int64_t i = 0; i < hidden; i += 16) store_bf16(out + i, round_bf16(load_bf16(row + i) * scale) * load_bf16(w + i));
+}
+
+void check_rows(const torch::Tensor& x, const torch::Tensor& weight) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.is_contiguous() && weight.is_contiguous());
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 16 == 0 && weight.numel() == x.size(1));
+}
+
+}  // namespace
+
 // x [M, H] bf16 contiguous, weight [H] bf16: weight * bf16(x / rms(x)), computed as Hugging Face does.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.is_contiguous() && weight.is_contiguous());
+  check_rows(x, weight);
   const int64_t rows = x.size(0), hidden = x.size(1);
-  TORCH_CHECK(hidden % 16 == 0 && weight.numel() == hidden);
   auto out = torch::empty_like(x);
   const auto* in = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr());
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) rms_norm_row(in + r * hidden, w, o + r * hidden, hidden, static_cast<float>(eps));
+  });
+  return out;
+}
+
+// residual += x (rounded to bf16, in place), then the RMSNorm of the sum: a layer's residual
+// add and the next norm in one pass. x, residual [M, H] bf16 contiguous.
+torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual, const torch::Tensor& weight, double eps) {
+  check_rows(residual, weight);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.sizes() == residual.sizes());
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  auto out = torch::empty_like(x);
+  const auto* in = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  auto* res = reinterpret_cast<uint16_t*>(residual.data_ptr());
+  const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr());
+  auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const uint16_t* row = in + r * hidden;
-      V16 sum = zero16();
-      for (int64_t i = 0; i < hidden; i += 16) { const V16 v = load_bf16(row + i); sum = fmadd(v, v, sum); }
-      const float inv = 1.0f / std::sqrt(reduce_add(sum) / static_cast<float>(hidden) + static_cast<float>(eps));
-      const V16 scale = set16(inv);
-      for (int64_t i = 0; i < hidden; i += 16)
-        store_bf16(o + r * hidden + i, round_bf16(load_bf16(row + i) * scale) * load_bf16(w + i));
+      uint16_t* row = res + r * hidden;
+      for (int64_t i = 0; i < hidden; i += 16) store_bf16(row + i, load_bf16(row + i) + load_bf16(in + r * hidden + i));
+      rms_norm_row(row, w, o + r * hidden, hidden, static_cast<float>(eps));
     }
   });
   return out;
+}
+
+// Rotary on the queries and keys of a fused projection's output, and the keys and values
+// stored in a layer's paged cache, in one pass. qkv [T, (H + 2 KVH) * D] bf16 contiguous;
+// cos_sin [T, 2D] bf16, each token's (cos, cos, -sin, sin) row; slots [T] int64; cache
+// [2, KVH, S, D] bf16 contiguous. Returns the rotated queries [T, H, D] and keys [T, KVH, D].
+// Each value as torch's `x * cos + x.roll(D / 2) * sin` in bf16 rounds it: both products
+// rounded, then their sum.
+std::vector<torch::Tensor> rotary_store_kv(
+    const torch::Tensor& qkv, const torch::Tensor& cos_sin, const torch::Tensor& slots, torch::Tensor& cache, int64_t num_heads) {
+  TORCH_CHECK(qkv.scalar_type() == at::kBFloat16 && cos_sin.scalar_type() == at::kBFloat16 && cache.scalar_type() == at::kBFloat16);
+  TORCH_CHECK(qkv.is_contiguous() && cos_sin.is_contiguous() && cache.is_contiguous() && slots.scalar_type() == at::kLong);
+  TORCH_CHECK(cache.dim() == 4 && cache.size(0) == 2);
+  const int64_t num_tokens = qkv.size(0), num_kv_heads = cache.size(1), num_slots = cache.size(2), dim = cache.size(3);
+  const int64_t half = dim / 2;
+  TORCH_CHECK(dim % 32 == 0 && qkv.size(1) == (num_heads + 2 * num_kv_heads) * dim && cos_sin.size(1) == 2 * dim);
+  TORCH_CHECK(cos_sin.size(0) == num_tokens && slots.numel() == num_tokens);
+  auto query = torch::empty({num_tokens, num_heads, dim}, qkv.options());
+  auto key = torch::empty({num_tokens, num_kv_heads, dim}, qkv.options());
+  const auto* in = reinterpret_cast<const uint16_t*>(qkv.data_ptr());
+  const auto* table = reinterpret_cast<const uint16_t*>(cos_sin.data_ptr());
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  auto* q_out = reinterpret_cast<uint16_t*>(query.data_ptr());
+  auto* k_out = reinterpret_cast<uint16_t*>(key.data_ptr());
+  auto* kv = reinterpret_cast<uint16_t*>(cache.data_ptr());
+  const int64_t width = qkv.size(1), plane = num_kv_heads * num_slots * dim;
+  for (int64_t t = 0; t < num_tokens; ++t) TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot out of range");
+  at::parallel_for(0, num_tokens, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint16_t* cos = table + t * 2 * dim;
+      const uint16_t* sin = cos + dim;
+      for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) {
+        const uint16_t* x = in + t * width + h * dim;
+        uint16_t* out = h < num_heads ? q_out + (t * num_heads + h) * dim : k_out + (t * num_kv_heads + h - num_heads) * dim;
+        for (int64_t i = 0; i < dim; i += 16) {
+          const int64_t rolled = i < half ? i + half : i - half;
+          store_bf16(out + i, round_bf16(load_bf16(x + i) * load_bf16(cos + i)) + round_bf16(load_bf16(x + rolled) * load_bf16(sin + i)));
+        }
+        if (h >= num_heads) {
+          const int64_t kv_head = h - num_heads;
+          std::memcpy(kv + (kv_head * num_slots + slot[t]) * dim, out, dim * sizeof(uint16_t));
+          std::memcpy(kv + plane + (kv_head * num_slots + slot[t]) * dim, x + num_kv_heads * dim, dim * sizeof(uint16_t));
+        }
+      }
+    }
+  });
+  return {query, key};
 }
 
 // gate_up [M, 2I] bf16 contiguous -> bf16(silu(gate)) * up, rounded like torch's two bf16 ops.

@@ -10,15 +10,26 @@ from torch import Tensor
 class AttentionBackend(Protocol):
     """Causal attention over a flat batch of tokens from several sequences.
 
-    The model calls `forward` once per layer with the rotary embedding already applied.
+    The model calls `forward` once per layer with the rotary embedding already applied
+    (by itself, or by `rotate_and_store`).
     The backend knows which tokens belong to which sequence, stores K/V (e.g. in a paged
     cache) and attends causally within each sequence, with softmax scale `head_dim ** -0.5`
     and grouped-query attention (query head h reads kv head h // num_queries_per_kv).
     """
 
-    def forward(self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    def forward(self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor, is_stored: bool = False) -> Tensor:
         """Attend: query [num_tokens, num_heads, head_dim], key/value [num_tokens, num_kv_heads, head_dim].
 
+        Stores key and value first unless `rotate_and_store` already has (`is_stored`).
         Returns [num_tokens, num_heads, head_dim] in the query's dtype.
+        """
+        ...
+
+    def rotate_and_store(self, layer_idx: int, qkv: Tensor, rotary_table: Tensor) -> tuple[Tensor, Tensor] | None:
+        """Where the backend has a fused pass for it: rotary on the queries and keys of a fused
+        projection's output qkv [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], keys and
+        values stored, and the rotated (query, key) returned; None where it has none (the model then
+        rotates with torch ops). rotary_table [num_tokens, 2 * head_dim] holds each token's
+        (cos, cos, -sin, sin), halves rotated as Hugging Face's rotate_half does.
         """
         ...

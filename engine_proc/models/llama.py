@@ -48,6 +48,14 @@ class RMSNorm(nn.Module):
         normed = x_float.to(x.dtype)
         return normed.mul_(self.weight) if self.weight.dtype == x.dtype else self.weight * normed
 
+    def add_forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(norm(residual + x), residual + x): a block's residual add and the next norm, one kernel
+        where it runs (the residual is then updated in place)."""
+        if self.kernels is not None and x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous():
+            return self.kernels.add_rms_norm(x, residual, self.weight, self.eps), residual
+        residual = residual + x
+        return self(residual), residual
+
 
 def inverse_frequencies(config: ModelConfig) -> Tensor:
     """Rotary inverse frequencies (float32, [head_dim // 2]), with llama3 scaling if configured."""
@@ -95,10 +103,17 @@ class RotaryEmbedding(nn.Module):
         cos, sin = freqs.cos(), freqs.sin()
         self.cos_sin_cache.copy_(torch.cat((cos, cos, -sin, sin), dim=-1))
 
-    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """(cos, cos) and (-sin, sin), each [num_tokens, 1, head_dim] to broadcast over heads."""
-        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
-        return cos, sin
+    def forward(self, positions: Tensor) -> RotaryRows:
+        return RotaryRows(self.cos_sin_cache[positions])
+
+
+class RotaryRows:
+    """The rotary table's rows for one forward's tokens, as the fused kernel and the torch ops take them."""
+
+    def __init__(self, table: Tensor) -> None:
+        self.table = table  # [num_tokens, 2 * head_dim]: (cos, cos, -sin, sin)
+        # (cos, cos) and (-sin, sin), each [num_tokens, 1, head_dim] to broadcast over heads.
+        self.cos, self.sin = table.unsqueeze(1).chunk(2, dim=-1)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -124,20 +139,30 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
-    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attn: AttentionBackend) -> Tensor:
+    def forward(self, hidden: Tensor, rotary: RotaryRows, attn: AttentionBackend) -> Tensor:
         config = self.config
-        num_tokens, num_heads = hidden.shape[0], config.num_attention_heads
+        num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
-        # NOTE: queries and keys side by side, so one rotary call covers both.
-        query_key = qkv[:, : config.q_size + config.kv_size].view(num_tokens, -1, config.head_dim)
         value = qkv[:, config.q_size + config.kv_size :].view(num_tokens, -1, config.head_dim)
+        # NOTE: without per-head norms the backend may rotate and store K/V in one pass.
+        stored = None if self.q_norm is not None else attn.rotate_and_store(self.layer_idx, qkv, rotary.table)
+        query, key = stored if stored is not None else self._rotate(qkv, rotary)
+        out = attn.forward(self.layer_idx, query, key, value, is_stored=stored is not None)
+        return self.o_proj(out.view(num_tokens, config.q_size))
+
+    def _rotate(self, qkv: Tensor, rotary: RotaryRows) -> tuple[Tensor, Tensor]:
+        """Queries and keys [num_tokens, heads, head_dim] of the fused projection, normed per head if
+        configured, then rotated."""
+        config = self.config
+        num_heads = config.num_attention_heads
+        # NOTE: queries and keys side by side, so one rotary call covers both.
+        query_key = qkv[:, : config.q_size + config.kv_size].view(qkv.shape[0], -1, config.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             query_key = torch.cat(
                 (self.q_norm(query_key[:, :num_heads]), self.k_norm(query_key[:, num_heads:])), dim=1
             )
-        query_key = apply_rotary(query_key, cos, sin)
-        out = attn.forward(self.layer_idx, query_key[:, :num_heads], query_key[:, num_heads:], value)
-        return self.o_proj(out.view(num_tokens, config.q_size))
+        query_key = apply_rotary(query_key, rotary.cos, rotary.sin)
+        return query_key[:, :num_heads], query_key[:, num_heads:]
 
 
 class LlamaMLP(nn.Module):
@@ -167,9 +192,17 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attn: AttentionBackend) -> Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attn)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(
+        self, hidden: Tensor, residual: Tensor | None, rotary: RotaryRows, attn: AttentionBackend
+    ) -> tuple[Tensor, Tensor]:
+        """The block's output and the residual stream, not yet added (the next norm adds them)."""
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm.add_forward(hidden, residual)
+        hidden = self.self_attn(hidden, rotary, attn)
+        hidden, residual = self.post_attention_layernorm.add_forward(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
@@ -210,10 +243,13 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
         """Final-normed hidden states [num_tokens, hidden_size] for the tokens of several sequences."""
         hidden = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary_emb(positions)
+        rotary = self.model.rotary_emb(positions)
+        residual: Tensor | None = None
         for layer in self.model.layers:
-            hidden = layer(hidden, cos, sin, attn)
-        return self.model.norm(hidden)
+            hidden, residual = layer(hidden, residual, rotary, attn)
+        if residual is None:
+            return self.model.norm(hidden)
+        return self.model.norm.add_forward(hidden, residual)[0]
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """Float32 logits [n, vocab_size] for hidden states [n, hidden_size]."""

@@ -1,5 +1,6 @@
-"""The C++ kernels against the torch ops they replace: decode attention (also against dense attention), RMSNorm,
-SiLU·up, greedy picks straight from the output head."""
+"""The C++ kernels against the torch ops they replace: decode attention (also against dense attention), RMSNorm
+(alone and after the residual add), SiLU·up, rotary with the K/V cache write, greedy picks straight from the
+output head."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import torch
 from engine_proc import cpu_kernels
 from engine_proc.cpu_features import CpuFeatures, cpu_features
 from engine_proc.cpu_kernels import has_amx, load_cpu_kernels
+from engine_proc.attention import AttentionMetadata, PagedAttention
 from engine_proc.loader import load_model
+from engine_proc.models.config import ModelConfig
+from engine_proc.models.llama import RotaryEmbedding, apply_rotary
 from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.sampler import greedy_ids
 from tests.engine_proc.models.test_llama import TINY, run, save_tiny_checkpoint
@@ -87,6 +91,48 @@ def test_fused_norm_and_swiglu_give_torchs_bfloat16_results(num_rows: int) -> No
     gate_up = torch.randn(num_rows, 2 * 1536).bfloat16() * 4
     gate, up = gate_up.chunk(2, dim=-1)
     assert torch.equal(kernels.silu_and_mul(gate_up), torch.nn.functional.silu(gate) * up)
+
+
+@needs_kernel
+@pytest.mark.parametrize("num_rows", [1, 7, 130])
+def test_the_fused_residual_add_and_norm_give_torchs_bfloat16_results(num_rows: int) -> None:
+    kernels = load_cpu_kernels()
+    torch.manual_seed(num_rows)
+    x, residual, weight = torch.randn(num_rows, 576).bfloat16(), torch.randn(num_rows, 576).bfloat16(), torch.randn(576).bfloat16()
+    added = residual + x
+    normed = kernels.add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(residual, added)  # updated in place, rounded as torch's bfloat16 add rounds
+    assert (normed != kernels.rms_norm(added, weight, 1e-5)).sum() == 0
+
+
+@needs_kernel
+@pytest.mark.parametrize(("num_tokens", "head_dim"), [(1, 64), (5, 64), (40, 32), (3, 128)])
+def test_rotary_and_the_cache_write_give_the_torch_ops_values(num_tokens: int, head_dim: int) -> None:
+    torch.manual_seed(num_tokens)
+    num_heads, num_kv_heads, block_size = 9, 3, 16
+    config = ModelConfig(
+        architecture="llama", vocab_size=100, hidden_size=num_heads * head_dim, intermediate_size=64,
+        num_hidden_layers=1, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=head_dim, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=True,
+    )
+    rotary = RotaryEmbedding(config).to(torch.bfloat16)
+    positions = torch.randint(0, 512, (num_tokens,))
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim).bfloat16() * 3
+    slots = torch.randperm(4 * block_size)[:num_tokens]
+    attention = PagedAttention(1, 4 * block_size, num_kv_heads, head_dim, block_size, torch.bfloat16, torch.device("cpu"))
+    attention.metadata = AttentionMetadata(slot_mapping=slots, num_decodes=0, decode_block_table=None, decode_lens=None, prefills=[])
+    stored = attention.rotate_and_store(0, qkv, rotary(positions).table)
+    assert stored is not None
+    query, key = stored
+    rows = rotary(positions)
+    query_key = apply_rotary(qkv[:, : (num_heads + num_kv_heads) * head_dim].view(num_tokens, -1, head_dim), rows.cos, rows.sin)
+    assert torch.equal(query, query_key[:, :num_heads]) and torch.equal(key, query_key[:, num_heads:])
+    cache = attention.kv_caches[0]
+    assert torch.equal(cache[0][:, slots].transpose(0, 1), key)
+    assert torch.equal(cache[1][:, slots].transpose(0, 1), qkv[:, (num_heads + num_kv_heads) * head_dim :].view(num_tokens, -1, head_dim))
+    untouched = torch.ones(4 * block_size, dtype=torch.bool)
+    untouched[slots] = False
+    assert not cache[:, :, untouched].any()
 
 
 @needs_kernel

@@ -13,7 +13,10 @@ class DenseCausalAttention:
     def __init__(self, seq_lens: list[int]) -> None:
         self.seq_lens = seq_lens
 
-    def forward(self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    def rotate_and_store(self, layer_idx: int, qkv: Tensor, rotary_table: Tensor) -> tuple[Tensor, Tensor] | None:
+        return None  # nothing to store: the model rotates
+
+    def forward(self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor, is_stored: bool = False) -> Tensor:
         if sum(self.seq_lens) != query.shape[0]:
             raise ValueError(f"sequence lengths {self.seq_lens} do not add up to {query.shape[0]} tokens")
         num_queries_per_kv = query.shape[1] // key.shape[1]
