@@ -2,11 +2,12 @@
 //
 // The Python side (engine_proc/cpu_kernels.py) builds this once per machine with
 // torch.utils.cpp_extension and falls back to gather + SDPA where it cannot. For each
-// (sequence, KV head), in one OpenMP task: (1) the sequence's K blocks, transposed to
-// [head_dim][16] floats, and V blocks, as floats; every query row's scores, 4 rows at a time
-// (16 keys of a block = the 16 lanes of a register); (2) each row's softmax over the keys it
-// may see (`row_limits`: a row's query position + 1); (3) the probabilities times V, 4 rows
-// at a time. Float32 throughout, bfloat16 out (rounded to nearest even, as torch does).
+// (sequence, KV head), in one OpenMP task: (1) block by block, the 16 keys transposed to
+// [head_dim][16] floats (in registers on AVX-512, by gathers on AVX2) and every query row's
+// scores, up to 4 rows per pass over the keys (16 keys of a block = the 16 lanes of a
+// register); (2) each row's softmax over the keys it may see (`row_limits`: a row's query
+// position + 1); (3) the probabilities times V, read from the cache blocks as bfloat16, up to
+// 4 rows per pass. Float32 throughout, bfloat16 out (rounded to nearest even, as torch does).
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -38,16 +40,17 @@ inline void score_rows(const float* q, int64_t head_dim, const float* keys_t, fl
   for (int i = 0; i < N; ++i) store16(scores + i * stride, even[i] + odd[i]);
 }
 
-// out[i][col, col + 16 G) = probs[i] · values over `length` keys, for N rows and G groups of 16 columns.
+// out[i][col, col + 16 G) = probs[i] · values over `length` keys, for N rows and G groups of 16
+// columns; the values are read as bfloat16 from their cache blocks (`value_blocks`, 16 keys each).
 template <int N, int G>
-inline void weigh_columns(const float* probs, int64_t stride, const float* values, int64_t length, float* out, int64_t head_dim,
-                          int64_t col) {
+inline void weigh_columns(const float* probs, int64_t stride, const uint16_t* const* value_blocks, int64_t length, float* out,
+                          int64_t head_dim, int64_t col) {
   V16 acc[N][G];
   for (int i = 0; i < N; ++i) for (int c = 0; c < G; ++c) acc[i][c] = zero16();
   for (int64_t j = 0; j < length; ++j) {
-    const float* row = values + j * head_dim + col;
+    const uint16_t* row = value_blocks[j / kBlockSize] + (j % kBlockSize) * head_dim + col;
     V16 v[G];
-    for (int c = 0; c < G; ++c) v[c] = load16(row + c * 16);
+    for (int c = 0; c < G; ++c) v[c] = load_bf16(row + c * 16);
     for (int i = 0; i < N; ++i) {
       const V16 p = set16(probs[i * stride + j]);
       for (int c = 0; c < G; ++c) acc[i][c] = fmadd(p, v[c], acc[i][c]);
@@ -58,13 +61,27 @@ inline void weigh_columns(const float* probs, int64_t stride, const float* value
 
 // out[i] = probs[i] · values over `length` keys, for N rows, up to 64 columns at a time.
 template <int N>
-inline void weigh_rows(const float* probs, int64_t stride, const float* values, int64_t length, float* out, int64_t head_dim) {
+inline void weigh_rows(const float* probs, int64_t stride, const uint16_t* const* value_blocks, int64_t length, float* out,
+                       int64_t head_dim) {
   int64_t col = 0;
-  for (; col + 64 <= head_dim; col += 64) weigh_columns<N, 4>(probs, stride, values, length, out, head_dim, col);
+  for (; col + 64 <= head_dim; col += 64) weigh_columns<N, 4>(probs, stride, value_blocks, length, out, head_dim, col);
   switch ((head_dim - col) / 16) {
-    case 3: weigh_columns<N, 3>(probs, stride, values, length, out, head_dim, col); break;
-    case 2: weigh_columns<N, 2>(probs, stride, values, length, out, head_dim, col); break;
-    case 1: weigh_columns<N, 1>(probs, stride, values, length, out, head_dim, col); break;
+    case 3: weigh_columns<N, 3>(probs, stride, value_blocks, length, out, head_dim, col); break;
+    case 2: weigh_columns<N, 2>(probs, stride, value_blocks, length, out, head_dim, col); break;
+    case 1: weigh_columns<N, 1>(probs, stride, value_blocks, length, out, head_dim, col); break;
+    default: break;
+  }
+}
+
+// fn(N, r) over rows [0, num_rows): 4 rows at a time, then the 3, 2 or 1 left (N a compile-time constant).
+template <typename Fn>
+inline void by_row_groups(int64_t num_rows, Fn&& fn) {
+  int64_t r = 0;
+  for (; r + 4 <= num_rows; r += 4) fn(std::integral_constant<int, 4>{}, r);
+  switch (num_rows - r) {
+    case 3: fn(std::integral_constant<int, 3>{}, r); break;
+    case 2: fn(std::integral_constant<int, 2>{}, r); break;
+    case 1: fn(std::integral_constant<int, 1>{}, r); break;
     default: break;
   }
 }
@@ -101,9 +118,10 @@ torch::Tensor paged_decode_attention(
   const V16 vscale = set16(static_cast<float>(scale));
 
   at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> q_buf(num_rows * head_dim + 16), k_buf(max_keys * head_dim + 16), v_buf(max_keys * head_dim + 16),
-        s_buf(num_rows * max_keys + 16), o_buf(num_rows * head_dim + 16);
-    float *q = aligned(q_buf), *keys_t = aligned(k_buf), *values = aligned(v_buf), *scores = aligned(s_buf), *o = aligned(o_buf);
+    std::vector<float> q_buf(num_rows * head_dim + 16), k_buf(kBlockSize * head_dim + 16), s_buf(num_rows * max_keys + 16),
+        o_buf(num_rows * head_dim + 16);
+    std::vector<const uint16_t*> value_blocks(max_keys / kBlockSize);
+    float *q = aligned(q_buf), *keys_t = aligned(k_buf), *scores = aligned(s_buf), *o = aligned(o_buf);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / num_kv_heads, head = item % num_kv_heads;
       const int64_t* limits = limits_all + seq * num_rows;
@@ -118,18 +136,11 @@ torch::Tensor paged_decode_attention(
         const int64_t block = tables[seq * max_blocks + b];
         const uint16_t* k_block = k_cache + block * kBlockSize * head_dim;
         const uint16_t* v_block = v_cache + block * kBlockSize * head_dim;
-        float* block_keys_t = keys_t + b * kBlockSize * head_dim;
-        for (int64_t d = 0; d < head_dim; d += 2) {
-          // NOTE: one gather loads the column pair (d, d + 1) of the block's 16 keys.
-          V16 even, odd;
-          load_bf16_column_pair(k_block + d, head_dim, even, odd);
-          store16(block_keys_t + d * kBlockSize, even);
-          store16(block_keys_t + (d + 1) * kBlockSize, odd);
-        }
-        for (int64_t i = 0; i < kBlockSize * head_dim; i += 16) store16(values + b * kBlockSize * head_dim + i, load_bf16(v_block + i));
-        int64_t r = 0;
-        for (; r + 4 <= num_rows; r += 4) score_rows<4>(q + r * head_dim, head_dim, block_keys_t, scores + r * length + b * kBlockSize, length);
-        for (; r < num_rows; ++r) score_rows<1>(q + r * head_dim, head_dim, block_keys_t, scores + r * length + b * kBlockSize, length);
+        value_blocks[b] = v_block;
+        load_bf16_block_transposed(k_block, head_dim, keys_t);
+        by_row_groups(num_rows, [&](auto n, int64_t r) {
+          score_rows<decltype(n)::value>(q + r * head_dim, head_dim, keys_t, scores + r * length + b * kBlockSize, length);
+        });
       }
       // 2) each row's softmax over its first limits[r] keys; the others weigh 0.
       for (int64_t r = 0; r < num_rows; ++r) {
@@ -150,10 +161,9 @@ torch::Tensor paged_decode_attention(
         for (int64_t j = 0; j < length; j += 16) store16(row + j, load16(row + j) * inverse);
       }
       // 3) probabilities times values.
-      int64_t r = 0;
-      for (; r + 4 <= num_rows; r += 4) weigh_rows<4>(scores + r * length, length, values, length, o + r * head_dim, head_dim);
-      for (; r + 2 <= num_rows; r += 2) weigh_rows<2>(scores + r * length, length, values, length, o + r * head_dim, head_dim);
-      for (; r < num_rows; ++r) weigh_rows<1>(scores + r * length, length, values, length, o + r * head_dim, head_dim);
+      by_row_groups(num_rows, [&](auto n, int64_t r) {
+        weigh_rows<decltype(n)::value>(scores + r * length, length, value_blocks.data(), length, o + r * head_dim, head_dim);
+      });
       uint16_t* o_out = outs + item * num_rows * head_dim;
       for (int64_t i = 0; i < num_rows * head_dim; i += 16) store_bf16(o_out + i, load16(o + i));
     }

@@ -67,6 +67,54 @@ inline void load_bf16_column_pair(const uint16_t* src, int64_t row_stride, V16& 
   odd = {_mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(static_cast<int>(0xFFFF0000))))};
 }
 
+// The 16 x 16 matrix of 32-bit values in rows[0..16) transposed in place.
+inline void transpose16_dwords(__m512i rows[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+  }
+  // NOTE: now rows[4 i + c] holds, in its 128-bit lane L, column 4 L + c of rows 4 i .. 4 i + 3.
+  for (int i = 0; i < 4; ++i) {
+    rows[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    rows[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    rows[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    rows[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x0 = _mm512_shuffle_i32x4(rows[c], rows[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(rows[c], rows[4 + c], 0xEE);
+    const __m512i y0 = _mm512_shuffle_i32x4(rows[8 + c], rows[12 + c], 0x44), y1 = _mm512_shuffle_i32x4(rows[8 + c], rows[12 + c], 0xEE);
+    t[c] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    t[4 + c] = _mm512_shuffle_i32x4(x0, y0, 0xDD);
+    t[8 + c] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(x1, y1, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) rows[i] = t[i];
+}
+
+// A block of 16 bfloat16 rows of `head_dim` (even) as floats [head_dim][16]: 32 columns at a time
+// by a transpose in registers, the rest by gathers.
+inline void load_bf16_block_transposed(const uint16_t* block, int64_t head_dim, float* out) {
+  int64_t col = 0;
+  for (; col + 32 <= head_dim; col += 32) {
+    __m512i rows[16];
+    for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(block + j * head_dim + col);
+    transpose16_dwords(rows);
+    // NOTE: rows[p] now holds the column pair (col + 2 p, col + 2 p + 1) of the 16 rows.
+    for (int p = 0; p < 16; ++p) {
+      _mm512_storeu_ps(out + (col + 2 * p) * 16, _mm512_castsi512_ps(_mm512_slli_epi32(rows[p], 16)));
+      _mm512_storeu_ps(out + (col + 2 * p + 1) * 16,
+                       _mm512_castsi512_ps(_mm512_and_si512(rows[p], _mm512_set1_epi32(static_cast<int>(0xFFFF0000)))));
+    }
+  }
+  for (; col < head_dim; col += 2) {
+    V16 even, odd;
+    load_bf16_column_pair(block + col, head_dim, even, odd);
+    store16(out + col * 16, even);
+    store16(out + (col + 1) * 16, odd);
+  }
+}
+
 #elif defined(__AVX2__) && defined(__FMA__)
 
 struct V16 {
@@ -147,6 +195,16 @@ inline void load_bf16_column_pair(const uint16_t* src, int64_t row_stride, V16& 
   const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000));
   even = {_mm256_castsi256_ps(_mm256_slli_epi32(pair_lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(pair_hi, 16))};
   odd = {_mm256_castsi256_ps(_mm256_and_si256(pair_lo, high_half)), _mm256_castsi256_ps(_mm256_and_si256(pair_hi, high_half))};
+}
+
+// A block of 16 bfloat16 rows of `head_dim` (even) as floats [head_dim][16].
+inline void load_bf16_block_transposed(const uint16_t* block, int64_t head_dim, float* out) {
+  for (int64_t d = 0; d < head_dim; d += 2) {
+    V16 even, odd;
+    load_bf16_column_pair(block + d, head_dim, even, odd);
+    store16(out + d * 16, even);
+    store16(out + (d + 1) * 16, odd);
+  }
 }
 
 #else
