@@ -25,11 +25,10 @@ from typing import Any
 import torch
 from torch.profiler import profile
 
-from engine_proc.config import EngineConfig
+from proto.engine_config import EngineConfig
 from engine_proc.core import EngineCore
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.model_registry import DEFAULT_MODEL, resolve_model
-
 
 # Kinds of torch ops, by the name of the (innermost) aten op that spends the time.
 OP_KINDS = {

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 from engine_proc.cpu_kernels import load_cpu_kernels
 
-
 # NOTE: measured on 2 Zen 4 cores: the fused kernel is ~4x faster for one sequence, on par at
 # 16, and a third slower than two batched matmuls at 64 sequences (3 query heads per KV head).
 _SDPA_MAX_DECODES = 16

@@ -8,20 +8,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine_proc.config import EngineConfig
 from engine_proc.kv_cache_manager import KVCacheManager
 from engine_proc.model_runner import ModelRunner, ModelRunnerOutput
 from engine_proc.ngram_proposer import NgramProposer
 from engine_proc.request import Request
 from engine_proc.scheduler import Scheduler, SchedulerConfig
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, UtilityCall
-from proto.engine_output import (
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    FinishReason,
-    SchedulerStats,
-    UtilityResult,
-)
+from proto.engine_output import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats, UtilityResult
 from proto.handshake import EngineReady
 
 logger = logging.getLogger(__name__)
@@ -30,9 +24,9 @@ logger = logging.getLogger(__name__)
 class EngineCore:
     """Admits requests, steps the batch, and reports new tokens."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, engine_index: int = 0) -> None:
         self.config = config
-        self.engine_index = config.engine_index
+        self.engine_index = engine_index
         started = time.monotonic()
         self.model_runner = ModelRunner(config)
         model_config = self.model_runner.model_config
@@ -64,7 +58,7 @@ class EngineCore:
         }
         logger.info(
             "engine %d ready in %.1fs: %d KV blocks of %d tokens, max_model_len %d",
-            config.engine_index, time.monotonic() - started, num_blocks, config.block_size,
+            engine_index, time.monotonic() - started, num_blocks, config.block_size,
             self.max_model_len,
         )
 

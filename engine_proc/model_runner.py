@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan, decode_query_grid
-from engine_proc.config import EngineConfig
 from engine_proc.cpu_features import cpu_features, cpu_model_name
 from engine_proc.kv_cache_memory import num_kv_blocks, release_memory
 from engine_proc.loader import load_model
@@ -19,6 +18,7 @@ from engine_proc.request import Request
 from engine_proc.sampler import Sampler, SamplerOutput
 from engine_proc.sampling_metadata import SamplingMetadata
 from engine_proc.scheduler import ScheduledRequest, SchedulerOutput
+from proto.engine_config import EngineConfig
 from proto.engine_output import Logprobs
 
 # NOTE: "auto" is missing on purpose: the loader picks the dtype from the checkpoint.

@@ -13,7 +13,6 @@ import torch
 from engine_proc.penalties import apply_penalties
 from engine_proc.sampling_metadata import SamplingMetadata
 
-
 _TOP_P_CANDIDATES = 256
 _ARGMAX_BLOCK = 128
 

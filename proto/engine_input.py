@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-
 _GREEDY_TEMPERATURE = 1e-5
 
 

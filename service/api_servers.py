@@ -47,9 +47,11 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
     # to whichever of them accepts first.
     listener = socket.create_server((config.host, config.port), backlog=4096)
     listener.set_inheritable(True)
-    engine_args = replace(config.engine, model_path=str(resolved.path), model_name=resolved.name)
+    engine_config = replace(config.engine, model_path=str(resolved.path), model_name=resolved.name)
     engines = [
-        EngineProcess(engine_args, index, ",".join(inputs), ",".join(outputs), _engine_exited(index))
+        EngineProcess(
+            engine_config, index, ",".join(inputs), ",".join(outputs), _engine_exited(index), log_format=config.log_format
+        )
         for index in range(config.data_parallel_size)
     ]
     servers = [

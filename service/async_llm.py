@@ -7,11 +7,11 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest
 from proto.handshake import EngineReady
 from service import envs
 from service.core_client import EngineCoreClient, EngineDeadError
-from service.engine_launcher import EngineArgs
 from service.engine_state import EngineLost
 from service.input_processor import InputProcessor
 from service.output_processor import OutputProcessor, RequestOutputCollector
@@ -54,9 +54,9 @@ class AsyncLLM:
             self._tasks.append(asyncio.create_task(self._run_stats_log(interval), name="stats-log"))
 
     @classmethod
-    async def start(cls, engine_args: EngineArgs, tokenizer: Tokenizer, **kwargs: Any) -> AsyncLLM:
+    async def start(cls, engine_config: EngineConfig, tokenizer: Tokenizer, **kwargs: Any) -> AsyncLLM:
         """Starts the engine process and waits until it is ready."""
-        client = EngineCoreClient.make_client(engine_args, multiprocess_mode=True, asyncio_mode=True)
+        client = EngineCoreClient.make_client(engine_config, multiprocess_mode=True, asyncio_mode=True)
         try:
             ready = await client.wait_ready()
         except BaseException:

@@ -8,12 +8,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, RequestType
 from proto.engine_output import EngineCoreOutputs
 from proto.handshake import EngineReady
 from service.core_client import EngineDeadError
 from service.curve import LinkSettings
-from service.engine_launcher import EngineArgs
 from service.engine_state import EngineLost
 from service.mp_client import MPClient, utility_outcome
 
@@ -29,10 +29,11 @@ class AsyncMPClient(MPClient):
 
     def __init__(
         self,
-        engine_args: EngineArgs,
+        engine_config: EngineConfig,
         data_parallel_size: int = 1,
         link: LinkSettings | None = None,
         engine_addresses: tuple[str, str] | None = None,
+        log_format: str = "text",
     ) -> None:
         self.outputs_queue: asyncio.Queue[OutputItem] = asyncio.Queue()
         self._dead = asyncio.Event()
@@ -40,7 +41,7 @@ class AsyncMPClient(MPClient):
         self._utility_owner: dict[int, int] = {}
         self._loop = asyncio.get_running_loop()
         self._tasks: list[asyncio.Task[None]] = []
-        super().__init__(engine_args, zmq.asyncio.Context(), data_parallel_size, link, engine_addresses)
+        super().__init__(engine_config, zmq.asyncio.Context(), data_parallel_size, link, engine_addresses, log_format)
 
     async def wait_ready(self, timeout: float = 300.0) -> EngineReady:
         """Waits for every local engine's ready message (or, with none, the first remote one)."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 from service import envs
 from service.bench.cli import add_bench_parser, run_bench
-from service.engine_cli import add_engine_parser, add_keys_parser, run_engine, run_keys
-from service.engine_flags import add_engine_args, add_scale_out_args, engine_args_from, link_settings_from
-from service.generate_cli import add_generate_parser, run_generate
 from service.config import GatewayConfig
+from service.engine_cli import add_engine_parser, add_keys_parser, run_engine, run_keys
+from service.engine_flags import add_engine_args, add_scale_out_args, engine_config_from, link_settings_from
+from service.generate_cli import add_generate_parser, run_generate
 from service.logging_setup import LOG_FORMATS, configure_logging
 from service.model_registry import DEFAULT_MODEL
 
@@ -132,15 +132,14 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
-    # NOTE: the engines write their log lines in the gateway's format.
-    engine = replace(engine_args_from(args), log_format=args.log_format)
     return GatewayConfig(
         model=args.model,
         host=args.host,
         port=args.port,
         served_model_names=tuple(args.served_model_name or ()),
         generation_config=tuple((args.override_generation_config or {}).items()),
-        engine=engine,
+        engine=engine_config_from(args),
+        log_format=args.log_format,
         data_parallel_size=args.data_parallel_size,
         link=link_settings_from(args),
         api_server_count=args.api_server_count,
@@ -235,8 +234,10 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
     resolved = await asyncio.to_thread(resolve_model, config.model)
     names = list(config.served_model_names or (resolved.name,))
     # NOTE: engines are named by the model's own name, which engines on other hosts also know.
-    engine_args = replace(config.engine, model_path=str(resolved.path), model_name=resolved.name)
-    client = AsyncMPClient(engine_args, config.data_parallel_size, config.link, config.engine_addresses)
+    engine_config = replace(config.engine, model_path=str(resolved.path), model_name=resolved.name)
+    client = AsyncMPClient(
+        engine_config, config.data_parallel_size, config.link, config.engine_addresses, config.log_format
+    )
     try:
         # NOTE: the tokenizer loads here while the engine loads its weights.
         tokenizer = await asyncio.to_thread(Tokenizer.from_model, resolved.path)

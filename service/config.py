@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from proto.engine_config import EngineConfig
 from service.curve import LinkSettings
-from service.engine_launcher import EngineArgs
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,8 @@ class GatewayConfig:
     port: int = 8000
     served_model_names: tuple[str, ...] = ()
     generation_config: tuple[tuple[str, float], ...] = ()
-    engine: EngineArgs = field(default_factory=lambda: EngineArgs(model_path="", model_name=""))
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    log_format: str = "text"  # the gateway's and its engines' log lines
     data_parallel_size: int = 1
     link: LinkSettings = field(default_factory=LinkSettings)
     api_server_count: int = 1

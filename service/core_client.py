@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest
 from proto.engine_output import EngineCoreOutputs
 from proto.handshake import EngineReady
-from service.engine_launcher import EngineArgs
 from service.engine_state import EngineLost
 
 
@@ -26,21 +26,21 @@ class EngineCoreClient:
     ready: EngineReady
 
     @staticmethod
-    def make_client(engine_args: EngineArgs, multiprocess_mode: bool, asyncio_mode: bool) -> EngineCoreClient:
+    def make_client(engine_config: EngineConfig, multiprocess_mode: bool, asyncio_mode: bool) -> EngineCoreClient:
         """A started client; an asyncio one must still be awaited with `wait_ready()`."""
         if asyncio_mode:
             if not multiprocess_mode:
                 raise ValueError("an asyncio client runs its engine in another process")
             from service.async_mp_client import AsyncMPClient
 
-            return AsyncMPClient(engine_args)
+            return AsyncMPClient(engine_config)
         if multiprocess_mode:
             from service.sync_mp_client import SyncMPClient
 
-            return SyncMPClient(engine_args)
+            return SyncMPClient(engine_config)
         from service.inproc_client import InprocClient
 
-        return InprocClient(engine_args)
+        return InprocClient(engine_config)
 
     @property
     def is_dead(self) -> bool:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from service.curve import generate_keys, remote_addresses
-from service.engine_flags import add_engine_args, add_model_arg, engine_args_from
+from service.engine_flags import add_engine_args, add_model_arg, engine_config_from
+from service.engine_launcher import engine_argv
 
 
 def add_engine_parser(commands: Any) -> None:
@@ -48,8 +49,8 @@ def run_engine(args: argparse.Namespace) -> int:
     from service.model_registry import resolve_model
 
     resolved = resolve_model(args.model)
-    engine = engine_args_from(args, str(resolved.path), resolved.name)
-    argv = [*engine.to_argv(-1, input_address, output_address), "--headless"]
+    engine = engine_config_from(args, str(resolved.path), resolved.name)
+    argv = [*engine_argv(engine, -1, input_address, output_address), "--headless"]
     argv += ["--accept-timeout", str(args.accept_timeout)]
     if args.curve_secret_key is not None:
         argv += ["--curve-secret-key", args.curve_secret_key, "--gateway-public-key", args.gateway_public_key]

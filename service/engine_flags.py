@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
+from collections.abc import Callable
+from typing import Any
 
+from proto.engine_config import EngineConfig, check_value, flag_of
 from service.curve import LinkSettings
-from service.engine_launcher import EngineArgs
 from service.model_registry import DEFAULT_MODEL
 
 
@@ -18,107 +20,45 @@ def add_model_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """A flag for every engine setting (proto/engine_config.py), with its default, help and check."""
     group = parser.add_argument_group("engine")
-    group.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-        help="activations and KV cache; auto: bfloat16 for a GGUF with 4-bit weights, else the "
-        "checkpoint's dtype; float32 matches transformers token for token (default: %(default)s)",
-    )
-    group.add_argument(
-        "--quantization", default="auto", choices=["auto", "gguf", "none"],
-        help="auto: a GGUF's 4-bit weights run as int4 for small batches when the dtype is bfloat16; "
-        "gguf: require that; none: dequantize every weight (default: %(default)s)",
-    )
-    group.add_argument(
-        "--load-format", default="auto", choices=["auto", "dummy"],
-        help="dummy: random weights of the model's shape, reading only its config (default: %(default)s)",
-    )
-    group.add_argument(
-        "--hf-overrides", default=None, metavar="JSON", type=_json_object,
-        help='model config fields to replace, e.g. \'{"num_hidden_layers": 1, "hidden_size": 64}\'',
-    )
-    group.add_argument(
-        "--speculative-config", default=None, metavar="JSON", type=_speculative_config,
-        help="speculative decoding for greedy requests (exact: same tokens, fewer steps when text "
-        'repeats): n-gram drafts from the context, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
-        '"prompt_lookup_max": 4}\'; other keys: prompt_lookup_min, disable_by_batch_size (default: off)',
-    )
-    group.add_argument(
-        "--device", default="auto",
-        help="torch device of the engine: auto (CUDA when present), cpu, cuda, cuda:N (default: %(default)s)",
-    )
-    group.add_argument(
-        "--kv-cache-memory", type=float, default=None,
-        help="GiB for the KV cache (default: a share of free GPU memory, or of free RAM on the CPU)",
-    )
-    group.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    group.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one step (default: %(default)s)")
-    group.add_argument(
-        "--max-num-batched-tokens", type=int, default=512,
-        help="token budget of one step: prompts longer than what is left of it are prefilled in "
-        "chunks, so running streams keep their pace (default: %(default)s)",
-    )
-    group.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: all cores)")
-    group.add_argument(
-        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-        help="reuse the KV cache of shared prompt prefixes (default: on)",
-    )
-    group.add_argument(
-        "--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
-        help="fcfs, or priority: lower `priority` values first, ties by arrival (default: %(default)s)",
-    )
+    for config_field in dataclasses.fields(EngineConfig):
+        if "flag" not in config_field.metadata:
+            continue  # the model: a positional argument, resolved to a path
+        kwargs: dict[str, Any] = {"default": config_field.default, "dest": config_field.name}
+        if config_field.type == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = _flag_type(config_field)
+        if config_field.metadata["choices"]:
+            kwargs["choices"] = config_field.metadata["choices"]
+        if config_field.metadata["is_json"]:
+            kwargs["metavar"] = "JSON"
+        elif not config_field.metadata["choices"] and config_field.type != "bool":
+            kwargs["metavar"] = flag_of(config_field).removeprefix("--").replace("-", "_").upper()
+        default = "" if "(default:" in config_field.metadata["help"] else " (default: %(default)s)"
+        group.add_argument(flag_of(config_field), help=config_field.metadata["help"] + default, **kwargs)
 
 
-def engine_args_from(args: argparse.Namespace, model_path: str = "", model_name: str = "") -> EngineArgs:
-    return EngineArgs(
-        model_path=model_path,
-        model_name=model_name,
-        dtype=args.dtype,
-        device=args.device,
-        kv_cache_memory_gib=args.kv_cache_memory,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_threads=args.num_threads,
-        enable_prefix_caching=args.enable_prefix_caching,
-        scheduling_policy=args.scheduling_policy,
-        quantization=args.quantization,
-        load_format=args.load_format,
-        hf_overrides=args.hf_overrides or "",
-        speculative_config=args.speculative_config or "",
-    )
+def _flag_type(config_field: dataclasses.Field[Any]) -> Callable[[str], Any]:
+    """The flag's text as the field's type, checked as the config checks it (argparse names the flag)."""
+    parse = {"str": str, "int": int, "float": float, "int | None": int, "float | None": float}[str(config_field.type)]
+
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+            check_value(config_field, value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{config_field.name}: ")) from exc
+        return value
+
+    convert.__name__ = parse.__name__
+    return convert
 
 
-def _json_object(text: str) -> str:
-    """The flag's text, once checked to be a JSON object."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return text
-
-
-_SPECULATIVE_KEYS: dict[str, type] = {
-    "method": str, "num_speculative_tokens": int, "prompt_lookup_min": int, "prompt_lookup_max": int,
-    "disable_by_batch_size": int,
-}
-
-
-def _speculative_config(text: str) -> str:
-    """The flag's text, once checked to be an n-gram speculative config (the engine checks ranges)."""
-    config = json.loads(_json_object(text))
-    for key, value in config.items():
-        kind = _SPECULATIVE_KEYS.get(key)
-        if kind is None:
-            raise argparse.ArgumentTypeError(f"unknown key {key!r}; known: {', '.join(_SPECULATIVE_KEYS)}")
-        is_positive_int = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        if not (is_positive_int if kind is int else isinstance(value, str)):
-            raise argparse.ArgumentTypeError(f"{key} must be {'a positive integer' if kind is int else 'a string'}")
-    if config.get("method", "ngram") != "ngram":
-        raise argparse.ArgumentTypeError(f"method {config['method']!r} is not supported; only ngram")
-    return text
+def engine_config_from(args: argparse.Namespace, model_path: str = "", model_name: str = "") -> EngineConfig:
+    names = [config_field.name for config_field in dataclasses.fields(EngineConfig) if "flag" in config_field.metadata]
+    return EngineConfig(model_path=model_path, model_name=model_name, **{name: getattr(args, name) for name in names})
 
 
 def add_scale_out_args(parser: argparse.ArgumentParser) -> None:

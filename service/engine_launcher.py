@@ -9,59 +9,21 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from proto.engine_config import EngineConfig
 
 
-@dataclass(frozen=True)
-class EngineArgs:
-    """How the gateway asks for each engine process."""
-
-    model_path: str
-    model_name: str
-    dtype: str = "float32"
-    device: str = "auto"  # "auto": CUDA when torch sees a GPU, else the CPU
-    kv_cache_memory_gib: float | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    num_threads: int | None = None
-    enable_prefix_caching: bool = True
-    scheduling_policy: str = "fcfs"
-    quantization: str = "auto"
-    load_format: str = "auto"
-    hf_overrides: str = ""
-    speculative_config: str = ""
-    log_format: str = "text"
-
-    def to_argv(self, engine_index: int, input_address: str, output_address: str) -> list[str]:
-        argv = [
-            "--model", self.model_path,
-            "--model-name", self.model_name,
-            "--engine-index", str(engine_index),
-            "--input-address", input_address,
-            "--output-address", output_address,
-            "--dtype", self.dtype,
-            "--device", self.device,
-            "--max-num-seqs", str(self.max_num_seqs),
-            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-            "--scheduling-policy", self.scheduling_policy,
-            "--quantization", self.quantization,
-            "--load-format", self.load_format,
-            "--log-format", self.log_format,
-        ]
-        if self.hf_overrides:
-            argv += ["--hf-overrides", self.hf_overrides]
-        if self.speculative_config:
-            argv += ["--speculative-config", self.speculative_config]
-        if self.kv_cache_memory_gib is not None:
-            argv += ["--kv-cache-memory", str(self.kv_cache_memory_gib)]
-        if not self.enable_prefix_caching:
-            argv.append("--no-enable-prefix-caching")
-        if self.max_model_len is not None:
-            argv += ["--max-model-len", str(self.max_model_len)]
-        if self.num_threads is not None:
-            argv += ["--num-threads", str(self.num_threads)]
-        return argv
+def engine_argv(
+    config: EngineConfig, engine_index: int, input_address: str, output_address: str, log_format: str = "text"
+) -> list[str]:
+    """`python -m engine_proc`'s arguments: the settings whole, then what only this process has."""
+    return [
+        "--config", config.to_json(),
+        "--engine-index", str(engine_index),
+        "--input-address", input_address,
+        "--output-address", output_address,
+        "--log-format", log_format,
+    ]
 
 
 def die_with_parent() -> None:
@@ -76,15 +38,16 @@ class EngineProcess:
 
     def __init__(
         self,
-        args: EngineArgs,
+        config: EngineConfig,
         engine_index: int,
         input_address: str,
         output_address: str,
         on_exit: Callable[[int], None],
         env: dict[str, str] | None = None,
+        log_format: str = "text",
     ) -> None:
         self.engine_index = engine_index
-        argv = args.to_argv(engine_index, input_address, output_address)
+        argv = engine_argv(config, engine_index, input_address, output_address, log_format)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine_proc", *argv], env={**os.environ, **env} if env else None
         )

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.engine_flags import add_engine_args, add_model_arg, engine_args_from
+from service.engine_flags import add_engine_args, add_model_arg, engine_config_from
 
 
 def add_generate_parser(commands: Any) -> None:
@@ -58,7 +58,7 @@ def run_generate(args: argparse.Namespace) -> int:
     resolved = resolve_model(args.model)
     model_name = args.served_model_name or resolved.name
     engine = LLMEngine(
-        engine_args_from(args, str(resolved.path), model_name),
+        engine_config_from(args, str(resolved.path), model_name),
         Tokenizer.from_model(resolved.path),
         multiprocess_mode=args.multiprocessing,
     )

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, UtilityCall
 from proto.engine_output import EngineCoreOutputs
 from service.core_client import EngineCoreClient
-from service.engine_launcher import EngineArgs
 
 
 class InprocClient(EngineCoreClient):
     """Owns an EngineCore; each `get_output()` is one engine step."""
 
-    def __init__(self, engine_args: EngineArgs) -> None:
+    def __init__(self, engine_config: EngineConfig) -> None:
         # NOTE: the one place the gateway side imports the engine (DESIGN.md: InprocClient).
         from engine_proc.core import EngineCore
-        from engine_proc.main import parse_args
 
-        # NOTE: the engine's own flag parser turns the args into its config, as in a process.
-        config = parse_args(engine_args.to_argv(0, "inproc", "inproc"))
-        self.engine_core = EngineCore(config)
+        self.engine_core = EngineCore(engine_config)
         self.ready = self.engine_core.ready_message()
 
     def get_output(self) -> EngineCoreOutputs:

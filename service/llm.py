@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -11,8 +10,8 @@ from typing import Any, TypedDict, cast
 
 from tqdm import tqdm
 
+from proto.engine_config import EngineConfig, settings_from
 from proto.engine_input import SamplingParams
-from service.engine_launcher import EngineArgs
 from service.llm_engine import LLMEngine
 from service.model_registry import DEFAULT_MODEL, ResolvedModel, resolve_model
 from service.outputs import RequestOutput, accumulate
@@ -37,67 +36,48 @@ class LLM:
         self,
         model: str = DEFAULT_MODEL,
         *,
-        dtype: str = "auto",
-        quantization: str = "auto",
-        device: str = "auto",
-        kv_cache_memory: float | None = None,
-        max_model_len: int | None = None,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 2048,
-        num_threads: int | None = None,
-        enable_prefix_caching: bool = True,
-        scheduling_policy: str = "fcfs",
-        speculative_config: dict[str, Any] | None = None,
         multiprocess_mode: bool | None = None,
         stats_log_interval_s: float | None = None,
         generation_config: dict[str, float] | None = None,
+        **engine_settings: Any,
     ) -> None:
+        """`engine_settings`: any of EngineConfig's fields (proto/engine_config.py), the names of
+        `zeroserve serve`'s engine flags with underscores (`kv_cache_memory_gib` for
+        `--kv-cache-memory`); `speculative_config` and `hf_overrides` also as dicts."""
         resolved = resolve_model(model)
-        engine_args = EngineArgs(
-            model_path=str(resolved.path),
-            model_name=resolved.name,
-            dtype=dtype,
-            quantization=quantization,
-            device=device,
-            kv_cache_memory_gib=kv_cache_memory,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            num_threads=num_threads,
-            enable_prefix_caching=enable_prefix_caching,
-            scheduling_policy=scheduling_policy,
-            speculative_config=json.dumps(speculative_config) if speculative_config else "",
+        engine_config = EngineConfig(
+            model_path=str(resolved.path), model_name=resolved.name, **settings_from(engine_settings)
         )
-        self._start(resolved, engine_args, multiprocess_mode, stats_log_interval_s, generation_config)
+        self._start(resolved, engine_config, multiprocess_mode, stats_log_interval_s, generation_config)
 
     @classmethod
-    def from_engine_args(
+    def from_engine_config(
         cls,
         model: str,
-        engine_args: EngineArgs,
+        engine_config: EngineConfig,
         *,
         multiprocess_mode: bool | None = None,
         stats_log_interval_s: float | None = None,
         generation_config: dict[str, float] | None = None,
     ) -> LLM:
-        """An LLM whose engine takes `engine_args` whole (as `zeroserve serve` parses its flags,
-        `--load-format` and `--hf-overrides` included), for `model` (a known name or a path)."""
+        """An LLM whose engine takes `engine_config` whole (as `zeroserve serve` parses its flags),
+        for `model` (a known name or a path)."""
         resolved = resolve_model(model)
-        engine_args = replace(engine_args, model_path=str(resolved.path), model_name=resolved.name)
+        engine_config = replace(engine_config, model_path=str(resolved.path), model_name=resolved.name)
         llm = cls.__new__(cls)
-        llm._start(resolved, engine_args, multiprocess_mode, stats_log_interval_s, generation_config)
+        llm._start(resolved, engine_config, multiprocess_mode, stats_log_interval_s, generation_config)
         return llm
 
     def _start(
         self,
         resolved: ResolvedModel,
-        engine_args: EngineArgs,
+        engine_config: EngineConfig,
         multiprocess_mode: bool | None,
         stats_log_interval_s: float | None,
         generation_config: dict[str, float] | None,
     ) -> None:
         tokenizer = Tokenizer.from_model(resolved.path)
-        self.llm_engine = LLMEngine(engine_args, tokenizer, multiprocess_mode, stats_log_interval_s)
+        self.llm_engine = LLMEngine(engine_config, tokenizer, multiprocess_mode, stats_log_interval_s)
         self.generation_defaults = {**resolved.generation_defaults, **(generation_config or {})}
         self._request_counter = itertools.count()
 

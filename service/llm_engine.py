@@ -7,10 +7,10 @@ import weakref
 from dataclasses import replace
 from typing import Any
 
+from proto.engine_config import EngineConfig
 from proto.engine_input import SamplingParams
 from service import envs
 from service.core_client import EngineCoreClient
-from service.engine_launcher import EngineArgs
 from service.input_processor import InputProcessor
 from service.output_processor import OutputProcessor
 from service.outputs import RequestOutput
@@ -36,7 +36,7 @@ class LLMEngine:
 
     def __init__(
         self,
-        engine_args: EngineArgs,
+        engine_config: EngineConfig,
         tokenizer: Tokenizer,
         multiprocess_mode: bool | None = None,
         stats_log_interval_s: float | None = None,
@@ -44,7 +44,7 @@ class LLMEngine:
         if multiprocess_mode is None:
             multiprocess_mode = envs.enable_multiprocessing()
         self.tokenizer = tokenizer
-        self.engine_core = EngineCoreClient.make_client(engine_args, multiprocess_mode, asyncio_mode=False)
+        self.engine_core = EngineCoreClient.make_client(engine_config, multiprocess_mode, asyncio_mode=False)
         self._finalizer = weakref.finalize(self, self.engine_core.shutdown)
         ready = self.engine_core.ready
         self.model_name = ready.model_name

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import zipfile
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal

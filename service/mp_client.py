@@ -14,13 +14,14 @@ from typing import Any
 import zmq
 
 from proto.codec import MsgpackDecoder, MsgpackEncoder
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, RequestType, UtilityCall
 from proto.engine_output import ENGINE_CORE_DEAD, EngineCoreOutputs, UtilityResult
 from proto.handshake import ANY_ENGINE_INDEX, PROTOCOL_VERSION, EngineAccept, EngineMessageType, EngineReady
 from proto.sockets import make_zmq_socket, new_ipc_address
-from service.core_client import EngineDeadError, EngineCoreClient
+from service.core_client import EngineCoreClient, EngineDeadError
 from service.curve import CurveServer, LinkSettings, remote_addresses
-from service.engine_launcher import EngineArgs, EngineProcess
+from service.engine_launcher import EngineProcess
 from service.engine_state import EngineLost, EngineState
 
 logger = logging.getLogger(__name__)
@@ -31,18 +32,20 @@ class MPClient(EngineCoreClient):
 
     def __init__(
         self,
-        engine_args: EngineArgs,
+        engine_config: EngineConfig,
         ctx: zmq.Context[Any],
         data_parallel_size: int = 1,
         link: LinkSettings | None = None,
         engine_addresses: tuple[str, str] | None = None,
+        log_format: str = "text",
     ) -> None:
         """`engine_addresses` (input, output): engines someone else started connect there (a
-        gateway process of several sharing engines); without them this client starts its own."""
+        gateway process of several sharing engines); without them this client starts its own,
+        which log in `log_format`."""
         self.link = link or LinkSettings()
         if data_parallel_size < 0 or (data_parallel_size == 0 and self.link.engine_address is None):
             raise ValueError("--data-parallel-size must be >= 1, or 0 with --engine-address for remote engines only")
-        self.engine_args = engine_args
+        self.engine_config = engine_config
         self.data_parallel_size = data_parallel_size
         self.ctx = ctx
         self.socket_dir = tempfile.mkdtemp(prefix="zeroserve-")
@@ -67,8 +70,8 @@ class MPClient(EngineCoreClient):
         self._call_ids = itertools.count()
         self.processes = [
             EngineProcess(
-                engine_args, index, self.input_address, self.output_address,
-                functools.partial(self._on_engine_exit, index), self.curve.local_engine_env,
+                engine_config, index, self.input_address, self.output_address,
+                functools.partial(self._on_engine_exit, index), self.curve.local_engine_env, log_format,
             )
             for index in range(0 if engine_addresses else data_parallel_size)
         ]
@@ -130,7 +133,7 @@ class MPClient(EngineCoreClient):
     def _refusal(self, ready: EngineReady) -> str | None:
         if ready.protocol_version != PROTOCOL_VERSION:
             return f"it speaks protocol {ready.protocol_version}, the gateway {PROTOCOL_VERSION}"
-        expected = self.engine_args.model_name
+        expected = self.engine_config.model_name
         if expected and ready.model_name != expected:
             return f"it serves {ready.model_name!r}, the gateway {expected!r}"
         serving = [e.ready for e in self.engines.values() if e.is_alive]

@@ -10,10 +10,10 @@ from typing import Any
 
 import zmq
 
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, RequestType
 from proto.engine_output import EngineCoreOutputs
 from service.core_client import EngineDeadError
-from service.engine_launcher import EngineArgs
 from service.mp_client import MPClient, utility_outcome
 
 _POLL_MS = 100
@@ -25,12 +25,12 @@ class SyncMPClient(MPClient):
     NOTE: one engine: the offline engine has no use for data parallelism's routing here.
     """
 
-    def __init__(self, engine_args: EngineArgs, ready_timeout: float = 300.0) -> None:
+    def __init__(self, engine_config: EngineConfig, ready_timeout: float = 300.0) -> None:
         self.outputs_queue: queue.Queue[EngineCoreOutputs | BaseException] = queue.Queue()
         self._utility_calls: dict[int, Future[Any]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        super().__init__(engine_args, zmq.Context())
+        super().__init__(engine_config, zmq.Context())
         try:
             self._wait_ready(ready_timeout)
         except BaseException:

@@ -15,7 +15,7 @@ def main() -> None:
     from service.llm import LLM
 
     # NOTE: a small KV cache (and context) only because zeroing the default 4 GiB takes minutes under emulation.
-    llm = LLM(multiprocess_mode=False, kv_cache_memory=0.25, max_model_len=2048)
+    llm = LLM(multiprocess_mode=False, kv_cache_memory_gib=0.25, max_model_len=2048)
     ready = llm.llm_engine.engine_core.ready
     params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
     (output,) = llm.generate(PROMPT, params, use_tqdm=False)

@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.engine_launcher import EngineArgs
+from proto.engine_config import EngineConfig
+from service.engine_launcher import engine_argv
 from service.model_registry import DEFAULT_MODEL, resolve_model
 from tests.emulated_generate import NUM_TOKENS, PROMPT
 from tests.server_process import free_port, running_server
@@ -67,10 +68,10 @@ def test_a_gateway_serves_the_native_answer_from_an_engine_on_an_emulated_avx2_c
     assert QEMU is not None
     resolved = resolve_model(DEFAULT_MODEL)
     engine_port = free_port()
-    engine = EngineArgs(
+    engine = EngineConfig(
         model_path=str(resolved.path), model_name=resolved.name, kv_cache_memory_gib=0.25, max_model_len=2048
     )
-    argv = engine.to_argv(-1, f"tcp://127.0.0.1:{engine_port}", f"tcp://127.0.0.1:{engine_port + 1}")
+    argv = engine_argv(engine, -1, f"tcp://127.0.0.1:{engine_port}", f"tcp://127.0.0.1:{engine_port + 1}")
     with running_server(
         DEFAULT_MODEL, "--data-parallel-size", "0", "--engine-address", f"tcp://127.0.0.1:{engine_port}",
         wait_healthy=False,

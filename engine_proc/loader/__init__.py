@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 
-from engine_proc.config import LOAD_FORMATS, QUANTIZATIONS
 from engine_proc.cpu_features import cpu_features
 from engine_proc.loader.gguf_loader import load_gguf, load_gguf_config
 from engine_proc.loader.hf_loader import load_hf_config, load_hf_dir
 from engine_proc.models.config import ModelConfig
-from engine_proc.models.quantized_linear import Q4Blocks, is_int4_supported
 from engine_proc.models.llama import LlamaForCausalLM
+from engine_proc.models.quantized_linear import Q4Blocks, is_int4_supported
+from proto.engine_config import LOAD_FORMATS, QUANTIZATIONS
 
 __all__ = ["load_gguf", "load_hf_dir", "load_model", "load_model_config"]
 

@@ -13,8 +13,8 @@ from gguf.quants import dequantize
 from tqdm import tqdm
 
 from engine_proc.models.config import ModelConfig
-from engine_proc.models.quantized_linear import Q4Blocks
 from engine_proc.models.llama import inverse_frequencies
+from engine_proc.models.quantized_linear import Q4Blocks
 
 _ARCHITECTURES = ("llama", "qwen2", "qwen3")
 _GLOBAL_NAMES = {

@@ -12,7 +12,7 @@ from typing import Any
 
 from proto.engine_input import SamplingParams
 from service.bench.datasets import SampleRequest, jsonl_dataset, random_dataset
-from service.engine_flags import engine_args_from
+from service.engine_flags import engine_config_from
 
 
 def load_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest]:
@@ -28,8 +28,8 @@ def run_throughput_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     """Loads the model, runs every prompt through one `LLM.generate`, returns vLLM's result keys."""
     from service.llm import LLM, TokensPrompt
 
-    engine = engine_args_from(args)
-    llm = LLM.from_engine_args(args.model, engine, multiprocess_mode=args.multiprocessing)
+    engine = engine_config_from(args)
+    llm = LLM.from_engine_config(args.model, engine, multiprocess_mode=args.multiprocessing)
     try:
         tokenizer = llm.get_tokenizer()
         defaults = llm.get_default_sampling_params()

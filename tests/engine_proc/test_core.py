@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_proc.config import EngineConfig
 from engine_proc.core import EngineCore
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams, UtilityCall
 from proto.engine_output import FinishReason
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from engine_proc import cpu_kernels
+from engine_proc.attention import AttentionMetadata, PagedAttention
 from engine_proc.cpu_features import CpuFeatures, cpu_features
 from engine_proc.cpu_kernels import has_amx, load_cpu_kernels
-from engine_proc.attention import AttentionMetadata, PagedAttention
 from engine_proc.loader import load_model
 from engine_proc.models.config import ModelConfig
-from engine_proc.models.llama import RotaryEmbedding, apply_rotary
 from engine_proc.models.greedy_head import GreedyHead
+from engine_proc.models.llama import RotaryEmbedding, apply_rotary
 from engine_proc.sampler import greedy_ids
 from tests.engine_proc.models.test_llama import TINY, run, save_tiny_checkpoint
 from tests.engine_proc.test_attention import decode_step

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_proc.config import EngineConfig
 from engine_proc.core import EngineCore
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.tokenizer import Tokenizer
 from tests.engine_proc.test_fidelity import MAX_NEW_TOKENS, NGRAM_DRAFTS, QUESTIONS

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_proc.config import EngineConfig
 from engine_proc.core import EngineCore
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from proto.engine_output import Logprobs
 

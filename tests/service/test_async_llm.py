@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from proto.engine_config import EngineConfig
 from proto.engine_input import SamplingParams
 from service.async_llm import AsyncLLM
 from service.async_mp_client import AsyncMPClient
-from service.engine_launcher import EngineArgs
 from service.stop_checker import StopChecker
 from service.tokenizer import Tokenizer
 
 
 @pytest.fixture
 async def llm(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
-    args = EngineArgs(model_path=str(tiny_model_dir), model_name="tiny", kv_cache_memory_gib=0.05,
+    args = EngineConfig(model_path=str(tiny_model_dir), model_name="tiny", kv_cache_memory_gib=0.05,
                       max_model_len=1024, num_threads=1)
     client = AsyncMPClient(args)
     ready = await client.wait_ready(timeout=120)

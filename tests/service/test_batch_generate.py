@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from proto.engine_config import EngineConfig
 from service.batch_generate import BatchRunner
-from service.engine_launcher import EngineArgs
 from service.llm_engine import LLMEngine
 from service.tokenizer import Tokenizer
 
@@ -40,7 +40,7 @@ def read_results(path: Path) -> list[dict[str, object]]:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Iterator[LLMEngine]:
-    args = EngineArgs(
+    args = EngineConfig(
         model_path=str(tiny_model_dir), model_name="tiny", kv_cache_memory_gib=0.05, max_model_len=1024,
         num_threads=1,
     )

@@ -6,17 +6,19 @@ import argparse
 
 import pytest
 
-from engine_proc.config import EngineConfig
 from engine_proc.main import parse_args
+from proto.engine_config import EngineConfig
 from service import envs
 from service.cli import build_parser, config_from_args, main
 from service.cli import parse_args as parse_serve_args
+from service.engine_launcher import engine_argv
 
 
 def engine_config_for(*flags: str) -> EngineConfig:
     gateway = config_from_args(build_parser().parse_args(["serve", *flags]))
-    argv = gateway.engine.to_argv(0, "ipc:///in", "ipc:///out")
-    return parse_args(["--model", "m.gguf", *argv[2:]])
+    config, launch = parse_args(engine_argv(gateway.engine, 3, "ipc:///in", "ipc:///out"))
+    assert (launch.engine_index, launch.input_addresses, launch.output_addresses) == (3, ["ipc:///in"], ["ipc:///out"])
+    return config
 
 
 def test_defaults_derive_the_kv_cache_and_turn_prefix_caching_on() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from proto.engine_output import EngineCoreOutputs
 from service.async_mp_client import AsyncMPClient
 from service.core_client import EngineCoreClient, EngineDeadError
-from service.engine_launcher import EngineArgs
 from service.inproc_client import InprocClient
 from service.sync_mp_client import SyncMPClient
 
@@ -26,8 +26,8 @@ PARAMS = [
 
 
 @pytest.fixture(scope="module")
-def engine_args(tiny_model_dir: Path) -> EngineArgs:
-    return EngineArgs(
+def engine_args(tiny_model_dir: Path) -> EngineConfig:
+    return EngineConfig(
         model_path=str(tiny_model_dir), model_name="tiny", kv_cache_memory_gib=0.05, max_model_len=1024,
         num_threads=1,
     )
@@ -69,7 +69,7 @@ async def run_async(client: EngineCoreClient) -> list[list[int]]:
     return results
 
 
-async def test_the_three_clients_give_identical_outputs(engine_args: EngineArgs) -> None:
+async def test_the_three_clients_give_identical_outputs(engine_args: EngineConfig) -> None:
     inproc = EngineCoreClient.make_client(engine_args, multiprocess_mode=False, asyncio_mode=False)
     try:
         assert isinstance(inproc, InprocClient)
@@ -96,7 +96,7 @@ async def test_the_three_clients_give_identical_outputs(engine_args: EngineArgs)
 
 
 @pytest.mark.parametrize("multiprocess_mode", [False, True])
-def test_sync_clients_answer_utilities(engine_args: EngineArgs, multiprocess_mode: bool) -> None:
+def test_sync_clients_answer_utilities(engine_args: EngineConfig, multiprocess_mode: bool) -> None:
     client = EngineCoreClient.make_client(engine_args, multiprocess_mode, asyncio_mode=False)
     try:
         assert client.call_utility("ping") == "pong"
@@ -114,7 +114,7 @@ def test_sync_clients_answer_utilities(engine_args: EngineArgs, multiprocess_mod
         client.shutdown()
 
 
-def test_inproc_client_steps_nothing_when_idle(engine_args: EngineArgs) -> None:
+def test_inproc_client_steps_nothing_when_idle(engine_args: EngineConfig) -> None:
     client = InprocClient(engine_args)
     try:
         assert client.get_output().outputs == []
@@ -122,7 +122,7 @@ def test_inproc_client_steps_nothing_when_idle(engine_args: EngineArgs) -> None:
         client.shutdown()
 
 
-def test_sync_mp_client_reports_a_dead_engine(engine_args: EngineArgs) -> None:
+def test_sync_mp_client_reports_a_dead_engine(engine_args: EngineConfig) -> None:
     client = SyncMPClient(engine_args)
     try:
         client.add_request(EngineCoreRequest("long", [1, 2, 3], SamplingParams(max_tokens=900, ignore_eos=True)))
@@ -138,6 +138,6 @@ def test_sync_mp_client_reports_a_dead_engine(engine_args: EngineArgs) -> None:
         client.shutdown()
 
 
-def test_asyncio_client_needs_a_process(engine_args: EngineArgs) -> None:
+def test_asyncio_client_needs_a_process(engine_args: EngineConfig) -> None:
     with pytest.raises(ValueError, match="another process"):
         EngineCoreClient.make_client(engine_args, multiprocess_mode=False, asyncio_mode=True)

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from proto.engine_config import EngineConfig
 from proto.engine_input import SamplingParams
 from service.async_llm import AsyncLLM
 from service.async_mp_client import AsyncMPClient
 from service.core_client import EngineDeadError
-from service.engine_launcher import EngineArgs
 from service.tokenizer import Tokenizer
 
 
 @pytest.fixture
 async def llm(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
-    args = EngineArgs(model_path=str(tiny_model_dir), model_name="tiny", kv_cache_memory_gib=0.05,
+    args = EngineConfig(model_path=str(tiny_model_dir), model_name="tiny", kv_cache_memory_gib=0.05,
                       max_model_len=1024, num_threads=1)
     client = AsyncMPClient(args, data_parallel_size=2)
     ready = await client.wait_ready(timeout=120)

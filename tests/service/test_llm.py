@@ -14,7 +14,7 @@ from service import LLM, SamplingParams
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir: Path) -> Iterator[LLM]:
     with LLM(
-        str(tiny_model_dir), kv_cache_memory=0.05, max_model_len=1024, num_threads=1, stats_log_interval_s=0.05
+        str(tiny_model_dir), kv_cache_memory_gib=0.05, max_model_len=1024, num_threads=1, stats_log_interval_s=0.05
     ) as llm:
         yield llm
 

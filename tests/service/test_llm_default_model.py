@@ -21,7 +21,7 @@ def rss_mib(pid: int) -> float:
 
 
 def test_sleep_frees_memory_and_wake_up_restores_generation(default_model_path: Path) -> None:
-    with LLM(DEFAULT_MODEL, kv_cache_memory=0.25, max_model_len=2048, num_threads=2) as llm:
+    with LLM(DEFAULT_MODEL, kv_cache_memory_gib=0.25, max_model_len=2048, num_threads=2) as llm:
         client = llm.llm_engine.engine_core
         assert isinstance(client, SyncMPClient)
         params = SamplingParams(temperature=0.0, max_tokens=16)

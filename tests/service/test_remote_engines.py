@@ -156,7 +156,7 @@ def test_engines_on_another_host_serve_join_and_unauthorised_keys_are_refused(
 
 
 def reference_texts(model_dir: Path, texts: list[str], max_tokens: int) -> list[str]:
-    with LLM(str(model_dir), kv_cache_memory=0.05, max_model_len=1024, num_threads=1, multiprocess_mode=False,
+    with LLM(str(model_dir), kv_cache_memory_gib=0.05, max_model_len=1024, num_threads=1, multiprocess_mode=False,
              stats_log_interval_s=0) as llm:
         outputs = llm.generate(texts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
                                use_tqdm=False)

@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from engine_proc.loader import load_model, load_model_config
-from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
 from engine_proc.models.llama import inverse_frequencies
+from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
 from tests.engine_proc.models.test_llama import TINY, run, save_tiny_checkpoint
 
 GGUF_LAYER_NAMES = {

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_proc.config import EngineConfig
 from engine_proc.core import EngineCore
 from engine_proc.loader import load_model, load_model_config
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 
 SHRINK = {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,

@@ -1,0 +1,210 @@
+"""Every engine setting, declared once: its name, type, default, help text and check.
+
+`EngineConfig` is the one declaration. The command lines (`zeroserve serve`, `engine`,
+`generate`, `bench throughput`) generate their engine flags from its fields
+(service/engine_flags.py), the gateway hands it to each engine process whole as JSON
+(`python -m engine_proc --config`), `LLM(**kwargs)` takes its field names, and a test checks
+the deploy files' flags against it. What only one process has (its engine index, its
+gateway's addresses, the link) travels beside it, never in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("auto", "gguf", "none")
+LOAD_FORMATS = ("auto", "dummy")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+def setting(
+    default: Any, help: str, *, flag: str | None = None, choices: tuple[str, ...] = (),
+    check: Callable[[Any], None] | None = None, is_json: bool = False,
+) -> Any:
+    """A field with a command-line flag (`--name-with-dashes` unless `flag`) and its check.
+
+    `check` raises ValueError saying what is wrong with a value; `choices` and the field's type
+    are checked too. `is_json`: a JSON object as text (`LLM` also takes it as a dict). The
+    field's name is `LLM`'s keyword and the key in `--config` JSON.
+    """
+    return field(default=default, metadata={
+        "help": help, "flag": flag, "choices": choices, "check": check, "is_json": is_json,
+    })
+
+
+def flag_of(config_field: dataclasses.Field[Any]) -> str:
+    return config_field.metadata.get("flag") or "--" + config_field.name.replace("_", "-")
+
+
+def _at_least(minimum: int) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if value is not None and value < minimum:
+            raise ValueError(f"must be >= {minimum}, got {value}")
+
+    return check
+
+
+def _positive(value: Any) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"must be > 0, got {value}")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, got {text!r}")
+    return value
+
+
+def _check_json_object(text: str) -> None:
+    if text:
+        _json_object(text)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, vLLM's `--speculative-config` keys: n-gram (prompt lookup) drafts."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    disable_by_batch_size: int | None = None  # no drafts while more requests than this run
+
+    def __post_init__(self) -> None:
+        if self.method != "ngram":
+            raise ValueError(f"method {self.method!r} is not supported; only ngram")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size"):
+            value = getattr(self, name)
+            if value is None and name == "disable_by_batch_size":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                "need prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
+
+    @staticmethod
+    def from_json(text: str) -> SpeculativeConfig:
+        fields = _json_object(text)
+        known = [config_field.name for config_field in dataclasses.fields(SpeculativeConfig)]
+        if unknown := [key for key in fields if key not in known]:
+            raise ValueError(f"unknown key {unknown[0]!r}; known: {', '.join(known)}")
+        return SpeculativeConfig(**fields)
+
+
+def _check_speculative_config(text: str) -> None:
+    if text:
+        SpeculativeConfig.from_json(text)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an engine needs to load its model and serve; the same in every engine process."""
+
+    model_path: str = field(default="", metadata={"help": "a .gguf file or a Hugging Face model directory"})
+    model_name: str = field(default="", metadata={"help": "the name clients ask for"})
+    dtype: str = setting(
+        "auto", "activations and KV cache; auto: bfloat16 for a GGUF with 4-bit weights, else the "
+        "checkpoint's dtype; float32 matches transformers token for token", choices=DTYPES,
+    )
+    quantization: str = setting(
+        "auto", "auto: a GGUF's 4-bit weights run as int4 for small batches when the dtype is "
+        "bfloat16; gguf: require that; none: dequantize every weight", choices=QUANTIZATIONS,
+    )
+    load_format: str = setting(
+        "auto", "dummy: random weights of the model's shape, reading only its config", choices=LOAD_FORMATS,
+    )
+    hf_overrides: str = setting(
+        "", 'model config fields to replace, a JSON object, e.g. \'{"num_hidden_layers": 1, "hidden_size": 64}\' (default: none)',
+        check=_check_json_object, is_json=True,
+    )
+    speculative_config: str = setting(
+        "", "speculative decoding for greedy requests (exact: same tokens, fewer steps when text "
+        'repeats): n-gram drafts from the context, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
+        '"prompt_lookup_max": 4}\'; other keys: prompt_lookup_min, disable_by_batch_size (default: off)',
+        check=_check_speculative_config, is_json=True,
+    )
+    device: str = setting("auto", "torch device of the engine: auto (CUDA when present), cpu, cuda, cuda:N")
+    block_size: int = setting(16, "tokens per KV cache block", check=_at_least(1))
+    kv_cache_memory_gib: float | None = setting(
+        None, "GiB for the KV cache (default: a share of free GPU memory, or of free RAM on the CPU)",
+        flag="--kv-cache-memory", check=_positive,
+    )
+    max_model_len: int | None = setting(None, "context length (default: the model's)", check=_at_least(1))
+    max_num_seqs: int = setting(64, "most sequences in one step", check=_at_least(1))
+    # NOTE: 512, not more: a prompt longer than what is left of a step's budget is prefilled in
+    # chunks, so running streams keep their pace; 16 prompts of 230 tokens prefilled as fast in
+    # process (2.3-2.8 s on a Zen 4) with 512 as with 2048.
+    max_num_batched_tokens: int = setting(
+        512, "token budget of one step: prompts longer than what is left of it are prefilled in chunks, "
+        "so running streams keep their pace", check=_at_least(1),
+    )
+    num_threads: int | None = setting(None, "torch threads in the engine (default: all cores)", check=_at_least(1))
+    enable_prefix_caching: bool = setting(True, "reuse the KV cache of shared prompt prefixes (default: on)")
+    scheduling_policy: str = setting(
+        "fcfs", "fcfs, or priority: lower `priority` values first, ties by arrival", choices=SCHEDULING_POLICIES,
+    )
+
+    def __post_init__(self) -> None:
+        for config_field in dataclasses.fields(self):
+            check_value(config_field, getattr(self, config_field.name))
+
+    @property
+    def hf_overrides_dict(self) -> dict[str, Any]:
+        return _json_object(self.hf_overrides) if self.hf_overrides else {}
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        return SpeculativeConfig.from_json(self.speculative_config) if self.speculative_config else None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> EngineConfig:
+        return EngineConfig(**settings_from(_json_object(text)))
+
+
+def settings_from(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` as EngineConfig keyword arguments; a JSON field may be given as a dict."""
+    known = {config_field.name: config_field for config_field in dataclasses.fields(EngineConfig)}
+    if unknown := sorted(set(values) - set(known)):
+        raise ValueError(f"unknown engine settings {unknown}; known: {', '.join(known)}")
+    return {
+        name: json.dumps(value) if known[name].metadata.get("is_json") and isinstance(value, dict) else value
+        for name, value in values.items()
+    }
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,), "int": (int,), "float": (float, int), "bool": (bool,),
+    "int | None": (int, type(None)), "float | None": (float, int, type(None)),
+}
+
+
+def check_value(config_field: dataclasses.Field[Any], value: Any) -> None:
+    """Raises ValueError naming the setting when `value` is not one it takes."""
+    kinds = _TYPES[str(config_field.type)]
+    is_bool = isinstance(value, bool)
+    if not isinstance(value, kinds) or (is_bool and bool not in kinds):
+        raise ValueError(f"{config_field.name} must be {str(config_field.type).replace(' | None', ' or None')}, got {value!r}")
+    choices = config_field.metadata.get("choices") or ()
+    if choices and value not in choices:
+        raise ValueError(f"{config_field.name} must be one of {', '.join(choices)}, got {value!r}")
+    check = config_field.metadata.get("check")
+    if check is not None:
+        try:
+            check(value)
+        except ValueError as exc:
+            raise ValueError(f"{config_field.name}: {exc}") from exc
