@@ -65,7 +65,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         result = run(args, Path(tmp))
     # NOTE: a request's events are its text chunks: the first, then one per inter-token gap.
-    num_events = sum(len(itl) + 1 for itl, length in zip(result["itls"], result["output_lens"]) if length)
+    num_events = sum(len(itl) + 1 for itl, length in zip(result["itls"], result["output_lens"], strict=False) if length)
     events_per_s = num_events / result["duration"]
     tokens_per_event = result["total_output_tokens"] / num_events if num_events else 0.0
     print(f"serving path, {args.concurrency} streams: {result['output_throughput']:.0f} output tok/s, "

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch.profiler import profile
 
-from proto.engine_config import EngineConfig
 from engine_proc.core import EngineCore
+from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.model_registry import DEFAULT_MODEL, resolve_model
 

@@ -101,7 +101,7 @@ class InputThread(threading.Thread):
         try:
             request_type = RequestType(type_byte)
             message = self.decoders[request_type].decode(frames)
-        except Exception:  # noqa: BLE001 - one bad message must not stop the engine
+        except Exception:
             logger.exception("dropping undecodable message of type %r", type_byte)
             return
         if request_type in (RequestType.ADD, RequestType.UTILITY):

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import signal
-import sys
 from dataclasses import dataclass
 
-from engine_proc.link import add_link_args, parse_link_args, socket_options
+from engine_proc.link import socket_options
 from proto.engine_config import EngineConfig
+from proto.engine_link import LinkConfig, add_link_args, die_with_parent, link_config_from
 from proto.log_format import LOG_FORMATS, TEXT_FORMAT, JsonFormatter
 
 
@@ -21,6 +20,7 @@ class EngineLaunch:
     engine_index: int
     input_addresses: list[str]
     output_addresses: list[str]
+    link: LinkConfig
 
 
 def _engine_config(text: str) -> EngineConfig:
@@ -47,7 +47,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[EngineConfig, EngineLaunc
     parser.add_argument("--log-format", default="text", choices=LOG_FORMATS)
     args = parser.parse_args(argv)
     inputs, outputs = args.input_address.split(","), args.output_address.split(",")
-    return args.config, EngineLaunch(args.engine_index, inputs, outputs)
+    try:
+        link = link_config_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args.config, EngineLaunch(args.engine_index, inputs, outputs, link)
 
 
 def _log_format(argv: list[str] | None) -> str:
@@ -58,24 +62,17 @@ def _log_format(argv: list[str] | None) -> str:
     return log_format
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel sends SIGKILL to this process when the gateway dies."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
 def main(argv: list[str] | None = None) -> int:
     handler = logging.StreamHandler()
     is_json = _log_format(argv) == "json"
     handler.setFormatter(JsonFormatter() if is_json else logging.Formatter(TEXT_FORMAT.replace("%(name)s", "engine")))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     config, launch = parse_args(argv)
-    if not parse_link_args(argv).is_headless:
-        _die_with_parent()
+    link = launch.link
+    if not link.is_headless:
+        die_with_parent()
     from engine_proc.core import EngineCore
     from engine_proc.core_proc import EngineCoreProc
-    link = parse_link_args(argv)
     engine_core = EngineCore(config, launch.engine_index)
     proc = EngineCoreProc(
         engine_core, launch.input_addresses, launch.output_addresses, socket_options(link),

@@ -127,7 +127,7 @@ class ModelRunner:
             picks = token_ids[row : row + 1 + len(scheduled.spec_token_ids)]
             row += len(picks)
             num_accepted = 0
-            for draft, pick in zip(scheduled.spec_token_ids, picks):
+            for draft, pick in zip(scheduled.spec_token_ids, picks, strict=False):
                 if draft != pick:
                     break
                 num_accepted += 1

@@ -52,7 +52,7 @@ class SamplingMetadata:
         has_repetition = any(p.repetition_penalty != 1.0 for p in params)
         num_logprobs = [p.num_logprobs for p in params if p.num_logprobs is not None]
         return cls(
-            temperature=column([1.0 if g else p.temperature for p, g in zip(params, is_greedy)]),
+            temperature=column([1.0 if g else p.temperature for p, g in zip(params, is_greedy, strict=False)]),
             is_greedy=column(is_greedy, torch.bool),
             is_all_greedy=all(is_greedy),
             top_k=(
@@ -87,7 +87,7 @@ def _sparse(
     entries = [(row, token_id, bias) for row, pairs in enumerate(biases) for token_id, bias in pairs]
     if not entries:
         return None
-    rows, token_ids, values = zip(*entries)
+    rows, token_ids, values = zip(*entries, strict=False)
     return (
         torch.tensor(rows, device=device),
         torch.tensor(token_ids, device=device),
@@ -99,5 +99,5 @@ def _banned(banned_ids: Sequence[Sequence[int]], device: torch.device) -> tuple[
     entries = [(row, token_id) for row, ids in enumerate(banned_ids) for token_id in ids]
     if not entries:
         return None
-    rows, token_ids = zip(*entries)
+    rows, token_ids = zip(*entries, strict=False)
     return torch.tensor(rows, device=device), torch.tensor(token_ids, device=device)

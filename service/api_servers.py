@@ -21,9 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import FrameType
 
+from proto.engine_link import die_with_parent
 from proto.sockets import new_ipc_address
 from service.config import GatewayConfig
-from service.engine_launcher import EngineProcess, die_with_parent
+from service.engine_launcher import EngineProcess
 from service.model_registry import resolve_model
 
 logger = logging.getLogger("zeroserve")

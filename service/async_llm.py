@@ -143,7 +143,7 @@ class AsyncLLM:
                     self.stat_loggers.record(outputs.engine_index, outputs.scheduler_stats, iteration_stats)
         except EngineDeadError as error:
             self.output_processor.propagate_error(error)
-        except Exception as error:  # noqa: BLE001 - a bug here must not hang every stream
+        except Exception as error:
             logger.exception("output handler failed")
             self.output_processor.propagate_error(EngineDeadError(f"output handler failed: {error}"))
 

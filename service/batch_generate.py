@@ -132,7 +132,7 @@ class BatchRunner:
                     continue_final_message=body.continue_final_message,
                     **(body.chat_template_kwargs or {}),
                 )
-            except Exception as exc:  # noqa: BLE001 - template errors are the line's fault
+            except Exception as exc:
                 raise APIError(f"The messages could not be rendered: {exc}", param="messages") from exc
             prompts: list[str | list[int]] = [text_prompt]
             prompt_ids = [self.engine.tokenizer.encode(text_prompt)]

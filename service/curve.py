@@ -13,11 +13,9 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from proto.engine_link import ENV_CURVE_PUBLIC, ENV_CURVE_SECRET, ENV_GATEWAY_PUBLIC, remote_addresses
+
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
-# NOTE: how the gateway hands its local engines an ephemeral CURVE identity (engine_proc/link.py).
-ENV_CURVE_PUBLIC = "ZEROSERVE_ENGINE_CURVE_PUBLIC"
-ENV_CURVE_SECRET = "ZEROSERVE_ENGINE_CURVE_SECRET"
-ENV_GATEWAY_PUBLIC = "ZEROSERVE_GATEWAY_CURVE_PUBLIC"
 
 
 @dataclass(frozen=True)
@@ -40,14 +38,6 @@ class LinkSettings:
     @property
     def is_curve(self) -> bool:
         return self.curve_secret_key is not None
-
-
-def remote_addresses(engine_address: str) -> tuple[str, str]:
-    """The request and output addresses of `tcp://HOST:PORT` (outputs on PORT + 1)."""
-    host, _, port = engine_address.removeprefix("tcp://").rpartition(":")
-    if not engine_address.startswith("tcp://") or not host or not port.isdigit() or not 0 < int(port) < 65535:
-        raise ValueError(f"engine address must be tcp://HOST:PORT, got {engine_address!r}")
-    return f"tcp://{host}:{port}", f"tcp://{host}:{int(port) + 1}"
 
 
 def generate_keys(directory: Path, name: str) -> tuple[Path, Path]:

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.curve import generate_keys, remote_addresses
+from proto.engine_link import add_link_args, link_config_from, remote_addresses
+from service.curve import generate_keys
 from service.engine_flags import add_engine_args, add_model_arg, engine_config_from
 from service.engine_launcher import engine_argv
 
@@ -27,12 +28,7 @@ def add_engine_parser(commands: Any) -> None:
     )
     add_model_arg(parser)
     parser.add_argument("--gateway", required=True, metavar="tcp://HOST:PORT", help="the gateway's --engine-address")
-    parser.add_argument("--curve-secret-key", default=None, help="this engine's CURVE secret key file (key_secret)")
-    parser.add_argument("--gateway-public-key", default=None, help="the gateway's CURVE public key file (.key)")
-    parser.add_argument(
-        "--accept-timeout", type=float, default=60.0,
-        help="give up if the gateway has not accepted this engine after so many seconds (default: %(default)s)",
-    )
+    add_link_args(parser, has_headless_flag=False)
     add_engine_args(parser)
 
 
@@ -41,8 +37,7 @@ def run_engine(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         input_address, output_address = remote_addresses(args.gateway)
-        if (args.curve_secret_key is None) != (args.gateway_public_key is None):
-            raise ValueError("--curve-secret-key and --gateway-public-key go together")
+        link = link_config_from(args, is_headless=True)
     except ValueError as exc:
         print(f"zeroserve engine: error: {exc}", file=sys.stderr)
         return 2
@@ -50,10 +45,7 @@ def run_engine(args: argparse.Namespace) -> int:
 
     resolved = resolve_model(args.model)
     engine = engine_config_from(args, str(resolved.path), resolved.name)
-    argv = [*engine_argv(engine, -1, input_address, output_address), "--headless"]
-    argv += ["--accept-timeout", str(args.accept_timeout)]
-    if args.curve_secret_key is not None:
-        argv += ["--curve-secret-key", args.curve_secret_key, "--gateway-public-key", args.gateway_public_key]
+    argv = [*engine_argv(engine, -1, input_address, output_address), *link.to_argv()]
     os.execv(sys.executable, [sys.executable, "-m", "engine_proc", *argv])
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -24,13 +22,6 @@ def engine_argv(
         "--output-address", output_address,
         "--log-format", log_format,
     ]
-
-
-def die_with_parent() -> None:
-    """Linux (in a child, before exec): the kernel kills this process when its parent dies."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 class EngineProcess:

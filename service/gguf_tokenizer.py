@@ -96,11 +96,11 @@ def _add_tokens(
     would grow the vocabulary past the model's, so (like transformers) it is skipped.
     """
     named = [tokens[i] for i in (_token_id(metadata, key) for key in _NAMED_TOKEN_KEYS) if i is not None]
-    control = [t for t, kind in zip(tokens, token_types) if kind == _CONTROL and set(t) <= alphabet]
+    control = [t for t, kind in zip(tokens, token_types, strict=False) if kind == _CONTROL and set(t) <= alphabet]
     special = list(dict.fromkeys(named + control))
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
     vocab = backend.get_vocab()
-    user_defined = [t for t, kind in zip(tokens, token_types) if kind == _USER_DEFINED and t in vocab]
+    user_defined = [t for t, kind in zip(tokens, token_types, strict=False) if kind == _USER_DEFINED and t in vocab]
     backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user_defined])
 
 

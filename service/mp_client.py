@@ -16,11 +16,12 @@ import zmq
 from proto.codec import MsgpackDecoder, MsgpackEncoder
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, RequestType, UtilityCall
+from proto.engine_link import remote_addresses
 from proto.engine_output import ENGINE_CORE_DEAD, EngineCoreOutputs, UtilityResult
 from proto.handshake import ANY_ENGINE_INDEX, PROTOCOL_VERSION, EngineAccept, EngineMessageType, EngineReady
 from proto.sockets import make_zmq_socket, new_ipc_address
 from service.core_client import EngineCoreClient, EngineDeadError
-from service.curve import CurveServer, LinkSettings, remote_addresses
+from service.curve import CurveServer, LinkSettings
 from service.engine_launcher import EngineProcess
 from service.engine_state import EngineLost, EngineState
 

@@ -43,7 +43,7 @@ class Tokenizer:
         metadata = read_gguf_metadata(path)
         tokens: list[str] = metadata["tokenizer.ggml.tokens"]
         special_tokens = {}
-        for name, key in zip(_TEMPLATE_TOKEN_NAMES, ("bos", "eos", "unknown", "padding")):
+        for name, key in zip(_TEMPLATE_TOKEN_NAMES, ("bos", "eos", "unknown", "padding"), strict=False):
             token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
             if token_id is not None:
                 special_tokens[name] = tokens[token_id]

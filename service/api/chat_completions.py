@@ -33,7 +33,7 @@ async def create_chat_completion(request: Request) -> Response:
             continue_final_message=body.continue_final_message,
             **template_kwargs,
         )
-    except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
+    except Exception as exc:
         raise APIError(f"The messages could not be rendered by the chat template: {exc}", param="messages") from exc
     prompt_token_ids = state.llm.tokenizer.encode(prompt)
     params = state.sampling_params(body, prompt_token_ids, body.requested_max_tokens)

@@ -43,7 +43,7 @@ async def tokenize(request: Request) -> Response:
                 add_generation_prompt=body.add_generation_prompt,
                 **(body.chat_template_kwargs or {}),
             )
-        except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
+        except Exception as exc:
             raise APIError(f"The messages could not be rendered: {exc}", param="messages") from exc
         token_ids = tokenizer.encode(prompt)
     elif body.prompt is not None:

@@ -84,7 +84,7 @@ def random_dataset(
     input_lens = sample_lengths(rng, max(1, input_len - num_special), range_ratio, num_prompts)
     output_lens = sample_lengths(rng, output_len, range_ratio, num_prompts)
     samples = []
-    for num_tokens, max_tokens in zip(input_lens, output_lens):
+    for num_tokens, max_tokens in zip(input_lens, output_lens, strict=False):
         text = random_prompt(tokenizer, rng, allowed_ids, num_tokens)
         prompt_len = len(tokenizer.encode(text)) + num_special
         samples.append(SampleRequest(prompt_body(endpoint, text, max_tokens), prompt_len, max_tokens))

@@ -74,7 +74,7 @@ def calculate_metrics(
     TPOT leaves out requests of one token (their TPOT is undefined); ITL pools every
     request's chunk gaps; goodput counts successful requests within all the SLOs.
     """
-    done = [(out, n) for out, n in zip(outputs, output_lens) if out.success]
+    done = [(out, n) for out, n in zip(outputs, output_lens, strict=False) if out.success]
     total_input = sum(out.prompt_len for out, _ in done)
     total_output = sum(n for _, n in done)
     samples = {

@@ -118,7 +118,7 @@ async def benchmark(
         with tqdm(total=len(inputs), disable=config.disable_tqdm) as progress:
             start = time.perf_counter()
             tasks = []
-            for offset, request in zip(offsets, inputs):
+            for offset, request in zip(offsets, inputs, strict=False):
                 delay = start + offset - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)

@@ -47,14 +47,14 @@ def decode_step(
     rng = np.random.default_rng(0)
     num_seqs = len(query_lens)
     context_lens = [int(n) for n in rng.integers(1, max_context_len + 1, num_seqs)]
-    num_blocks = max(64, sum(-(-(c + n) // block_size) for c, n in zip(context_lens, query_lens)) + 8)
+    num_blocks = max(64, sum(-(-(c + n) // block_size) for c, n in zip(context_lens, query_lens, strict=True)) + 8)
     attention = PagedAttention(1, num_blocks * block_size, num_kv_heads, head_dim, block_size, dtype, torch.device("cpu"))
     if not is_kernel_allowed:
         attention._decode_kernel = None
     # Each sequence gets scattered blocks, enough for its context and its new tokens.
     free_blocks = list(rng.permutation(num_blocks))
-    block_ids = [[int(free_blocks.pop()) for _ in range(-(-(c + n) // block_size))] for c, n in zip(context_lens, query_lens)]
-    totals = [c + n for c, n in zip(context_lens, query_lens)]
+    block_ids = [[int(free_blocks.pop()) for _ in range(-(-(c + n) // block_size))] for c, n in zip(context_lens, query_lens, strict=True)]
+    totals = [c + n for c, n in zip(context_lens, query_lens, strict=True)]
     keys = [torch.randn(t, num_kv_heads, head_dim).to(dtype) for t in totals]
     values = [torch.randn(t, num_kv_heads, head_dim).to(dtype) for t in totals]
     queries = [torch.randn(n, num_heads, head_dim).to(dtype) for n in query_lens]
@@ -72,15 +72,15 @@ def decode_step(
     )
     attention.forward(
         0, torch.randn(sum(context_lens), num_heads, head_dim).to(dtype),
-        torch.cat([k[:c] for k, c in zip(keys, context_lens)]), torch.cat([v[:c] for v, c in zip(values, context_lens)]),
+        torch.cat([k[:c] for k, c in zip(keys, context_lens, strict=True)]), torch.cat([v[:c] for v, c in zip(values, context_lens, strict=True)]),
     )
     # Step 2: every sequence's last token plus drafts, as one batched decode.
-    positions = np.concatenate([np.arange(c, c + n) for c, n in zip(context_lens, query_lens)])
+    positions = np.concatenate([np.arange(c, c + n) for c, n in zip(context_lens, query_lens, strict=True)])
     table = torch.zeros(num_seqs, max(len(b) for b in block_ids), dtype=torch.long)
     for seq, blocks in enumerate(block_ids):
         table[seq, : len(blocks)] = torch.tensor(blocks)
     metadata = AttentionMetadata(
-        torch.tensor([s for seq, (c, n) in enumerate(zip(context_lens, query_lens)) for s in slots(seq, range(c, c + n))]),
+        torch.tensor([s for seq, (c, n) in enumerate(zip(context_lens, query_lens, strict=True)) for s in slots(seq, range(c, c + n))]),
         num_seqs, table, torch.tensor(totals), [], num_decode_tokens=len(positions),
     )
     if max(query_lens) > 1:
@@ -91,9 +91,9 @@ def decode_step(
     attention.metadata = metadata
     out = attention.forward(
         0, torch.cat(queries),
-        torch.cat([k[c:] for k, c in zip(keys, context_lens)]), torch.cat([v[c:] for v, c in zip(values, context_lens)]),
+        torch.cat([k[c:] for k, c in zip(keys, context_lens, strict=True)]), torch.cat([v[c:] for v, c in zip(values, context_lens, strict=True)]),
     )
     expected = torch.cat([
-        reference(q.float(), k.float(), v.float(), c) for q, k, v, c in zip(queries, keys, values, context_lens)
+        reference(q.float(), k.float(), v.float(), c) for q, k, v, c in zip(queries, keys, values, context_lens, strict=True)
     ])
     return out, expected

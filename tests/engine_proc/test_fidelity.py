@@ -55,7 +55,7 @@ def test_greedy_tokens_equal_transformers(
 ) -> None:
     # All prompts in one batch: continuous batching (and drafts verified in it) must not change a greedy token.
     core = EngineCore(EngineConfig(
-        model_path=str(default_model_path), kv_cache_memory_gib=0.25, max_model_len=2048,
+        model_path=str(default_model_path), dtype="float32", kv_cache_memory_gib=0.25, max_model_len=2048,
         speculative_config=speculative_config,
     ))
     for i, prompt in enumerate(chat_prompts):

@@ -187,7 +187,7 @@ def test_prompt_logprobs_and_echo_with_logprobs(sdk: openai.OpenAI, tiny_model_d
     whole = complete(sdk, prompt=ids, temperature=0, max_tokens=2, extra_body={"prompt_logprobs": 3})
     positions = whole.choices[0].model_extra["prompt_logprobs"]
     assert positions[0] is None and len(positions) == len(ids)
-    assert [p[str(t)]["logprob"] for p, t in zip(positions[1:], ids[1:])] == pytest.approx(expected, abs=1e-3)
+    assert [p[str(t)]["logprob"] for p, t in zip(positions[1:], ids[1:], strict=True)] == pytest.approx(expected, abs=1e-3)
     assert all(len(p) >= 3 for p in positions[1:])
     echoed = complete(sdk, prompt=ids, temperature=0, max_tokens=2, echo=True, logprobs=2)
     logprobs = echoed.choices[0].logprobs
