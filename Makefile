@@ -15,6 +15,7 @@ serve: $(VENV)/.installed
 	$(PY) -m service serve $(MODEL) --host $(HOST) --port $(PORT) $(ARGS)
 
 test: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check
 	$(PY) -m mypy
 	$(PY) -m pytest $(ARGS)
 
@@ -35,7 +36,7 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) -c "from engine_proc.cpu_kernels import load_cpu_kernels; load_cpu_kernels()"
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 

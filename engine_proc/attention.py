@@ -196,22 +196,8 @@ class PagedAttention:
             # NOTE: one copy for K and V: [num_tokens, 2, kv_heads, head_dim] -> [2, kv_heads, num_tokens, head_dim].
             cache.index_copy_(2, meta.slot_mapping, torch.stack((key, value), dim=1).permute(1, 2, 0, 3))
         num_decode_tokens = meta.num_decode_tokens
-        if meta.num_decodes and self._decode_token_limits is not None:
-            decode_query = query[:num_decode_tokens] if meta.prefills else query
-            decoded = self._kernel_decode_attention(cache, decode_query, meta)
-            if not meta.prefills:
-                return decoded
-        elif meta.num_decodes:
-            assert self._decode_rows is not None
-            decode_query = query[:num_decode_tokens] if meta.prefills else query
-            keys, values = self._gather(cache, self._decode_rows)
-            if meta.decode_query_positions is None:
-                decoded = _decode_attention(decode_query, keys, values, self._decode_mask)
-            else:
-                if self._decode_row_mask is None:
-                    assert self._decode_mask is not None
-                    self._decode_row_mask = _mask_per_row(self._decode_mask, query.shape[1] // self.num_kv_heads)
-                decoded = _multi_query_decode_attention(decode_query, keys, values, self._decode_row_mask, meta)
+        if meta.num_decodes:
+            decoded = self._decode(cache, query[:num_decode_tokens] if meta.prefills else query, meta)
             if not meta.prefills:
                 return decoded
         out = torch.empty_like(query)
@@ -231,6 +217,19 @@ class PagedAttention:
             )
             out[span.start : end] = o[0].transpose(0, 1)
         return out
+
+    def _decode(self, cache: torch.Tensor, query: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The decodes' attention: by the C++ kernel where it runs, else over gathered blocks."""
+        if self._decode_token_limits is not None:
+            return self._kernel_decode_attention(cache, query, meta)
+        assert self._decode_rows is not None
+        keys, values = self._gather(cache, self._decode_rows)
+        if meta.decode_query_positions is None:
+            return _decode_attention(query, keys, values, self._decode_mask)
+        if self._decode_row_mask is None:
+            assert self._decode_mask is not None
+            self._decode_row_mask = _mask_per_row(self._decode_mask, query.shape[1] // self.num_kv_heads)
+        return _multi_query_decode_attention(query, keys, values, self._decode_row_mask, meta)
 
     def _kernel_decode_attention(self, cache: torch.Tensor, query: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The decodes' attention by the C++ kernel, straight from the cache blocks."""

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 from dataclasses import dataclass
 
 from engine_proc.link import socket_options
 from proto.engine_config import EngineConfig
 from proto.engine_link import LinkConfig, add_link_args, die_with_parent, link_config_from
-from proto.log_format import LOG_FORMATS, TEXT_FORMAT, JsonFormatter
+from proto.log_format import LOG_FORMATS, TEXT_FORMAT, configure_logging
 
 
 @dataclass(frozen=True)
@@ -63,10 +62,7 @@ def _log_format(argv: list[str] | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    handler = logging.StreamHandler()
-    is_json = _log_format(argv) == "json"
-    handler.setFormatter(JsonFormatter() if is_json else logging.Formatter(TEXT_FORMAT.replace("%(name)s", "engine")))
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    configure_logging(_log_format(argv), TEXT_FORMAT.replace("%(name)s", "engine"))
     config, launch = parse_args(argv)
     link = launch.link
     if not link.is_headless:

@@ -33,18 +33,15 @@ from engine_proc.request_queue import make_request_queue
 from proto.engine_output import EngineCoreEventType, EngineCoreOutput, FinishReason
 
 # NOTE: a draft token costs little while a request runs alone (its forward of up to 4 tokens
-# costs what one token's does), but in a batch every draft is compute. Measured at 16 chat
-# streams on 2 cores: drafts paid only when about a third of them were accepted. So in a
-# batch a request drafts while the running mean of its accepted share stays above this, and
-# otherwise rests, its mean creeping back up each step until it tries again.
+# costs what one token's does), but in a batch every draft is compute and pays only when about
+# a third of them are accepted. So in a batch a request drafts while the running mean of its
+# accepted share stays above this, and otherwise rests, its mean creeping back up each step.
 _MIN_DRAFT_ACCEPTANCE = 0.35
 _DRAFT_ACCEPTANCE_RECOVERY = 0.05
 # NOTE: how many drafts a request gets follows its luck: two more after a step that accepted
 # every draft (as transformers' "heuristic" schedule for assistant tokens), and after a miss
 # one more than it had accepted. Text that repeats itself earns long runs of drafts; text
-# that does not stops paying for drafts past the first that misses. Measured in process on
-# `bench serve`'s random prompts at 16 streams (alternated, median of 3): 506 tok/s when a
-# miss took one draft off instead, 599 this way; on 16 chat requests 226 against 258.
+# that does not stops paying for drafts past the first that misses.
 _DRAFT_SLOTS_GROWTH = 2
 
 

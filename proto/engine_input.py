@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,32 +49,11 @@ class SamplingParams:
     num_prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 or unset, got {self.top_k}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}")
-        if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
-            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
-        for name in ("num_logprobs", "num_prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0 or unset, got {value}")
+        for name, is_valid, allowed in SAMPLING_RANGES:
+            if not is_valid(self):
+                raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)}")
 
     @property
     def is_greedy(self) -> bool:
@@ -83,6 +63,28 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+
+def _is_finite_at_least(value: float, low: float, is_open: bool = False) -> bool:
+    return math.isfinite(value) and (value > low if is_open else value >= low)
+
+
+# The values each sampling parameter takes: (name, test on the params, the allowed values in words).
+SAMPLING_RANGES: tuple[tuple[str, Callable[[SamplingParams], bool], str], ...] = (
+    ("n", lambda p: p.n >= 1, ">= 1"),
+    ("temperature", lambda p: _is_finite_at_least(p.temperature, 0.0), "a finite number >= 0"),
+    ("top_p", lambda p: 0.0 < p.top_p <= 1.0, "in (0, 1]"),
+    ("top_k", lambda p: p.top_k is None or p.top_k >= 1, ">= 1 or unset"),
+    ("min_p", lambda p: 0.0 <= p.min_p <= 1.0, "in [0, 1]"),
+    ("presence_penalty", lambda p: -2.0 <= p.presence_penalty <= 2.0, "in [-2, 2]"),
+    ("frequency_penalty", lambda p: -2.0 <= p.frequency_penalty <= 2.0, "in [-2, 2]"),
+    ("repetition_penalty", lambda p: _is_finite_at_least(p.repetition_penalty, 0.0, is_open=True),
+     "a finite number > 0"),
+    ("max_tokens", lambda p: p.max_tokens >= 1, ">= 1"),
+    ("min_tokens", lambda p: 0 <= p.min_tokens <= p.max_tokens, "in [0, max_tokens]"),
+    ("num_logprobs", lambda p: p.num_logprobs is None or p.num_logprobs >= 0, ">= 0 or unset"),
+    ("num_prompt_logprobs", lambda p: p.num_prompt_logprobs is None or p.num_prompt_logprobs >= 0, ">= 0 or unset"),
+)
 
 
 @dataclass(slots=True)

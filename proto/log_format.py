@@ -1,4 +1,5 @@
-"""The log line formats every zeroserve process writes: text, or one JSON object per line."""
+"""The log line formats every zeroserve process writes (text, or one JSON object per line), and
+the one logging setup every process uses."""
 
 from __future__ import annotations
 
@@ -30,3 +31,18 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+def configure_logging(
+    log_format: str = "text", text_format: str = TEXT_FORMAT, record_filter: logging.Filter | None = None,
+    level: int = logging.INFO,
+) -> None:
+    """Sends the root logger's records to stderr as `log_format` lines (once: a configured root
+    is left alone); text lines in `text_format`."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(text_format))
+    if record_filter is not None:
+        handler.addFilter(record_filter)
+    logging.basicConfig(level=level, handlers=[handler])

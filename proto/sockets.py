@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import uuid
 from typing import Any
@@ -16,14 +15,6 @@ def new_ipc_address(directory: str | None = None) -> str:
     directory = directory or tempfile.mkdtemp(prefix="zeroserve-")
     os.chmod(directory, 0o700)
     return f"ipc://{directory}/{uuid.uuid4().hex[:12]}"
-
-
-def new_tcp_address(host: str = "127.0.0.1") -> str:
-    """A `tcp://` address on a port that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port = s.getsockname()[1]
-    return f"tcp://{host}:{port}"
 
 
 def make_zmq_socket(

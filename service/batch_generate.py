@@ -50,6 +50,17 @@ class BatchJob:
         return self.num_finished == len(self.request_ids)
 
 
+@dataclass
+class _RunState:
+    """One run's lines in flight, results waiting for their turn in the output, and counts."""
+
+    next_index: int
+    num_written: int = 0
+    jobs: dict[int, BatchJob] = field(default_factory=dict)
+    by_request: dict[str, BatchJob] = field(default_factory=dict)
+    results: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
 class BatchRunner:
     """Feeds a file's requests to an LLMEngine, a window at a time, and writes results in order."""
 
@@ -71,52 +82,56 @@ class BatchRunner:
         """Processes the lines not yet in `output_path`; returns how many results it wrote."""
         num_done = _resume_point(output_path)
         lines = _numbered_lines(input_path)
-        num_lines = _count_lines(input_path)
-        jobs: dict[int, BatchJob] = {}
-        by_request: dict[str, BatchJob] = {}
-        results: dict[int, dict[str, Any]] = {}
-        next_index, num_written, is_exhausted = num_done, 0, False
-        bar = tqdm(total=num_lines, initial=num_done, desc="Batch lines", unit="line", disable=not use_tqdm)
+        for _ in range(num_done):
+            next(lines, None)
+        state = _RunState(next_index=num_done)
+        bar = tqdm(total=_count_lines(input_path), initial=num_done, desc="Batch lines", unit="line", disable=not use_tqdm)
         with output_path.open("a", encoding="utf-8") as out, bar:
-            for _ in range(num_done):
-                next(lines, None)
             try:
                 while True:
-                    while not is_exhausted and len(jobs) < self.max_in_flight:
-                        item = next(lines, None)
-                        if item is None:
-                            is_exhausted = True
-                            break
-                        index, text = item
-                        custom_id = None
-                        try:
-                            custom_id, url, raw = _parse_line(text)
-                            job = self._start(index, custom_id, url, raw)
-                        except APIError as error:
-                            results[index] = _error_result(index, custom_id, error)
-                            continue
-                        jobs[index] = job
-                        by_request.update((request_id, job) for request_id in job.request_ids)
-                    while next_index in results:
-                        out.write(json.dumps(results.pop(next_index), ensure_ascii=False) + "\n")
+                    is_exhausted = self._admit(lines, state)
+                    while state.next_index in state.results:
+                        out.write(json.dumps(state.results.pop(state.next_index), ensure_ascii=False) + "\n")
                         out.flush()
-                        next_index += 1
-                        num_written += 1
+                        state.next_index += 1
+                        state.num_written += 1
                         bar.update(1)
-                    if is_exhausted and not jobs:
-                        return num_written
-                    for delta in self.engine.step():
-                        job = by_request[delta.request_id]
-                        output = accumulate(job.outputs, delta)
-                        if output.finished:
-                            del by_request[delta.request_id]
-                            job.num_finished += 1
-                        if job.is_done:
-                            del jobs[job.index]
-                            results[job.index] = self._result(job)
+                    if is_exhausted and not state.jobs:
+                        return state.num_written
+                    self._step(state)
             except BaseException:
-                self.engine.abort_request(list(by_request))
+                self.engine.abort_request(list(state.by_request))
                 raise
+
+    def _admit(self, lines: Iterator[tuple[int, str]], state: _RunState) -> bool:
+        """Starts lines until `max_in_flight` run (a bad line's error is its result); True once none are left."""
+        while len(state.jobs) < self.max_in_flight:
+            item = next(lines, None)
+            if item is None:
+                return True
+            index, text = item
+            custom_id = None
+            try:
+                custom_id, url, raw = _parse_line(text)
+                job = self._start(index, custom_id, url, raw)
+            except APIError as error:
+                state.results[index] = _error_result(index, custom_id, error)
+                continue
+            state.jobs[index] = job
+            state.by_request.update((request_id, job) for request_id in job.request_ids)
+        return False
+
+    def _step(self, state: _RunState) -> None:
+        """One engine step: its outputs go to their jobs, and a finished job's result is kept."""
+        for delta in self.engine.step():
+            job = state.by_request[delta.request_id]
+            output = accumulate(job.outputs, delta)
+            if output.finished:
+                del state.by_request[delta.request_id]
+                job.num_finished += 1
+            if job.is_done:
+                del state.jobs[job.index]
+                state.results[job.index] = self._result(job)
 
     def _start(self, index: int, custom_id: str | None, url: str, raw: Any) -> BatchJob:
         """Validates and submits one line (a 400-style error if it is bad)."""

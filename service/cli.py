@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from service import envs
 from service.bench.cli import add_bench_parser, run_bench
@@ -21,17 +16,6 @@ from service.engine_flags import add_engine_args, add_scale_out_args, engine_con
 from service.generate_cli import add_generate_parser, run_generate
 from service.logging_setup import LOG_FORMATS, configure_logging
 from service.model_registry import DEFAULT_MODEL
-
-if TYPE_CHECKING:
-    from starlette.applications import Starlette
-
-    from service.api.admission import Admission
-    from service.async_llm import AsyncLLM
-
-logger = logging.getLogger("zeroserve")
-
-# NOTE: how long aborted streams get to send their last chunks once a drain gives up waiting.
-ABORT_GRACE_S = 5.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,114 +144,6 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     )
 
 
-async def serve(config: GatewayConfig) -> None:
-    """Listens at once (503 "loading" until the engine is ready). On SIGTERM or SIGINT drains:
-    refuses new requests, lets those in flight finish for up to --shutdown-timeout, aborts the
-    rest (a second signal aborts them at once), then shuts the engine down."""
-    import hypercorn.asyncio
-    import hypercorn.config
-
-    from service.api.admission import Admission, Phase
-    from service.api.app import create_app
-
-    admission = Admission(config.max_num_in_flight, config.request_timeout_s, config.max_header_bytes)
-    app = create_app(None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, admission)
-    stop = asyncio.Event()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            admission.abort_all()
-        stop.set()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    load = asyncio.create_task(_load(config, app), name="load-engine")
-
-    def on_loaded(task: asyncio.Task[AsyncLLM]) -> None:
-        if _failed(task):
-            stop.set()
-
-    load.add_done_callback(on_loaded)
-
-    async def shutdown_trigger() -> None:
-        await stop.wait()
-        if load.done() and not _failed(load):
-            await _drain(admission, config.shutdown_timeout_s)
-        admission.phase = Phase.DRAINING
-
-    hypercorn_config = hypercorn.config.Config()
-    hypercorn_config.bind = [f"{config.host}:{config.port}" if config.listen_fd is None else f"fd://{config.listen_fd}"]
-    hypercorn_config.graceful_timeout = ABORT_GRACE_S
-    hypercorn_config.h11_max_incomplete_size = config.max_header_bytes
-    hypercorn_config.h2_max_header_list_size = config.max_header_bytes
-    # NOTE: hypercorn's own lines go through our handler, so they follow --log-format.
-    hypercorn_config.errorlog = logging.getLogger("hypercorn.error")
-    logger.info("listening on http://%s:%d while %s loads", config.host, config.port, config.model)
-    try:
-        await hypercorn.asyncio.serve(app, hypercorn_config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
-    finally:
-        if not load.done():
-            load.cancel()
-        await asyncio.gather(load, return_exceptions=True)
-        if not _failed(load):
-            load.result().shutdown()
-    if not load.cancelled():
-        load.result()  # NOTE: raises why the engine did not load, if it did not.
-
-
-def _failed(task: asyncio.Task[AsyncLLM]) -> bool:
-    return task.done() and (task.cancelled() or task.exception() is not None)
-
-
-async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
-    """Starts the engine, waits until it is ready, then hands the app its state."""
-    from service.api.app import attach
-    from service.api.server_state import ServerState
-    from service.async_llm import AsyncLLM
-    from service.async_mp_client import AsyncMPClient
-    from service.metrics import PrometheusStatLogger
-    from service.model_registry import resolve_model
-    from service.request_log import RequestLogger
-    from service.tokenizer import Tokenizer
-
-    resolved = await asyncio.to_thread(resolve_model, config.model)
-    names = list(config.served_model_names or (resolved.name,))
-    # NOTE: engines are named by the model's own name, which engines on other hosts also know.
-    engine_config = replace(config.engine, model_path=str(resolved.path), model_name=resolved.name)
-    client = AsyncMPClient(
-        engine_config, config.data_parallel_size, config.link, config.engine_addresses, config.log_format
-    )
-    try:
-        # NOTE: the tokenizer loads here while the engine loads its weights.
-        tokenizer = await asyncio.to_thread(Tokenizer.from_model, resolved.path)
-        ready = await client.wait_ready()
-    except BaseException:
-        client.shutdown()
-        raise
-    metrics = PrometheusStatLogger(names[0], range(max(config.data_parallel_size, 1)), config.api_server_index)
-    llm = AsyncLLM(client, tokenizer, ready, stat_loggers=[metrics, RequestLogger()])
-    generation_defaults = {**resolved.generation_defaults, **dict(config.generation_config)}
-    attach(app, ServerState(
-        llm, names, generation_defaults, config.max_n, config.max_request_body_bytes,
-        metrics_registry=metrics.registry, admission=app.state.admission,
-    ))
-    logger.info("serving %s on http://%s:%d", names[0], config.host, config.port)
-    return llm
-
-
-async def _drain(admission: Admission, timeout_s: float) -> None:
-    """Refuses new requests, waits up to `timeout_s` for those in flight, then aborts the rest."""
-    from service.api.admission import Phase
-
-    admission.phase = Phase.DRAINING
-    logger.info("draining: %d requests in flight, waiting up to %g s", admission.num_in_flight, timeout_s)
-    if not await admission.wait_idle(timeout_s):
-        logger.warning("aborting %d requests still in flight", admission.num_in_flight)
-        admission.abort_all()
-        await admission.wait_idle(ABORT_GRACE_S)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "bench":
@@ -291,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     from service.core_client import EngineDeadError
+    from service.server import serve
 
     try:
         uvloop.run(serve(config))

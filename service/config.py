@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from proto.engine_config import EngineConfig
 from service.curve import LinkSettings
@@ -37,14 +39,11 @@ class GatewayConfig:
     max_header_bytes: int = 16 * 2**10
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
-        if self.data_parallel_size < 0 or (self.data_parallel_size == 0 and self.link.engine_address is None):
-            raise ValueError(
-                f"--data-parallel-size must be >= 1 (or 0 with --engine-address), got {self.data_parallel_size}"
-            )
-        if self.api_server_count < 1:
-            raise ValueError(f"--api-server-count must be >= 1, got {self.api_server_count}")
+        for flag, name, is_valid, allowed in _RANGES:
+            if not is_valid(getattr(self, name)):
+                raise ValueError(f"{flag} must be {allowed}, got {getattr(self, name)}")
+        if self.data_parallel_size == 0 and self.link.engine_address is None:
+            raise ValueError("--data-parallel-size must be >= 1 (or 0 with --engine-address), got 0")
         if self.api_server_count > 1 and (
             self.data_parallel_size < 1 or self.link.engine_address is not None or self.link.is_curve
         ):
@@ -52,25 +51,11 @@ class GatewayConfig:
                 "--api-server-count > 1 shares the gateway's own engines (--data-parallel-size >= 1); "
                 "it does not take --engine-address or CURVE keys"
             )
-        if self.max_n < 1:
-            raise ValueError(f"--max-n must be >= 1, got {self.max_n}")
-        if self.max_request_body_bytes < 1:
-            raise ValueError(f"--max-request-body-bytes must be >= 1, got {self.max_request_body_bytes}")
         unknown = {key for key, _ in self.generation_config} - {"temperature", "top_p", "top_k", "min_p"}
         if unknown:
             raise ValueError(f"--override-generation-config: unknown keys {sorted(unknown)}")
         if any(not key or key != key.strip() or "," in key for key in self.api_keys):
             raise ValueError("--api-key: keys must be non-empty, without commas or surrounding spaces")
-        if self.max_num_queued_requests < 0:
-            raise ValueError(f"--max-num-queued-requests must be >= 0, got {self.max_num_queued_requests}")
-        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
-            raise ValueError(f"--request-timeout must be > 0, got {self.request_timeout_s}")
-        if not self.shutdown_timeout_s >= 0:
-            raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout_s}")
-        if not self.sse_keepalive_s >= 0:
-            raise ValueError(f"--sse-keepalive must be >= 0, got {self.sse_keepalive_s}")
-        if self.max_header_bytes < 1024:
-            raise ValueError(f"--max-header-bytes must be >= 1024, got {self.max_header_bytes}")
 
     @property
     def max_num_in_flight(self) -> int:
@@ -78,3 +63,18 @@ class GatewayConfig:
         of the engines' batches plus the queue."""
         total = self.engine.max_num_seqs * max(self.data_parallel_size, 1) + self.max_num_queued_requests
         return -(-total // self.api_server_count)
+
+
+# The gateway's flags with a range: the flag, the config field it sets, its test, the values it takes.
+_RANGES: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
+    ("--port", "port", lambda v: 0 <= v < 65536, "in [0, 65535]"),
+    ("--data-parallel-size", "data_parallel_size", lambda v: v >= 0, ">= 1 (or 0 with --engine-address)"),
+    ("--api-server-count", "api_server_count", lambda v: v >= 1, ">= 1"),
+    ("--max-n", "max_n", lambda v: v >= 1, ">= 1"),
+    ("--max-request-body-bytes", "max_request_body_bytes", lambda v: v >= 1, ">= 1"),
+    ("--max-num-queued-requests", "max_num_queued_requests", lambda v: v >= 0, ">= 0"),
+    ("--request-timeout", "request_timeout_s", lambda v: v is None or v > 0, "> 0"),
+    ("--shutdown-timeout", "shutdown_timeout_s", lambda v: v >= 0, ">= 0"),
+    ("--sse-keepalive", "sse_keepalive_s", lambda v: v >= 0, ">= 0"),
+    ("--max-header-bytes", "max_header_bytes", lambda v: v >= 1024, ">= 1024"),
+)

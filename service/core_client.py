@@ -108,9 +108,6 @@ class EngineCoreClient:
     async def wake_up_async(self) -> None:
         await self.call_utility_async("wake_up")
 
-    async def is_sleeping_async(self) -> bool:
-        return bool(await self.call_utility_async("is_sleeping"))
-
     async def get_stats_async(self) -> dict[str, Any]:
         stats: dict[str, Any] = await self.call_utility_async("get_stats")
         return stats

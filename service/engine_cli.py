@@ -4,7 +4,6 @@ on another host, and `zeroserve keys generate`: CURVE key files for such links."
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from proto.engine_link import add_link_args, link_config_from, remote_addresses
 from service.curve import generate_keys
 from service.engine_flags import add_engine_args, add_model_arg, engine_config_from
 from service.engine_launcher import engine_argv
+from service.logging_setup import configure_logging
 
 
 def add_engine_parser(commands: Any) -> None:
@@ -34,7 +34,7 @@ def add_engine_parser(commands: Any) -> None:
 
 def run_engine(args: argparse.Namespace) -> int:
     """Resolves (fetches) the model, then becomes the engine process."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()
     try:
         input_address, output_address = remote_addresses(args.gateway)
         link = link_config_from(args, is_headless=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from service.engine_flags import add_engine_args, add_model_arg, engine_config_from
+from service.logging_setup import configure_logging
 
 
 def add_generate_parser(commands: Any) -> None:
@@ -43,7 +44,7 @@ def add_generate_parser(commands: Any) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()
     if not args.input.is_file():
         print(f"zeroserve generate: error: --input {args.input} is not a file", file=sys.stderr)
         return 2

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from service.logging_setup import JsonFormatter, configure_logging
+from proto.log_format import JsonFormatter
+from service.logging_setup import configure_logging
 
 
 def make_record(**extra: object) -> logging.LogRecord:
