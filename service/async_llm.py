@@ -14,6 +14,7 @@ from service import envs
 from service.core_client import EngineCoreClient, EngineDeadError
 from service.engine_state import EngineLost
 from service.input_processor import InputProcessor
+from service.make_client import make_client
 from service.output_processor import OutputProcessor, RequestOutputCollector
 from service.outputs import RequestOutput
 from service.stat_loggers import LoggingStatLogger, StatLogger, StatLoggerManager
@@ -56,7 +57,7 @@ class AsyncLLM:
     @classmethod
     async def start(cls, engine_config: EngineConfig, tokenizer: Tokenizer, **kwargs: Any) -> AsyncLLM:
         """Starts the engine process and waits until it is ready."""
-        client = EngineCoreClient.make_client(engine_config, multiprocess_mode=True, asyncio_mode=True)
+        client = make_client(engine_config, multiprocess_mode=True, asyncio_mode=True)
         try:
             ready = await client.wait_ready()
         except BaseException:

@@ -1,15 +1,15 @@
 """EngineCoreClient: how the gateway talks to its engine, wherever the engine runs.
 
-`make_client` picks one of three: `InprocClient` (the EngineCore in this process, stepped
-directly), `SyncMPClient` (engine processes, ZeroMQ, a thread feeding a queue) or
-`AsyncMPClient` (engine processes, ZeroMQ on asyncio). Callers never know which they hold.
+Three clients answer it: `InprocClient` (the EngineCore in this process, stepped directly),
+`SyncMPClient` (engine processes, ZeroMQ, a thread feeding a queue) and `AsyncMPClient`
+(engine processes, ZeroMQ on asyncio); `make_client` (service/make_client.py) picks one.
+Callers never know which they hold.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest
 from proto.engine_output import EngineCoreOutputs
 from proto.handshake import EngineReady
@@ -24,23 +24,6 @@ class EngineCoreClient:
     """The calls every client answers: synchronous ones, or the `*_async` ones on asyncio."""
 
     ready: EngineReady
-
-    @staticmethod
-    def make_client(engine_config: EngineConfig, multiprocess_mode: bool, asyncio_mode: bool) -> EngineCoreClient:
-        """A started client; an asyncio one must still be awaited with `wait_ready()`."""
-        if asyncio_mode:
-            if not multiprocess_mode:
-                raise ValueError("an asyncio client runs its engine in another process")
-            from service.async_mp_client import AsyncMPClient
-
-            return AsyncMPClient(engine_config)
-        if multiprocess_mode:
-            from service.sync_mp_client import SyncMPClient
-
-            return SyncMPClient(engine_config)
-        from service.inproc_client import InprocClient
-
-        return InprocClient(engine_config)
 
     @property
     def is_dead(self) -> bool:

@@ -10,8 +10,8 @@ from typing import Any
 from proto.engine_config import EngineConfig
 from proto.engine_input import SamplingParams
 from service import envs
-from service.core_client import EngineCoreClient
 from service.input_processor import InputProcessor
+from service.make_client import make_client
 from service.output_processor import OutputProcessor
 from service.outputs import RequestOutput
 from service.parallel_sampling import ParentRequest
@@ -44,7 +44,7 @@ class LLMEngine:
         if multiprocess_mode is None:
             multiprocess_mode = envs.enable_multiprocessing()
         self.tokenizer = tokenizer
-        self.engine_core = EngineCoreClient.make_client(engine_config, multiprocess_mode, asyncio_mode=False)
+        self.engine_core = make_client(engine_config, multiprocess_mode, asyncio_mode=False)
         self._finalizer = weakref.finalize(self, self.engine_core.shutdown)
         ready = self.engine_core.ready
         self.model_name = ready.model_name

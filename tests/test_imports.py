@@ -1,9 +1,11 @@
 """Imports flow one way: proto ← engine_proc, proto ← service (service only launches the engine,
-and InprocClient runs it in-process)."""
+and InprocClient runs it in-process); no module imports itself through others; scheduling has
+no torch in it; benchmarks never lean on the tests."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,66 @@ def _all_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
     return names
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for package in OURS for path in (ROOT / package).rglob("*.py")}
+
+
+def _runtime_imports(path: Path) -> Iterator[str]:
+    """Every module name an import statement names, at any depth, except under `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text())
+    type_only = {
+        id(node) for block in ast.walk(tree)
+        if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+        for node in ast.walk(block)
+    }
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def _our_module(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports_of(module: str) -> set[str]:
+    found = {_our_module(name) for name in _runtime_imports(MODULES[module])}
+    return {name for name in found if name is not None and name != module and not module.startswith(f"{name}.")}
+
+
+def _reachable(module: str) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        for other in _imports_of(todo.pop()) - seen:
+            seen.add(other)
+            todo.append(other)
+    return seen
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_itself_through_others(module: str) -> None:
+    assert module not in _reachable(module)
+
+
+@pytest.mark.parametrize("module", ["engine_proc.scheduler", "engine_proc.kv_cache_manager"])
+def test_scheduling_runs_without_torch(module: str) -> None:
+    for name in {module} | _reachable(module):
+        third_party = {imported.split(".")[0] for imported in _runtime_imports(MODULES[name])}
+        assert "torch" not in third_party, f"{name} (reached from {module}) imports torch"
+
+
+def test_benchmarks_never_import_the_tests() -> None:
+    for path in (ROOT / "benchmarks").rglob("*.py"):
+        assert "tests" not in {name.split(".")[0] for name in _all_imports(path)}, path

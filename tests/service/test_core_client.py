@@ -14,6 +14,7 @@ from proto.engine_output import EngineCoreOutputs
 from service.async_mp_client import AsyncMPClient
 from service.core_client import EngineCoreClient, EngineDeadError
 from service.inproc_client import InprocClient
+from service.make_client import make_client
 from service.sync_mp_client import SyncMPClient
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [42] * 20, [7, 300, 9000]]
@@ -70,19 +71,19 @@ async def run_async(client: EngineCoreClient) -> list[list[int]]:
 
 
 async def test_the_three_clients_give_identical_outputs(engine_args: EngineConfig) -> None:
-    inproc = EngineCoreClient.make_client(engine_args, multiprocess_mode=False, asyncio_mode=False)
+    inproc = make_client(engine_args, multiprocess_mode=False, asyncio_mode=False)
     try:
         assert isinstance(inproc, InprocClient)
         inproc_results = run_sync(inproc)
     finally:
         inproc.shutdown()
-    sync_mp = EngineCoreClient.make_client(engine_args, multiprocess_mode=True, asyncio_mode=False)
+    sync_mp = make_client(engine_args, multiprocess_mode=True, asyncio_mode=False)
     try:
         assert isinstance(sync_mp, SyncMPClient)
         sync_results = run_sync(sync_mp)
     finally:
         sync_mp.shutdown()
-    async_mp = EngineCoreClient.make_client(engine_args, multiprocess_mode=True, asyncio_mode=True)
+    async_mp = make_client(engine_args, multiprocess_mode=True, asyncio_mode=True)
     try:
         assert isinstance(async_mp, AsyncMPClient)
         await async_mp.wait_ready(timeout=120)
@@ -97,7 +98,7 @@ async def test_the_three_clients_give_identical_outputs(engine_args: EngineConfi
 
 @pytest.mark.parametrize("multiprocess_mode", [False, True])
 def test_sync_clients_answer_utilities(engine_args: EngineConfig, multiprocess_mode: bool) -> None:
-    client = EngineCoreClient.make_client(engine_args, multiprocess_mode, asyncio_mode=False)
+    client = make_client(engine_args, multiprocess_mode, asyncio_mode=False)
     try:
         assert client.call_utility("ping") == "pong"
         assert client.reset_prefix_cache() is True
@@ -140,4 +141,4 @@ def test_sync_mp_client_reports_a_dead_engine(engine_args: EngineConfig) -> None
 
 def test_asyncio_client_needs_a_process(engine_args: EngineConfig) -> None:
     with pytest.raises(ValueError, match="another process"):
-        EngineCoreClient.make_client(engine_args, multiprocess_mode=False, asyncio_mode=True)
+        make_client(engine_args, multiprocess_mode=False, asyncio_mode=True)
