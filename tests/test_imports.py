@@ -111,3 +111,9 @@ def test_scheduling_runs_without_torch(module: str) -> None:
 def test_benchmarks_never_import_the_tests() -> None:
     for path in (ROOT / "benchmarks").rglob("*.py"):
         assert "tests" not in {name.split(".")[0] for name in _all_imports(path)}, path
+
+
+def test_test_modules_share_helpers_not_each_other() -> None:
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        imported = {name.rpartition(".")[2] for name in _all_imports(path) if name.startswith("tests.")}
+        assert not {name for name in imported if name.startswith("test_")}, path

@@ -2,98 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
-from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan, decode_query_grid
-
-NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 6, 2, 8, 4
-
-
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_context: int) -> torch.Tensor:
-    """Queries q [n, H, D] at positions num_context.. over keys/values [num_context + n, KVH, D]."""
-    positions = torch.arange(num_context, num_context + q.shape[0])
-    mask = torch.arange(k.shape[0])[None, :] <= positions[:, None]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=True
-    )
-    return out.transpose(0, 1)
+from tests.engine_proc.attention_cases import decode_step
 
 
 @pytest.mark.parametrize("query_lens", [[1, 1, 1], [3, 3], [1, 4, 2, 3], [5]])
 def test_decodes_with_draft_tokens_attend_like_dense_causal_attention(query_lens: list[int]) -> None:
     out, expected = decode_step(query_lens)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-
-
-def decode_step(
-    query_lens: list[int],
-    *,
-    dtype: torch.dtype = torch.float32,
-    num_heads: int = NUM_HEADS,
-    num_kv_heads: int = NUM_KV_HEADS,
-    head_dim: int = HEAD_DIM,
-    block_size: int = BLOCK_SIZE,
-    max_context_len: int = 13,
-    is_kernel_allowed: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefills a random context per sequence, then decodes `query_lens` tokens of each in one batched step.
-
-    Returns the step's attention output and dense causal attention's (float32) for the same tokens.
-    """
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    num_seqs = len(query_lens)
-    context_lens = [int(n) for n in rng.integers(1, max_context_len + 1, num_seqs)]
-    num_blocks = max(64, sum(-(-(c + n) // block_size) for c, n in zip(context_lens, query_lens, strict=True)) + 8)
-    attention = PagedAttention(1, num_blocks * block_size, num_kv_heads, head_dim, block_size, dtype, torch.device("cpu"))
-    if not is_kernel_allowed:
-        attention._decode_kernel = None
-    # Each sequence gets scattered blocks, enough for its context and its new tokens.
-    free_blocks = list(rng.permutation(num_blocks))
-    block_ids = [[int(free_blocks.pop()) for _ in range(-(-(c + n) // block_size))] for c, n in zip(context_lens, query_lens, strict=True)]
-    totals = [c + n for c, n in zip(context_lens, query_lens, strict=True)]
-    keys = [torch.randn(t, num_kv_heads, head_dim).to(dtype) for t in totals]
-    values = [torch.randn(t, num_kv_heads, head_dim).to(dtype) for t in totals]
-    queries = [torch.randn(n, num_heads, head_dim).to(dtype) for n in query_lens]
-
-    def slots(seq: int, positions: range) -> list[int]:
-        return [block_ids[seq][p // block_size] * block_size + p % block_size for p in positions]
-
-    # Step 1: each context as a whole prefill span.
-    spans, start = [], 0
-    for seq, c in enumerate(context_lens):
-        spans.append(PrefillSpan(start, c, c, torch.tensor(block_ids[seq][: -(-c // block_size)]), None))
-        start += c
-    attention.metadata = AttentionMetadata(
-        torch.tensor([s for seq, c in enumerate(context_lens) for s in slots(seq, range(c))]), 0, None, None, spans,
-    )
-    attention.forward(
-        0, torch.randn(sum(context_lens), num_heads, head_dim).to(dtype),
-        torch.cat([k[:c] for k, c in zip(keys, context_lens, strict=True)]), torch.cat([v[:c] for v, c in zip(values, context_lens, strict=True)]),
-    )
-    # Step 2: every sequence's last token plus drafts, as one batched decode.
-    positions = np.concatenate([np.arange(c, c + n) for c, n in zip(context_lens, query_lens, strict=True)])
-    table = torch.zeros(num_seqs, max(len(b) for b in block_ids), dtype=torch.long)
-    for seq, blocks in enumerate(block_ids):
-        table[seq, : len(blocks)] = torch.tensor(blocks)
-    metadata = AttentionMetadata(
-        torch.tensor([s for seq, (c, n) in enumerate(zip(context_lens, query_lens, strict=True)) for s in slots(seq, range(c, c + n))]),
-        num_seqs, table, torch.tensor(totals), [], num_decode_tokens=len(positions),
-    )
-    if max(query_lens) > 1:
-        grid_positions, pad_index, unpad_index = decode_query_grid(positions, np.array(query_lens))
-        metadata.decode_query_positions = torch.from_numpy(grid_positions)
-        if pad_index is not None and unpad_index is not None:
-            metadata.decode_pad_index, metadata.decode_unpad_index = torch.from_numpy(pad_index), torch.from_numpy(unpad_index)
-    attention.metadata = metadata
-    out = attention.forward(
-        0, torch.cat(queries),
-        torch.cat([k[c:] for k, c in zip(keys, context_lens, strict=True)]), torch.cat([v[c:] for v, c in zip(values, context_lens, strict=True)]),
-    )
-    expected = torch.cat([
-        reference(q.float(), k.float(), v.float(), c) for q, k, v, c in zip(queries, keys, values, context_lens, strict=True)
-    ])
-    return out, expected

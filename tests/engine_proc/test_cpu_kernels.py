@@ -18,8 +18,8 @@ from engine_proc.models.config import ModelConfig
 from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.models.llama import RotaryEmbedding, apply_rotary
 from engine_proc.sampler import greedy_ids
-from tests.engine_proc.models.test_llama import TINY, run, save_tiny_checkpoint
-from tests.engine_proc.test_attention import decode_step
+from tests.engine_proc.attention_cases import decode_step
+from tests.engine_proc.models.tiny_llama import TINY, run, save_tiny_checkpoint
 
 # The default model's attention: 9 query heads over 3 KV heads of 64, blocks of 16.
 SMOLLM2 = dict(dtype=torch.bfloat16, num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, max_context_len=150)

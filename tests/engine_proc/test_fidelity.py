@@ -11,17 +11,7 @@ from engine_proc.core import EngineCore
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.tokenizer import Tokenizer
-
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain in two sentences why the sky is blue.",
-    "List three prime numbers.",
-]
-MAX_NEW_TOKENS = 40
-
-
-NGRAM_DRAFTS = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
+from tests.engine_proc.fidelity_prompts import MAX_NEW_TOKENS, NGRAM_DRAFTS, QUESTIONS
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from engine_proc.request import Request
 from engine_proc.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from proto.engine_output import FinishReason
-from tests.engine_proc.test_scheduler import EOS, FakeModel, run_with_model
+from tests.engine_proc.scheduler_fakes import EOS, FakeModel, run_with_model
 
 
 def looping_next_token(context: list[int], prefix_hash: int) -> int:

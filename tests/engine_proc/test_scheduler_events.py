@@ -7,7 +7,7 @@ import time
 from engine_proc.scheduler import Scheduler
 from proto.codec import MsgpackDecoder, MsgpackEncoder
 from proto.engine_output import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
-from tests.engine_proc.test_scheduler import FakeModel, make_request, make_scheduler
+from tests.engine_proc.scheduler_fakes import FakeModel, make_request, make_scheduler
 
 QUEUED, SCHEDULED, PREEMPTED = EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED, EngineCoreEventType.PREEMPTED
 

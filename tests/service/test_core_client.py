@@ -27,7 +27,7 @@ PARAMS = [
 
 
 @pytest.fixture(scope="module")
-def engine_args(tiny_model_dir: Path) -> EngineConfig:
+def engine_config(tiny_model_dir: Path) -> EngineConfig:
     return EngineConfig(
         model_path=str(tiny_model_dir), model_name="tiny", kv_cache_memory_gib=0.05, max_model_len=1024,
         num_threads=1,
@@ -70,20 +70,20 @@ async def run_async(client: EngineCoreClient) -> list[list[int]]:
     return results
 
 
-async def test_the_three_clients_give_identical_outputs(engine_args: EngineConfig) -> None:
-    inproc = make_client(engine_args, multiprocess_mode=False, asyncio_mode=False)
+async def test_the_three_clients_give_identical_outputs(engine_config: EngineConfig) -> None:
+    inproc = make_client(engine_config, multiprocess_mode=False, asyncio_mode=False)
     try:
         assert isinstance(inproc, InprocClient)
         inproc_results = run_sync(inproc)
     finally:
         inproc.shutdown()
-    sync_mp = make_client(engine_args, multiprocess_mode=True, asyncio_mode=False)
+    sync_mp = make_client(engine_config, multiprocess_mode=True, asyncio_mode=False)
     try:
         assert isinstance(sync_mp, SyncMPClient)
         sync_results = run_sync(sync_mp)
     finally:
         sync_mp.shutdown()
-    async_mp = make_client(engine_args, multiprocess_mode=True, asyncio_mode=True)
+    async_mp = make_client(engine_config, multiprocess_mode=True, asyncio_mode=True)
     try:
         assert isinstance(async_mp, AsyncMPClient)
         await async_mp.wait_ready(timeout=120)
@@ -97,8 +97,8 @@ async def test_the_three_clients_give_identical_outputs(engine_args: EngineConfi
 
 
 @pytest.mark.parametrize("multiprocess_mode", [False, True])
-def test_sync_clients_answer_utilities(engine_args: EngineConfig, multiprocess_mode: bool) -> None:
-    client = make_client(engine_args, multiprocess_mode, asyncio_mode=False)
+def test_sync_clients_answer_utilities(engine_config: EngineConfig, multiprocess_mode: bool) -> None:
+    client = make_client(engine_config, multiprocess_mode, asyncio_mode=False)
     try:
         assert client.call_utility("ping") == "pong"
         assert client.reset_prefix_cache() is True
@@ -115,16 +115,16 @@ def test_sync_clients_answer_utilities(engine_args: EngineConfig, multiprocess_m
         client.shutdown()
 
 
-def test_inproc_client_steps_nothing_when_idle(engine_args: EngineConfig) -> None:
-    client = InprocClient(engine_args)
+def test_inproc_client_steps_nothing_when_idle(engine_config: EngineConfig) -> None:
+    client = InprocClient(engine_config)
     try:
         assert client.get_output().outputs == []
     finally:
         client.shutdown()
 
 
-def test_sync_mp_client_reports_a_dead_engine(engine_args: EngineConfig) -> None:
-    client = SyncMPClient(engine_args)
+def test_sync_mp_client_reports_a_dead_engine(engine_config: EngineConfig) -> None:
+    client = SyncMPClient(engine_config)
     try:
         client.add_request(EngineCoreRequest("long", [1, 2, 3], SamplingParams(max_tokens=900, ignore_eos=True)))
         client.get_output()
@@ -139,6 +139,6 @@ def test_sync_mp_client_reports_a_dead_engine(engine_args: EngineConfig) -> None
         client.shutdown()
 
 
-def test_asyncio_client_needs_a_process(engine_args: EngineConfig) -> None:
+def test_asyncio_client_needs_a_process(engine_config: EngineConfig) -> None:
     with pytest.raises(ValueError, match="another process"):
-        make_client(engine_args, multiprocess_mode=False, asyncio_mode=True)
+        make_client(engine_config, multiprocess_mode=False, asyncio_mode=True)

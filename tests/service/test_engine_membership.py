@@ -46,8 +46,11 @@ def wait_joined(log: Path, count: int) -> None:
         time.sleep(0.2)
 
 
-async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> tuple[int, str | None, str]:
-    """(tokens streamed, finish reason, error message) of one streamed completion."""
+async def stream(
+    client: httpx.AsyncClient, prompt: str, max_tokens: int, started: asyncio.Event | None = None
+) -> tuple[int, str | None, str]:
+    """(tokens streamed, finish reason, error message) of one streamed completion; `started` is
+    set once its first tokens arrive."""
     body = {
         "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True},
@@ -64,7 +67,13 @@ async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> tup
                 num_tokens = event["usage"]["completion_tokens"]
             if event.get("choices"):
                 finish_reason = event["choices"][0]["finish_reason"] or finish_reason
+                if started is not None and event["choices"][0].get("text"):
+                    started.set()
     return num_tokens, finish_reason, error
+
+
+async def all_set(events: list[asyncio.Event]) -> None:
+    await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), timeout=120)
 
 
 async def test_a_lost_engine_fails_its_streams_and_a_leaving_one_drains(
@@ -76,8 +85,9 @@ async def test_a_lost_engine_fails_its_streams_and_a_leaving_one_drains(
         wait_joined(log, 3)
         async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as client:
             assert (await client.get("/health")).status_code == 200
-            long_streams = [asyncio.create_task(stream(client, f"long {i}", 600)) for i in range(6)]
-            await asyncio.sleep(2.0)
+            started = [asyncio.Event() for _ in range(6)]
+            long_streams = [asyncio.create_task(stream(client, f"long {i}", 600, started[i])) for i in range(6)]
+            await all_set(started)  # NOTE: every engine has streams under way (two each, least loaded first)
             engines[0].send_signal(signal.SIGKILL)
             lost_at = time.monotonic()
             results = await asyncio.gather(*long_streams)
@@ -88,8 +98,9 @@ async def test_a_lost_engine_fails_its_streams_and_a_leaving_one_drains(
             assert all(r == (600, "length", "") for r in results if not r[2])
             assert (await stream(client, "after the loss", 5)) == (5, "length", "")
 
-            draining = [asyncio.create_task(stream(client, f"drain {i}", 300)) for i in range(4)]
-            await asyncio.sleep(1.5)
+            started = [asyncio.Event() for _ in range(4)]
+            draining = [asyncio.create_task(stream(client, f"drain {i}", 300, started[i])) for i in range(4)]
+            await all_set(started)
             engines[1].send_signal(signal.SIGTERM)
             assert all(r == (300, "length", "") for r in await asyncio.gather(*draining))
             assert engines[1].wait(30) == 0

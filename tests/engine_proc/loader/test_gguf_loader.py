@@ -14,7 +14,7 @@ import transformers
 from engine_proc.loader import load_model, load_model_config
 from engine_proc.models.llama import inverse_frequencies
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
-from tests.engine_proc.models.test_llama import TINY, run, save_tiny_checkpoint
+from tests.engine_proc.models.tiny_llama import TINY, run, save_tiny_checkpoint
 
 GGUF_LAYER_NAMES = {
     "input_layernorm": "attn_norm",
