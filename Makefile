@@ -22,7 +22,7 @@ test: $(VENV)/.installed-test
 install: $(VENV)/.installed
 
 model: $(VENV)/.installed
-	$(PY) -c "from service.model_registry import resolve_model; print(resolve_model('$(MODEL)').path)"
+	$(PY) -c "from service.model_files.model_registry import resolve_model; print(resolve_model('$(MODEL)').path)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ $(PY):
 $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e .
-	$(PY) -c "from service.model_registry import resolve_model; resolve_model('smollm2-135m-instruct')"
+	$(PY) -c "from service.model_files.model_registry import resolve_model; resolve_model('smollm2-135m-instruct')"
 	$(PY) -c "from engine_proc.cpu_kernels import load_cpu_kernels; load_cpu_kernels()"
 	touch $@
 

@@ -41,8 +41,8 @@ import torch
 from benchmarks.local_server import local_server
 from engine_proc.cpu_features import cpu_model_name
 from service.bench.chat_prompts import chat_prompts
-from service.model_registry import DEFAULT_MODEL, resolve_model
-from service.tokenizer import Tokenizer
+from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
+from service.model_files.tokenizer import Tokenizer
 
 # Goals of issue 6: (figure, comparison, threshold).
 TARGETS = {

@@ -28,7 +28,7 @@ from torch.profiler import profile
 from engine_proc.core import EngineCore
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
-from service.model_registry import DEFAULT_MODEL, resolve_model
+from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 
 # Kinds of torch ops, by the name of the (innermost) aten op that spends the time.
 OP_KINDS = {

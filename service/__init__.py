@@ -6,18 +6,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from proto.engine_input import SamplingParams
-    from service.llm import LLM
-    from service.llm_engine import LLMEngine
-    from service.outputs import CompletionOutput, RequestOutput
+    from service.frontend.llm import LLM
+    from service.frontend.llm_engine import LLMEngine
+    from service.frontend.outputs import CompletionOutput, RequestOutput
 
 __all__ = ["LLM", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams"]
 
 _WHERE = {
-    "LLM": "service.llm",
-    "LLMEngine": "service.llm_engine",
+    "LLM": "service.frontend.llm",
+    "LLMEngine": "service.frontend.llm_engine",
     "SamplingParams": "proto.engine_input",
-    "RequestOutput": "service.outputs",
-    "CompletionOutput": "service.outputs",
+    "RequestOutput": "service.frontend.outputs",
+    "CompletionOutput": "service.frontend.outputs",
 }
 
 

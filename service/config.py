@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proto.engine_config import EngineConfig
-from service.curve import LinkSettings
+from service.client.curve import LinkSettings
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class GatewayConfig:
     data_parallel_size: int = 1
     link: LinkSettings = field(default_factory=LinkSettings)
     api_server_count: int = 1
-    # NOTE: set only in one of several gateway processes (service/api_servers.py starts them).
+    # NOTE: set only in one of several gateway processes (service/api/api_servers.py starts them).
     api_server_index: int | None = None
     listen_fd: int | None = None
     engine_addresses: tuple[str, str] | None = None

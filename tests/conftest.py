@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
     """Path of the default model's GGUF file (fetched on first use)."""
-    from service.model_registry import DEFAULT_MODEL, resolve_model
+    from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 
     return resolve_model(DEFAULT_MODEL).path
 
@@ -22,7 +22,7 @@ def tiny_model_dir(default_model_path: Path, tmp_path_factory: pytest.TempPathFa
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from service.tokenizer import Tokenizer
+    from service.model_files.tokenizer import Tokenizer
 
     path = tmp_path_factory.mktemp("tiny-llama")
     tokenizer = Tokenizer.from_model(default_model_path)

@@ -12,7 +12,7 @@ NUM_TOKENS = 6
 
 def main() -> None:
     from proto.engine_input import SamplingParams
-    from service.llm import LLM
+    from service.frontend.llm import LLM
 
     # NOTE: a small KV cache (and context) only because zeroing the default 4 GiB takes minutes under emulation.
     llm = LLM(multiprocess_mode=False, kv_cache_memory_gib=0.25, max_model_len=2048)

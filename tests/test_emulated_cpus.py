@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from proto.engine_config import EngineConfig
-from service.engine_launcher import engine_argv
-from service.model_registry import DEFAULT_MODEL, resolve_model
+from service.client.engine_launcher import engine_argv
+from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 from tests.emulated_generate import NUM_TOKENS, PROMPT
 from tests.server_process import free_port, running_server
 

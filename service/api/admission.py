@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.errors import APIError, error_response
-from service.outputs import CompletionOutput, RequestOutput
+from service.frontend.outputs import CompletionOutput, RequestOutput
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 ALWAYS_OPEN_PATHS = frozenset({"/health", "/version"})

@@ -23,7 +23,7 @@ from service.api.metrics_route import metrics
 from service.api.server_state import ServerState, now
 from service.api.sse import DEFAULT_SSE_KEEPALIVE_S
 from service.api.tokenize import detokenize, tokenize
-from service.core_client import EngineDeadError
+from service.client.core_client import EngineDeadError
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from service.api.logprobs_format import chat_logprobs, prompt_logprobs_list
 from service.api.protocol import ChatCompletionRequest
 from service.api.server_state import ServerState, new_request_id, now, usage
 from service.api.sse import sse_response
-from service.outputs import RequestOutput
-from service.tokenizer import Tokenizer
+from service.frontend.outputs import RequestOutput
+from service.model_files.tokenizer import Tokenizer
 
 
 async def create_chat_completion(request: Request) -> Response:

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from proto.engine_output import Logprobs
-from service.outputs import RequestOutput
+from service.frontend.outputs import RequestOutput
 
 
 @dataclass

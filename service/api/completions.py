@@ -20,8 +20,8 @@ from service.api.logprobs_format import (
 from service.api.protocol import CompletionRequest
 from service.api.server_state import ServerState, new_request_id, now, usage
 from service.api.sse import sse_response
-from service.outputs import RequestOutput
-from service.tokenizer import Tokenizer
+from service.frontend.outputs import RequestOutput
+from service.model_files.tokenizer import Tokenizer
 
 
 async def create_completion(request: Request) -> Response:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from proto.engine_output import Logprobs
-from service.tokenizer import Tokenizer
+from service.model_files.tokenizer import Tokenizer
 
 # NOTE: JSON has no -inf; OpenAI clients expect a finite floor.
 _MIN_LOGPROB = -9999.0

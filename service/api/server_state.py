@@ -13,11 +13,11 @@ from proto.engine_input import SamplingParams
 from service.api.admission import Admission
 from service.api.errors import APIError
 from service.api.protocol import SamplingRequest
-from service.async_llm import AsyncLLM
-from service.input_processor import InputProcessor, PromptTooLongError
-from service.outputs import RequestOutput
-from service.parallel_sampling import ParentRequest, merge_streams
-from service.stop_checker import StopChecker
+from service.frontend.async_llm import AsyncLLM
+from service.frontend.input_processor import InputProcessor, PromptTooLongError
+from service.frontend.outputs import RequestOutput
+from service.frontend.parallel_sampling import ParentRequest, merge_streams
+from service.frontend.stop_checker import StopChecker
 
 DEFAULT_MAX_N = 16
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20

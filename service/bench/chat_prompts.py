@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 
 from service.bench.datasets import Endpoint, SampleRequest, prompt_body
-from service.tokenizer import Tokenizer
+from service.model_files.tokenizer import Tokenizer
 
 _OPENERS = (
     "Hi, I'm a nurse working night shifts in Leeds.", "Hello! I teach history at a secondary school in Lyon.",

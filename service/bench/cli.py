@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from service.model_registry import DEFAULT_MODEL
+from service.model_files.model_registry import DEFAULT_MODEL
 
 _LATENCY_METRICS = "ttft,tpot,itl,e2el"
 
@@ -83,7 +83,7 @@ def add_serve_parser(commands: Any) -> None:
 
 
 def add_throughput_parser(commands: Any) -> None:
-    from service.engine_flags import add_engine_args, add_model_arg
+    from service.cli.engine_flags import add_engine_args, add_model_arg
 
     throughput = commands.add_parser(
         "throughput", help="offline throughput through LLM.generate, as `vllm bench throughput`"

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from service.tokenizer import Tokenizer
+from service.model_files.tokenizer import Tokenizer
 
 Endpoint = Literal["completions", "chat"]
 _MAX_ADJUSTMENTS = 10

@@ -21,8 +21,8 @@ from service.bench.metrics import calculate_metrics
 from service.bench.report import format_report, result_dict
 from service.bench.request_func import RequestFuncInput, RequestFuncOutput, request_openai_stream, streaming_body
 from service.bench.serve_config import ServeBenchConfig
-from service.model_registry import resolve_model
-from service.tokenizer import Tokenizer
+from service.model_files.model_registry import resolve_model
+from service.model_files.tokenizer import Tokenizer
 
 _CONNECT_TIMEOUT_S = 10.0
 _WARMUP_SEED_OFFSET = 7919

@@ -9,7 +9,7 @@ from typing import Literal
 
 from service.bench.datasets import Endpoint
 from service.bench.metrics import LATENCY_METRICS
-from service.model_registry import DEFAULT_MODEL
+from service.model_files.model_registry import DEFAULT_MODEL
 
 _ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from proto.engine_input import SamplingParams
 from service.bench.datasets import SampleRequest, jsonl_dataset, random_dataset
-from service.engine_flags import engine_config_from
+from service.cli.engine_flags import engine_config_from
 
 
 def load_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest]:
@@ -26,7 +26,7 @@ def load_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest
 
 def run_throughput_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     """Loads the model, runs every prompt through one `LLM.generate`, returns vLLM's result keys."""
-    from service.llm import LLM, TokensPrompt
+    from service.frontend.llm import LLM, TokensPrompt
 
     engine = engine_config_from(args)
     llm = LLM.from_engine_config(args.model, engine, multiprocess_mode=args.multiprocessing)

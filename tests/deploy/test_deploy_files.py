@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service.cli import build_parser, config_from_args
+from service.cli.main import build_parser, config_from_args
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.metrics import PrometheusStatLogger
-from service.stats import FinishedRequestStats, IterationStats
+from service.observability.metrics import PrometheusStatLogger
+from service.observability.stats import FinishedRequestStats, IterationStats
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "zeroserve-dashboard.json"
 

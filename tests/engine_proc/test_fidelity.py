@@ -10,7 +10,7 @@ import torch
 from engine_proc.core import EngineCore
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
-from service.tokenizer import Tokenizer
+from service.model_files.tokenizer import Tokenizer
 from tests.engine_proc.fidelity_prompts import MAX_NEW_TOKENS, NGRAM_DRAFTS, QUESTIONS
 
 

@@ -25,7 +25,7 @@ from engine_proc.core import EngineCore
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
-from service.tokenizer import Tokenizer
+from service.model_files.tokenizer import Tokenizer
 from tests.engine_proc.fidelity_prompts import MAX_NEW_TOKENS, NGRAM_DRAFTS, QUESTIONS
 
 NUM_FREE_RUNNING_TOKENS = 8

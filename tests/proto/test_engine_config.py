@@ -10,10 +10,10 @@ import pytest
 
 from engine_proc.main import parse_args as parse_engine_process_args
 from proto.engine_config import EngineConfig, SpeculativeConfig, flag_of, settings_from
-from service.cli import _subparser, build_parser
-from service.engine_flags import engine_config_from
-from service.engine_launcher import engine_argv
-from service.llm import LLM
+from service.cli.engine_flags import engine_config_from
+from service.cli.main import _subparser, build_parser
+from service.client.engine_launcher import engine_argv
+from service.frontend.llm import LLM
 
 # A value other than the default for every setting: a new setting must be added here, and the
 # tests below then check it on every surface.

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from service.model_registry import DEFAULT_MODEL
+from service.model_files.model_registry import DEFAULT_MODEL
 from tests.server_process import ServerProcess, running_server
 
 pytestmark = pytest.mark.real_model

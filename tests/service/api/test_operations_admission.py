@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from service.api.admission import Admission, Phase
 from service.api.app import create_app
 from service.api.errors import APIError
-from service.outputs import CompletionOutput, RequestOutput
+from service.frontend.outputs import CompletionOutput, RequestOutput
 
 
 def output(request_id: str, finish_reason: str | None = None) -> RequestOutput:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from service.bench.chat_prompts import chat_dataset, chat_prompts
-from service.tokenizer import Tokenizer
+from service.model_files.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

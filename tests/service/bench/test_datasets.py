@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from service.bench.datasets import jsonl_dataset, random_dataset
-from service.tokenizer import Tokenizer
+from service.model_files.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,1 @@
+"""The `zeroserve` command line: its subcommands and the engine flags they share."""

@@ -1,0 +1,65 @@
+"""`zeroserve engine --gateway tcp://HOST:PORT [MODEL]`: a headless engine that joins a gateway
+on another host, and `zeroserve keys generate`: CURVE key files for such links."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from proto.engine_link import add_link_args, link_config_from, remote_addresses
+from service.cli.engine_flags import add_engine_args, add_model_arg, engine_config_from
+from service.client.curve import generate_keys
+from service.client.engine_launcher import engine_argv
+from service.observability.logging_setup import configure_logging
+
+
+def add_engine_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "engine",
+        help="run a headless engine that joins a gateway (zeroserve serve --engine-address) on another host",
+        description=(
+            "Loads the model and joins the gateway at --gateway: it registers (protocol, model, KV "
+            "capacity), sends a heartbeat every second and takes requests until SIGTERM, when it "
+            "drains (finishes what it has) and leaves."
+        ),
+    )
+    add_model_arg(parser)
+    parser.add_argument("--gateway", required=True, metavar="tcp://HOST:PORT", help="the gateway's --engine-address")
+    add_link_args(parser, has_headless_flag=False)
+    add_engine_args(parser)
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    """Resolves (fetches) the model, then becomes the engine process."""
+    configure_logging()
+    try:
+        input_address, output_address = remote_addresses(args.gateway)
+        link = link_config_from(args, is_headless=True)
+    except ValueError as exc:
+        print(f"zeroserve engine: error: {exc}", file=sys.stderr)
+        return 2
+    from service.model_files.model_registry import resolve_model
+
+    resolved = resolve_model(args.model)
+    engine = engine_config_from(args, str(resolved.path), resolved.name)
+    argv = [*engine_argv(engine, -1, input_address, output_address), *link.to_argv()]
+    os.execv(sys.executable, [sys.executable, "-m", "engine_proc", *argv])
+
+
+def add_keys_parser(commands: Any) -> None:
+    keys = commands.add_parser("keys", help="CURVE key files for links to engines on other hosts")
+    actions = keys.add_subparsers(dest="keys_command", required=True)
+    generate = actions.add_parser(
+        "generate", help="write NAME.key (public, share it) and NAME.key_secret (keep it private)"
+    )
+    generate.add_argument("--dir", type=Path, required=True, help="folder to write the key files into")
+    generate.add_argument("--name", default="gateway", help="file name stem (default: %(default)s)")
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    public, secret = generate_keys(args.dir, args.name)
+    print(f"public key: {public}\nsecret key: {secret}")
+    return 0

@@ -1,0 +1,76 @@
+"""`zeroserve generate --input requests.jsonl --output results.jsonl [MODEL]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from service.cli.engine_flags import add_engine_args, add_model_arg, engine_config_from
+from service.observability.logging_setup import configure_logging
+
+
+def add_generate_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "generate",
+        help="run a JSONL file of OpenAI request bodies offline, results in input order",
+        description=(
+            "Runs every line of --input (a completions or chat request body, or an OpenAI batch "
+            "line) and writes one result per line to --output, in input order. Rerunning with the "
+            "same files skips the lines already written."
+        ),
+    )
+    add_model_arg(parser)
+    parser.add_argument("--input", "-i", type=Path, required=True, help="JSONL file of request bodies")
+    parser.add_argument("--output", "-o", type=Path, required=True, help="JSONL file of results (appended)")
+    parser.add_argument(
+        "--max-in-flight", type=int, default=256, help="most lines submitted at once (default: %(default)s)"
+    )
+    parser.add_argument("--max-n", type=int, default=16, help="most choices one line may ask for (default: %(default)s)")
+    parser.add_argument("--served-model-name", default=None, help="the `model` field of the results")
+    parser.add_argument(
+        "--override-generation-config", type=json.loads, default=None, metavar="JSON",
+        help='sampling defaults over the model\'s, e.g. \'{"temperature": 0.7}\'',
+    )
+    parser.add_argument(
+        "--multiprocessing", action=argparse.BooleanOptionalAction, default=None,
+        help="run the engine in its own process (default: ZEROSERVE_ENABLE_MULTIPROCESSING, on)",
+    )
+    parser.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    add_engine_args(parser)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    configure_logging()
+    if not args.input.is_file():
+        print(f"zeroserve generate: error: --input {args.input} is not a file", file=sys.stderr)
+        return 2
+    if args.max_in_flight < 1:
+        print("zeroserve generate: error: --max-in-flight must be >= 1", file=sys.stderr)
+        return 2
+    from service.frontend.batch_generate import BatchRunner
+    from service.frontend.llm_engine import LLMEngine
+    from service.model_files.model_registry import resolve_model
+    from service.model_files.tokenizer import Tokenizer
+
+    resolved = resolve_model(args.model)
+    model_name = args.served_model_name or resolved.name
+    engine = LLMEngine(
+        engine_config_from(args, str(resolved.path), model_name),
+        Tokenizer.from_model(resolved.path),
+        multiprocess_mode=args.multiprocessing,
+    )
+    defaults = {**resolved.generation_defaults, **(args.override_generation_config or {})}
+    runner = BatchRunner(engine, model_name, defaults, args.max_in_flight, args.max_n)
+    try:
+        num_written = runner.run(args.input, args.output, use_tqdm=not args.disable_tqdm)
+    except KeyboardInterrupt:
+        print("zeroserve generate: interrupted; rerun to continue where it stopped", file=sys.stderr)
+        return 130
+    finally:
+        engine.shutdown()
+    logging.getLogger("zeroserve").info("wrote %d results to %s", num_written, args.output)
+    return 0

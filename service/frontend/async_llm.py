@@ -1,0 +1,160 @@
+"""AsyncLLM: the gateway's asyncio engine client, one collector per request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+
+from proto.engine_config import EngineConfig
+from proto.engine_input import EngineCoreRequest
+from proto.handshake import EngineReady
+from service import envs
+from service.client.core_client import EngineCoreClient, EngineDeadError
+from service.client.engine_state import EngineLost
+from service.client.make_client import make_client
+from service.frontend.input_processor import InputProcessor
+from service.frontend.output_processor import OutputProcessor, RequestOutputCollector
+from service.frontend.outputs import RequestOutput
+from service.frontend.stop_checker import StopChecker
+from service.model_files.tokenizer import Tokenizer
+from service.observability.stat_loggers import LoggingStatLogger, StatLogger, StatLoggerManager
+from service.observability.stats import IterationStats
+
+logger = logging.getLogger(__name__)
+
+
+class EngineSleepingError(RuntimeError):
+    """The engine is asleep (its KV cache, maybe its weights, freed) until woken up."""
+
+
+class AsyncLLM:
+    """Sends requests to the engine and streams their outputs back through collectors."""
+
+    def __init__(
+        self,
+        engine_client: EngineCoreClient,
+        tokenizer: Tokenizer,
+        ready: EngineReady,
+        stat_loggers: Sequence[StatLogger] = (),
+        stats_log_interval_s: float | None = None,
+    ) -> None:
+        self.engine_client = engine_client
+        self.tokenizer = tokenizer
+        self.ready = ready
+        self.model_name = ready.model_name
+        self.input_processor = InputProcessor(tokenizer, ready.max_model_len, ready.vocab_size)
+        self.output_processor = OutputProcessor(tokenizer)
+        interval = envs.stats_log_interval() if stats_log_interval_s is None else stats_log_interval_s
+        loggers = list(stat_loggers) + ([LoggingStatLogger(interval)] if interval > 0 else [])
+        self.stat_loggers = StatLoggerManager(loggers) if loggers else None
+        self.is_sleeping = False
+        self._tasks = [asyncio.create_task(self._run_output_handler(), name="output-handler")]
+        if self.stat_loggers is not None and interval > 0:
+            self._tasks.append(asyncio.create_task(self._run_stats_log(interval), name="stats-log"))
+
+    @classmethod
+    async def start(cls, engine_config: EngineConfig, tokenizer: Tokenizer, **kwargs: Any) -> AsyncLLM:
+        """Starts the engine process and waits until it is ready."""
+        client = make_client(engine_config, multiprocess_mode=True, asyncio_mode=True)
+        try:
+            ready = await client.wait_ready()
+        except BaseException:
+            client.shutdown()
+            raise
+        return cls(client, tokenizer, ready, **kwargs)
+
+    @property
+    def is_dead(self) -> bool:
+        return self.engine_client.is_dead
+
+    async def add_request(
+        self, request: EngineCoreRequest, prompt: str | None = None, stop_checker: StopChecker | None = None
+    ) -> RequestOutputCollector:
+        """Registers the request's collector, then sends it to the engine."""
+        if self.is_dead:
+            raise EngineDeadError("engine is dead")
+        if self.is_sleeping:
+            raise EngineSleepingError("the engine is asleep; wake it up before sending requests")
+        if stop_checker is None:
+            params = request.sampling_params
+            stop_checker = StopChecker(params.stop, params.include_stop_str_in_output)
+        collector = RequestOutputCollector()
+        self.output_processor.add_request(request, prompt, collector, stop_checker)
+        try:
+            await self.engine_client.add_request_async(request)
+        except BaseException:
+            self.output_processor.abort_requests([request.request_id])
+            raise
+        return collector
+
+    async def generate(
+        self, request: EngineCoreRequest, prompt: str | None = None, stop_checker: StopChecker | None = None
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Yields the request's output deltas; cancelling it aborts the request in the engine."""
+        collector = await self.add_request(request, prompt, stop_checker)
+        try:
+            finished = False
+            while not finished:
+                output = collector.get_nowait() or await collector.get()
+                finished = output.finished
+                yield output
+        except (asyncio.CancelledError, GeneratorExit):
+            await self.abort(request.request_id)
+            raise
+
+    async def abort(self, request_id: str) -> None:
+        if request_id not in self.output_processor.request_states:
+            return
+        self.output_processor.abort_requests([request_id])
+        await self.engine_client.abort_requests_async([request_id])
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self.engine_client.reset_prefix_cache_async()
+
+    async def sleep(self, level: int = 1) -> None:
+        """Frees the KV cache (level 1) and the weights (level 2); requests are refused until
+        `wake_up()`."""
+        await self.engine_client.sleep_async(level)
+        self.is_sleeping = True
+
+    async def wake_up(self) -> None:
+        await self.engine_client.wake_up_async()
+        self.is_sleeping = False
+
+    async def get_stats(self) -> dict[str, Any]:
+        return await self.engine_client.get_stats_async()
+
+    async def _run_output_handler(self) -> None:
+        """The one task that moves engine outputs to the requests' collectors."""
+        try:
+            while True:
+                outputs = await self.engine_client.get_output_async()
+                if isinstance(outputs, EngineLost):
+                    self.output_processor.propagate_error(EngineDeadError(outputs.reason), outputs.request_ids)
+                    continue
+                iteration_stats = None if self.stat_loggers is None else IterationStats(outputs.engine_index)
+                processed = self.output_processor.process_outputs(
+                    outputs.outputs, outputs.timestamp, iteration_stats
+                )
+                if processed.request_ids_to_abort:
+                    await self.engine_client.abort_requests_async(processed.request_ids_to_abort)
+                if self.stat_loggers is not None:
+                    self.stat_loggers.record(outputs.engine_index, outputs.scheduler_stats, iteration_stats)
+        except EngineDeadError as error:
+            self.output_processor.propagate_error(error)
+        except Exception as error:
+            logger.exception("output handler failed")
+            self.output_processor.propagate_error(EngineDeadError(f"output handler failed: {error}"))
+
+    async def _run_stats_log(self, interval_s: float) -> None:
+        assert self.stat_loggers is not None
+        while True:
+            await asyncio.sleep(interval_s)
+            self.stat_loggers.log()
+
+    def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self.engine_client.shutdown()

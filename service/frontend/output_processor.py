@@ -1,0 +1,185 @@
+"""Engine outputs → detokenized RequestOutput deltas → each request's collector."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from proto.engine_input import EngineCoreRequest
+from proto.engine_output import EngineCoreOutput, FinishReason
+from service.frontend.detokenizer import IncrementalDetokenizer
+from service.frontend.outputs import CompletionOutput, RequestOutput
+from service.frontend.stop_checker import StopCheck, StopChecker
+from service.model_files.tokenizer import Tokenizer
+from service.observability.stats import IterationStats, RequestStateStats
+
+
+class RequestOutputCollector:
+    """One request's mailbox between the output handler and `generate()`; merges unread deltas."""
+
+    def __init__(self) -> None:
+        self._output: RequestOutput | BaseException | None = None
+        self._ready = asyncio.Event()
+
+    def put(self, output: RequestOutput | BaseException) -> None:
+        if isinstance(self._output, RequestOutput) and isinstance(output, RequestOutput):
+            self._output.merge(output)
+        elif not isinstance(self._output, BaseException):
+            self._output = output
+        self._ready.set()
+
+    async def get(self) -> RequestOutput:
+        while self._output is None:
+            await self._ready.wait()
+        return self._take()
+
+    def get_nowait(self) -> RequestOutput | None:
+        return None if self._output is None else self._take()
+
+    def _take(self) -> RequestOutput:
+        output, self._output = self._output, None
+        self._ready.clear()
+        if isinstance(output, BaseException):
+            raise output
+        assert output is not None
+        return output
+
+
+class RequestState:
+    """The gateway's state of one request in flight."""
+
+    def __init__(
+        self,
+        request: EngineCoreRequest,
+        prompt: str | None,
+        detokenizer: IncrementalDetokenizer,
+        stop_checker: StopChecker,
+        collector: RequestOutputCollector | None,
+        arrival_time: float,
+    ) -> None:
+        self.request_id = request.request_id
+        self.prompt = prompt
+        self.prompt_token_ids = request.prompt_token_ids
+        self.detokenizer = detokenizer
+        self.stop_checker = stop_checker
+        self.collector = collector
+        self.min_tokens = request.sampling_params.min_tokens
+        self.num_output_tokens = 0
+        self.num_cached_tokens = 0
+        self.stats = RequestStateStats(arrival_time)
+
+    def make_output(self, engine_output: EngineCoreOutput) -> RequestOutput:
+        delta = self.detokenizer.update(engine_output.new_token_ids)
+        self.num_output_tokens += len(engine_output.new_token_ids)
+        self.num_cached_tokens = engine_output.num_cached_tokens
+        # NOTE: as in vLLM, stop strings count only once min_tokens have been generated.
+        check = self.stop_checker.update(delta) if self.num_output_tokens >= self.min_tokens else StopCheck(delta, None)
+        text = check.text
+        finish_reason: FinishReason | None = engine_output.finish_reason
+        stop_reason = engine_output.stop_reason
+        if check.stop_str is not None:
+            finish_reason, stop_reason = FinishReason.STOP, check.stop_str
+        elif finish_reason is not None:
+            text += self.stop_checker.flush()
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=list(engine_output.new_token_ids),
+            finish_reason=None if finish_reason is None else str(finish_reason),
+            stop_reason=stop_reason,
+            logprobs=engine_output.new_logprobs,
+        )
+        return RequestOutput(
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            [completion],
+            finished=finish_reason is not None,
+            num_cached_tokens=engine_output.num_cached_tokens,
+            prompt_logprobs=engine_output.prompt_logprobs,
+        )
+
+
+@dataclass
+class OutputProcessorOutput:
+    """One batch's results: outputs of requests without a collector (the synchronous engine
+    reads them), and requests a stop string ended here that the engine must still abort."""
+
+    request_outputs: list[RequestOutput] = field(default_factory=list)
+    request_ids_to_abort: list[str] = field(default_factory=list)
+
+
+class OutputProcessor:
+    """Maps request ids to their state and routes each engine output to its collector."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.request_states: dict[str, RequestState] = {}
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.request_states)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.request_states)
+
+    def add_request(
+        self,
+        request: EngineCoreRequest,
+        prompt: str | None = None,
+        collector: RequestOutputCollector | None = None,
+        stop_checker: StopChecker | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Registers a request; without a collector its outputs are returned by `process_outputs`."""
+        if request.request_id in self.request_states:
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
+        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+        self.request_states[request.request_id] = RequestState(
+            request, prompt, detokenizer, stop_checker or StopChecker(()), collector,
+            time.time() if arrival_time is None else arrival_time,
+        )
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.request_states.pop(request_id, None)
+
+    def process_outputs(
+        self,
+        engine_outputs: list[EngineCoreOutput],
+        engine_timestamp: float = 0.0,
+        iteration_stats: IterationStats | None = None,
+    ) -> OutputProcessorOutput:
+        """Detokenizes and routes one batch of outputs, recording statistics when asked."""
+        result = OutputProcessorOutput()
+        for engine_output in engine_outputs:
+            state = self.request_states.get(engine_output.request_id)
+            if state is None:
+                continue  # NOTE: aborted here while the engine was still producing it.
+            if iteration_stats is not None:
+                iteration_stats.update_from_output(
+                    engine_output, engine_timestamp, len(state.prompt_token_ids), state.stats
+                )
+            output = state.make_output(engine_output)
+            if output.finished:
+                del self.request_states[state.request_id]
+                if not engine_output.is_finished:
+                    result.request_ids_to_abort.append(state.request_id)
+                if iteration_stats is not None:
+                    iteration_stats.update_from_finished_request(
+                        state.request_id, output.outputs[0].finish_reason or "", len(state.prompt_token_ids),
+                        state.num_cached_tokens, state.stats,
+                    )
+            if state.collector is not None:
+                state.collector.put(output)
+            else:
+                result.request_outputs.append(output)
+        return result
+
+    def propagate_error(self, error: BaseException, request_ids: list[str] | None = None) -> None:
+        """Ends the requests (all when None) with `error`: their engine is gone."""
+        for request_id in list(self.request_states) if request_ids is None else request_ids:
+            state = self.request_states.pop(request_id, None)
+            if state is not None and state.collector is not None:
+                state.collector.put(error)

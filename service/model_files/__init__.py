@@ -1,0 +1,1 @@
+"""Model files: the model registry (fetching), GGUF metadata and the tokenizer."""

@@ -1,0 +1,1 @@
+"""What the gateway tells operators: Prometheus metrics, stats, request and log lines."""

@@ -1,0 +1,81 @@
+"""Two local engines behind one AsyncLLM (tiny random model): load spread, ranks, a lost engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from proto.engine_config import EngineConfig
+from proto.engine_input import SamplingParams
+from service.client.async_mp_client import AsyncMPClient
+from service.client.core_client import EngineDeadError
+from service.frontend.async_llm import AsyncLLM
+from service.model_files.tokenizer import Tokenizer
+
+
+@pytest.fixture
+async def llm(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
+    args = EngineConfig(model_path=str(tiny_model_dir), model_name="tiny", kv_cache_memory_gib=0.05,
+                      max_model_len=1024, num_threads=1)
+    client = AsyncMPClient(args, data_parallel_size=2)
+    ready = await client.wait_ready(timeout=120)
+    llm = AsyncLLM(client, Tokenizer.from_model(tiny_model_dir), ready, stats_log_interval_s=0)
+    yield llm
+    llm.shutdown()
+
+
+def client_of(llm: AsyncLLM) -> AsyncMPClient:
+    assert isinstance(llm.engine_client, AsyncMPClient)
+    return llm.engine_client
+
+
+async def run(llm: AsyncLLM, request_id: str, max_tokens: int, rank: int | None = None) -> int:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    request = llm.input_processor.process(request_id, [1, 2, 3, len(request_id)], params)
+    request.data_parallel_rank = rank
+    num_tokens = 0
+    async for output in llm.generate(request):
+        num_tokens += len(output.outputs[0].token_ids)
+    return num_tokens
+
+
+async def test_64_requests_complete_spread_over_both_engines(llm: AsyncLLM) -> None:
+    client = client_of(llm)
+    assert sorted(client.engines) == [0, 1]
+    results = await asyncio.gather(*(run(llm, f"r{i}", 16 + i % 5) for i in range(64)))
+    assert results == [16 + i % 5 for i in range(64)]
+    served = [client.engines[i].num_served for i in (0, 1)]
+    assert sum(served) == 64 and max(served) <= 0.7 * 64, served
+    assert not client.request_owner
+    assert all(e.load == (0, 0) for e in client.engines.values())
+
+
+async def test_data_parallel_rank_picks_the_engine(llm: AsyncLLM) -> None:
+    client = client_of(llm)
+    await asyncio.gather(*(run(llm, f"pinned{i}", 4, rank=1) for i in range(6)))
+    assert client.engines[1].num_served == 6 and client.engines[0].num_served == 0
+    with pytest.raises(ValueError, match="data_parallel_rank 5"):
+        await run(llm, "nowhere", 4, rank=5)
+
+
+async def test_a_lost_engine_fails_only_its_requests(llm: AsyncLLM) -> None:
+    client = client_of(llm)
+    long_runs = [asyncio.create_task(run(llm, f"long{i}", 900, rank=i % 2)) for i in range(4)]
+    while len(client.request_owner) < 4 or any(client.engines[i].waiting for i in (0, 1)):
+        await asyncio.sleep(0.05)
+    os.kill(client.processes[0].pid, signal.SIGKILL)
+    lost = [long_runs[0], long_runs[2]]
+    for task in lost:
+        with pytest.raises(EngineDeadError, match="engine 0 lost"):
+            await asyncio.wait_for(task, 10)
+    assert not client.engines[0].is_alive and not llm.is_dead
+    assert await run(llm, "after", 5) == 5
+    assert client.engines[1].num_served == 3
+    for task in (long_runs[1], long_runs[3]):
+        task.cancel()
+    await asyncio.gather(long_runs[1], long_runs[3], return_exceptions=True)

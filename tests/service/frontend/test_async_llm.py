@@ -1,0 +1,105 @@
+"""AsyncLLM with a real engine process (tiny random model): streaming, cancellation, utilities."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from proto.engine_config import EngineConfig
+from proto.engine_input import SamplingParams
+from service.client.async_mp_client import AsyncMPClient
+from service.frontend.async_llm import AsyncLLM
+from service.frontend.stop_checker import StopChecker
+from service.model_files.tokenizer import Tokenizer
+
+
+@pytest.fixture
+async def llm(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
+    args = EngineConfig(model_path=str(tiny_model_dir), model_name="tiny", kv_cache_memory_gib=0.05,
+                      max_model_len=1024, num_threads=1)
+    client = AsyncMPClient(args)
+    ready = await client.wait_ready(timeout=120)
+    llm = AsyncLLM(client, Tokenizer.from_model(tiny_model_dir), ready)
+    yield llm
+    llm.shutdown()
+
+
+async def stats(llm: AsyncLLM) -> dict[str, float]:
+    result: dict[str, float] = await llm.engine_client.call_utility_async("get_stats")
+    return result
+
+
+async def test_generate_streams_deltas_until_max_tokens(llm: AsyncLLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)
+    request = llm.input_processor.process("r1", [1, 2, 3], params)
+    outputs = [output async for output in llm.generate(request)]
+    assert sum(len(o.outputs[0].token_ids) for o in outputs) == 7
+    assert outputs[-1].finished and outputs[-1].outputs[0].finish_reason == "length"
+    assert not any(o.finished for o in outputs[:-1])
+    assert llm.output_processor.num_unfinished_requests == 0
+
+
+async def test_stop_string_ends_the_request_and_aborts_it_in_the_engine(llm: AsyncLLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prompt_ids = llm.input_processor.tokenize("The quick brown fox")
+    request = llm.input_processor.process("probe", prompt_ids, params)
+    text = "".join([o.outputs[0].text async for o in llm.generate(request)])
+    stop = text[2:4]
+    long_params = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
+    request = llm.input_processor.process("stopped", prompt_ids, long_params)
+    outputs = [o async for o in llm.generate(request, stop_checker=StopChecker([stop]))]
+    assert "".join(o.outputs[0].text for o in outputs) == text[: text.index(stop)]
+    assert outputs[-1].outputs[0].finish_reason == "stop" and outputs[-1].outputs[0].stop_reason == stop
+    for _ in range(50):
+        current = await stats(llm)
+        if current["num_running"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert current["num_running"] == 0 and current["kv_cache_usage"] == 0.0
+
+
+async def test_closing_generate_aborts_the_request_in_the_engine(llm: AsyncLLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
+    request = llm.input_processor.process("long", [1, 2, 3], params)
+    stream = llm.generate(request)
+    await stream.__anext__()
+    assert (await stats(llm))["num_running"] == 1
+    await stream.aclose()
+    for _ in range(50):
+        current = await stats(llm)
+        if current["num_running"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert current["num_running"] == 0
+    assert current["kv_cache_usage"] == 0.0
+    assert llm.output_processor.num_unfinished_requests == 0
+
+
+async def test_cancelling_the_consumer_task_aborts_too(llm: AsyncLLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
+    request = llm.input_processor.process("cancelled", [4, 5, 6], params)
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in llm.generate(request):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(50):
+        if (await stats(llm))["num_running"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert (await stats(llm))["num_running"] == 0
+
+
+async def test_unknown_utility_is_an_error_not_a_hang(llm: AsyncLLM) -> None:
+    with pytest.raises(RuntimeError, match="unknown utility"):
+        await llm.engine_client.call_utility_async("no_such_method")
+    assert await llm.engine_client.call_utility_async("ping") == "pong"

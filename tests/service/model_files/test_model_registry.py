@@ -1,0 +1,66 @@
+"""Model resolution: names, GGUF paths, Hugging Face folders, and the fetch cache."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service import envs
+from service.model_files.model_registry import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
+
+
+@pytest.fixture
+def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """ZEROSERVE_CACHE pointed at an empty folder for one test."""
+    monkeypatch.setenv("ZEROSERVE_CACHE", str(tmp_path / "cache"))
+    envs.read.cache_clear()
+    yield tmp_path / "cache"
+    envs.read.cache_clear()
+
+
+def test_gguf_path_is_served_under_its_stem(tmp_path: Path) -> None:
+    path = tmp_path / "tiny-model.Q8_0.gguf"
+    path.write_bytes(b"GGUF")
+    resolved = resolve_model(str(path))
+    assert (resolved.name, resolved.path, resolved.kind) == ("tiny-model.Q8_0", path, "gguf")
+
+
+def test_hf_folder_is_served_under_its_name(tmp_path: Path) -> None:
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    resolved = resolve_model(str(folder))
+    assert (resolved.name, resolved.path, resolved.kind) == ("my-model", folder, "hf")
+
+
+@pytest.mark.parametrize("name", ["no-such-model", "/nonexistent/model.gguf", "."])
+def test_unknown_name_lists_known_names(name: str) -> None:
+    with pytest.raises(ValueError, match=DEFAULT_MODEL):
+        resolve_model(name)
+
+
+@pytest.mark.real_model
+def test_known_name_reuses_cached_file(
+    cache: Path, default_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    known = KNOWN_MODELS[DEFAULT_MODEL]
+    cached = cache / "models" / DEFAULT_MODEL / known.filename
+    cached.parent.mkdir(parents=True)
+    shutil.copyfile(default_model_path, cached)
+
+    def no_network(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("resolve_model ran a subprocess for a cached model")
+
+    monkeypatch.setattr(subprocess, "run", no_network)
+    resolved = resolve_model(DEFAULT_MODEL)
+    assert (resolved.name, resolved.path, resolved.kind) == (DEFAULT_MODEL, cached, "gguf")
+
+
+@pytest.mark.real_model
+def test_default_model_is_a_gguf(default_model_path: Path) -> None:
+    assert default_model_path.read_bytes()[:4] == b"GGUF"
