@@ -9,7 +9,7 @@ PORT ?= 8000
 MODEL ?= smollm2-135m-instruct
 ARGS ?=
 
-.PHONY: serve test install model clean
+.PHONY: serve test test-fast install model clean
 
 serve: $(VENV)/.installed
 	$(PY) -m service serve $(MODEL) --host $(HOST) --port $(PORT) $(ARGS)
@@ -18,6 +18,12 @@ test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check
 	$(PY) -m mypy
 	$(PY) -m pytest $(ARGS)
+
+# The quick run: lint, types, and the tests that start no process and load no real model.
+test-fast: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check
+	$(PY) -m mypy
+	$(PY) -m pytest -m "not slow" $(ARGS)
 
 install: $(VENV)/.installed
 

@@ -57,3 +57,29 @@ def hf_reference_model(default_model_path: Path) -> object:
     return transformers.AutoModelForCausalLM.from_pretrained(
         default_model_path.parent, gguf_file=default_model_path.name, dtype=torch.float32
     ).eval()
+
+
+# NOTE: `make test-fast` leaves out what is marked slow here: tests of the real model, and the
+# modules whose tests start servers, engine processes or network namespaces.
+_PROCESS_MODULES = frozenset({
+    "tests/engine_proc/test_core_proc.py",
+    "tests/service/api/test_api_servers.py", "tests/service/api/test_app.py",
+    "tests/service/api/test_keepalive_prefill.py", "tests/service/api/test_metrics_route.py",
+    "tests/service/api/test_operations.py", "tests/service/api/test_speculative_decoding.py",
+    "tests/service/bench/test_serve.py", "tests/service/bench/test_throughput.py",
+    "tests/service/client/test_core_client.py", "tests/service/client/test_data_parallel.py",
+    "tests/service/client/test_data_parallel_server.py", "tests/service/client/test_engine_membership.py",
+    "tests/service/client/test_remote_engines.py",
+    "tests/service/frontend/test_async_llm.py", "tests/service/frontend/test_batch_generate.py",
+    "tests/service/frontend/test_llm.py",
+})
+_PROCESS_FIXTURES = frozenset({"tiny_server", "sdk", "hf_reference_model"})
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.relative_to(_ROOT).as_posix()
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("real_model") or module in _PROCESS_MODULES or fixtures & _PROCESS_FIXTURES:
+            item.add_marker(pytest.mark.slow)
