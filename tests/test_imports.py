@@ -1,6 +1,7 @@
 """Imports flow one way: proto ← engine_proc, proto ← service (service only launches the engine,
 and InprocClient runs it in-process); no module imports itself through others; scheduling has
-no torch in it; benchmarks never lean on the tests."""
+no torch in it; offline code never reaches the HTTP layer (`service/api/`); benchmarks never
+lean on the tests."""
 
 from __future__ import annotations
 
@@ -117,3 +118,12 @@ def test_test_modules_share_helpers_not_each_other() -> None:
     for path in (ROOT / "tests").rglob("test_*.py"):
         imported = {name.rpartition(".")[2] for name in _all_imports(path) if name.startswith("tests.")}
         assert not {name for name in imported if name.startswith("test_")}, path
+
+
+# NOTE: the rooms below the HTTP layer: what `LLM`, `zeroserve generate` and batch files run on.
+OFFLINE_ROOMS = ("service.frontend", "service.client", "service.openai", "service.model_files", "service.observability")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith(OFFLINE_ROOMS)))
+def test_offline_code_never_reaches_the_http_layer(module: str) -> None:
+    assert not {name for name in _reachable(module) if name.startswith("service.api")}, module

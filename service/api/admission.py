@@ -10,8 +10,9 @@ from collections.abc import AsyncGenerator
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.api.errors import APIError, error_response
+from service.api.errors import error_response
 from service.frontend.outputs import CompletionOutput, RequestOutput
+from service.openai.errors import APIError
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 ALWAYS_OPEN_PATHS = frozenset({"/health", "/version"})

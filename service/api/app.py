@@ -18,12 +18,14 @@ from service.api.admission import Admission, AdmissionMiddleware, Phase, Request
 from service.api.auth import APIKeyMiddleware
 from service.api.chat_completions import create_chat_completion
 from service.api.completions import create_completion
-from service.api.errors import APIError, error_response
+from service.api.errors import error_response
 from service.api.metrics_route import metrics
-from service.api.server_state import ServerState, now
+from service.api.server_state import ServerState
 from service.api.sse import DEFAULT_SSE_KEEPALIVE_S
 from service.api.tokenize import detokenize, tokenize
 from service.client.core_client import EngineDeadError
+from service.openai.errors import APIError
+from service.openai.request_fields import now
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.admission import refuse
-from service.api.errors import APIError, error_response
+from service.api.errors import error_response
+from service.openai.errors import APIError
 
 
 class APIKeyMiddleware:

@@ -9,13 +9,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.api.choice_accumulator import collect
-from service.api.errors import APIError, parse_body
-from service.api.logprobs_format import chat_logprobs, prompt_logprobs_list
-from service.api.protocol import ChatCompletionRequest
-from service.api.server_state import ServerState, new_request_id, now, usage
+from service.api.errors import parse_body
+from service.api.server_state import ServerState
 from service.api.sse import sse_response
 from service.frontend.outputs import RequestOutput
 from service.model_files.tokenizer import Tokenizer
+from service.openai.errors import APIError
+from service.openai.logprobs_format import chat_logprobs, prompt_logprobs_list
+from service.openai.protocol import ChatCompletionRequest
+from service.openai.request_fields import new_request_id, now, usage
 
 
 async def create_chat_completion(request: Request) -> Response:

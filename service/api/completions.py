@@ -10,18 +10,20 @@ from starlette.responses import JSONResponse, Response
 
 from proto.engine_output import Logprobs
 from service.api.choice_accumulator import collect
-from service.api.errors import APIError, parse_body
-from service.api.logprobs_format import (
+from service.api.errors import parse_body
+from service.api.server_state import ServerState
+from service.api.sse import sse_response
+from service.frontend.outputs import RequestOutput
+from service.model_files.tokenizer import Tokenizer
+from service.openai.errors import APIError
+from service.openai.logprobs_format import (
     completion_logprobs,
     echoed_completion_logprobs,
     join_completion_logprobs,
     prompt_logprobs_list,
 )
-from service.api.protocol import CompletionRequest
-from service.api.server_state import ServerState, new_request_id, now, usage
-from service.api.sse import sse_response
-from service.frontend.outputs import RequestOutput
-from service.model_files.tokenizer import Tokenizer
+from service.openai.protocol import CompletionRequest
+from service.openai.request_fields import new_request_id, now, usage
 
 
 async def create_completion(request: Request) -> Response:

@@ -6,8 +6,8 @@ from prometheus_client import generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.api.errors import APIError
 from service.api.server_state import ServerState
+from service.openai.errors import APIError
 
 # NOTE: always the classic format, whatever the Accept header: every Prometheus reads it, and
 # prometheus_client's OpenMetrics output turns the `:` of our names into `_` for scrapers that

@@ -11,7 +11,7 @@ from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from service.api.errors import APIError
+from service.openai.errors import APIError
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from service.api.errors import APIError, parse_body
-from service.api.protocol import ChatMessage, OpenAIModel
+from service.api.errors import parse_body
 from service.api.server_state import ServerState
+from service.openai.errors import APIError
+from service.openai.protocol import ChatMessage, OpenAIModel
 
 
 class TokenizeRequest(OpenAIModel):

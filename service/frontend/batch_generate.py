@@ -19,13 +19,13 @@ from typing import Any
 from tqdm import tqdm
 
 from proto.engine_input import SamplingParams
-from service.api.errors import APIError, validate_body
-from service.api.logprobs_format import chat_logprobs, completion_logprobs
-from service.api.protocol import ChatCompletionRequest, CompletionRequest
-from service.api.server_state import build_sampling_params, now, usage
 from service.frontend.input_processor import PromptTooLongError
 from service.frontend.llm_engine import LLMEngine
 from service.frontend.outputs import CompletionOutput, RequestOutput, accumulate
+from service.openai.errors import APIError, validate_body
+from service.openai.logprobs_format import chat_logprobs, completion_logprobs
+from service.openai.protocol import ChatCompletionRequest, CompletionRequest
+from service.openai.request_fields import build_sampling_params, now, usage
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"

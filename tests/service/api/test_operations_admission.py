@@ -11,8 +11,8 @@ from starlette.testclient import TestClient
 
 from service.api.admission import Admission, Phase
 from service.api.app import create_app
-from service.api.errors import APIError
 from service.frontend.outputs import CompletionOutput, RequestOutput
+from service.openai.errors import APIError
 
 
 def output(request_id: str, finish_reason: str | None = None) -> RequestOutput:

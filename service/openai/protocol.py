@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proto.engine_input import SamplingParams
-from service.api.errors import APIError
+from service.openai.errors import APIError
 
 MAX_LOGPROBS = 20
 _INT64 = 2**63
