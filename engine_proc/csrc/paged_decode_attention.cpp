@@ -3,7 +3,7 @@
 // The Python side (engine_proc/cpu_kernels.py) builds this once per machine with
 // torch.utils.cpp_extension and falls back to gather + SDPA where it cannot. For each
 // (sequence, KV head), in one OpenMP task: (1) block by block, the 16 keys transposed to
-// [head_dim][16] floats (in registers on AVX-512, by gathers on AVX2) and every query row's
+// [head_dim][16] floats in registers and every query row's
 // scores, up to 4 rows per pass over the keys (16 keys of a block = the 16 lanes of a
 // register); (2) each row's softmax over the keys it may see (`row_limits`: a row's query
 // position + 1); (3) the probabilities times V, read from the cache blocks as bfloat16, up to

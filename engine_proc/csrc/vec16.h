@@ -197,13 +197,55 @@ inline void load_bf16_column_pair(const uint16_t* src, int64_t row_stride, V16& 
   odd = {_mm256_castsi256_ps(_mm256_and_si256(pair_lo, high_half)), _mm256_castsi256_ps(_mm256_and_si256(pair_hi, high_half))};
 }
 
-// A block of 16 bfloat16 rows of `head_dim` (even) as floats [head_dim][16].
+// The 8 x 8 matrix of 32-bit values in rows[0..8) transposed in place.
+inline void transpose8_dwords(__m256i rows[8]) {
+  __m256i t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+  }
+  // NOTE: now u[4 h + c] holds, in its 128-bit lane L, column 4 L + c of rows 4 h .. 4 h + 3.
+  __m256i u[8];
+  for (int h = 0; h < 2; ++h) {
+    u[4 * h] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    rows[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+    rows[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+  }
+}
+
+// A block of 16 bfloat16 rows of `head_dim` (even) as floats [head_dim][16]: 16 columns at a time
+// by transposes in registers (keys 0-7 and 8-15 apart), the rest by gathers.
 inline void load_bf16_block_transposed(const uint16_t* block, int64_t head_dim, float* out) {
-  for (int64_t d = 0; d < head_dim; d += 2) {
+  const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000));
+  int64_t col = 0;
+  for (; col + 16 <= head_dim; col += 16) {
+    __m256i first[8], second[8];
+    for (int j = 0; j < 8; ++j) {
+      first[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + j * head_dim + col));
+      second[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (j + 8) * head_dim + col));
+    }
+    transpose8_dwords(first);
+    transpose8_dwords(second);
+    // NOTE: first[p] / second[p] now hold the column pair (col + 2 p, col + 2 p + 1) of keys 0-7 / 8-15.
+    for (int p = 0; p < 8; ++p) {
+      float* even = out + (col + 2 * p) * 16;
+      float* odd = even + 16;
+      _mm256_storeu_ps(even, _mm256_castsi256_ps(_mm256_slli_epi32(first[p], 16)));
+      _mm256_storeu_ps(even + 8, _mm256_castsi256_ps(_mm256_slli_epi32(second[p], 16)));
+      _mm256_storeu_ps(odd, _mm256_castsi256_ps(_mm256_and_si256(first[p], high_half)));
+      _mm256_storeu_ps(odd + 8, _mm256_castsi256_ps(_mm256_and_si256(second[p], high_half)));
+    }
+  }
+  for (; col < head_dim; col += 2) {
     V16 even, odd;
-    load_bf16_column_pair(block + d, head_dim, even, odd);
-    store16(out + d * 16, even);
-    store16(out + (d + 1) * 16, odd);
+    load_bf16_column_pair(block + col, head_dim, even, odd);
+    store16(out + col * 16, even);
+    store16(out + (col + 1) * 16, odd);
   }
 }
 
