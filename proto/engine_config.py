@@ -12,46 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from proto.settings import at_least, check_value, positive, setting
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "gguf", "none")
 LOAD_FORMATS = ("auto", "dummy")
 SCHEDULING_POLICIES = ("fcfs", "priority")
-
-
-def setting(
-    default: Any, help: str, *, flag: str | None = None, choices: tuple[str, ...] = (),
-    check: Callable[[Any], None] | None = None, is_json: bool = False,
-) -> Any:
-    """A field with a command-line flag (`--name-with-dashes` unless `flag`) and its check.
-
-    `check` raises ValueError saying what is wrong with a value; `choices` and the field's type
-    are checked too. `is_json`: a JSON object as text (`LLM` also takes it as a dict). The
-    field's name is `LLM`'s keyword and the key in `--config` JSON.
-    """
-    return field(default=default, metadata={
-        "help": help, "flag": flag, "choices": choices, "check": check, "is_json": is_json,
-    })
-
-
-def flag_of(config_field: dataclasses.Field[Any]) -> str:
-    return config_field.metadata.get("flag") or "--" + config_field.name.replace("_", "-")
-
-
-def _at_least(minimum: int) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-        if value is not None and value < minimum:
-            raise ValueError(f"must be >= {minimum}, got {value}")
-
-    return check
-
-
-def _positive(value: Any) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"must be > 0, got {value}")
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -136,21 +105,21 @@ class EngineConfig:
         check=_check_speculative_config, is_json=True,
     )
     device: str = setting("auto", "torch device of the engine: auto (CUDA when present), cpu, cuda, cuda:N")
-    block_size: int = setting(16, "tokens per KV cache block", check=_at_least(1))
+    block_size: int = setting(16, "tokens per KV cache block", check=at_least(1))
     kv_cache_memory_gib: float | None = setting(
         None, "GiB for the KV cache (default: a share of free GPU memory, or of free RAM on the CPU)",
-        flag="--kv-cache-memory", check=_positive,
+        flag="--kv-cache-memory", check=positive,
     )
-    max_model_len: int | None = setting(None, "context length (default: the model's)", check=_at_least(1))
-    max_num_seqs: int = setting(64, "most sequences in one step", check=_at_least(1))
+    max_model_len: int | None = setting(None, "context length (default: the model's)", check=at_least(1))
+    max_num_seqs: int = setting(64, "most sequences in one step", check=at_least(1))
     # NOTE: 512, not more: a prompt longer than what is left of a step's budget is prefilled in
     # chunks, so running streams keep their pace; 16 prompts of 230 tokens prefilled as fast in
     # process (2.3-2.8 s on a Zen 4) with 512 as with 2048.
     max_num_batched_tokens: int = setting(
         512, "token budget of one step: prompts longer than what is left of it are prefilled in chunks, "
-        "so running streams keep their pace", check=_at_least(1),
+        "so running streams keep their pace", check=at_least(1),
     )
-    num_threads: int | None = setting(None, "torch threads in the engine (default: all cores)", check=_at_least(1))
+    num_threads: int | None = setting(None, "torch threads in the engine (default: all cores)", check=at_least(1))
     enable_prefix_caching: bool = setting(True, "reuse the KV cache of shared prompt prefixes (default: on)")
     scheduling_policy: str = setting(
         "fcfs", "fcfs, or priority: lower `priority` values first, ties by arrival", choices=SCHEDULING_POLICIES,
@@ -185,26 +154,3 @@ def settings_from(values: dict[str, Any]) -> dict[str, Any]:
         name: json.dumps(value) if known[name].metadata.get("is_json") and isinstance(value, dict) else value
         for name, value in values.items()
     }
-
-
-_TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str,), "int": (int,), "float": (float, int), "bool": (bool,),
-    "int | None": (int, type(None)), "float | None": (float, int, type(None)),
-}
-
-
-def check_value(config_field: dataclasses.Field[Any], value: Any) -> None:
-    """Raises ValueError naming the setting when `value` is not one it takes."""
-    kinds = _TYPES[str(config_field.type)]
-    is_bool = isinstance(value, bool)
-    if not isinstance(value, kinds) or (is_bool and bool not in kinds):
-        raise ValueError(f"{config_field.name} must be {str(config_field.type).replace(' | None', ' or None')}, got {value!r}")
-    choices = config_field.metadata.get("choices") or ()
-    if choices and value not in choices:
-        raise ValueError(f"{config_field.name} must be one of {', '.join(choices)}, got {value!r}")
-    check = config_field.metadata.get("check")
-    if check is not None:
-        try:
-            check(value)
-        except ValueError as exc:
-            raise ValueError(f"{config_field.name}: {exc}") from exc

@@ -1,12 +1,14 @@
-"""The gateway process's configuration, frozen and validated on construction."""
+"""The gateway process's configuration, frozen and validated on construction; its flags
+(`zeroserve serve`'s own) are generated from the fields that declare one."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 from proto.engine_config import EngineConfig
+from proto.log_format import LOG_FORMATS
+from proto.settings import at_least, check_value, flag_of, in_range, positive, setting
 from service.client.curve import LinkSettings
 
 
@@ -15,33 +17,63 @@ class GatewayConfig:
     """What `zeroserve serve` was asked to do."""
 
     model: str
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(8000, "port to listen on", check=in_range(0, 65535))
     served_model_names: tuple[str, ...] = ()
     generation_config: tuple[tuple[str, float], ...] = ()
     engine: EngineConfig = field(default_factory=EngineConfig)
-    log_format: str = "text"  # the gateway's and its engines' log lines
-    data_parallel_size: int = 1
+    log_format: str = setting(
+        "text", "text lines, or one JSON object per line; finished requests' figures become keys (the "
+        "engines' lines follow it)", choices=LOG_FORMATS,
+    )
+    data_parallel_size: int = setting(
+        1, "engine processes this gateway starts; each request goes to the least loaded "
+        "(0: none, engines join from other hosts through --engine-address)", check=at_least(0),
+        group="scale-out", metavar="N",
+    )
     link: LinkSettings = field(default_factory=LinkSettings)
-    api_server_count: int = 1
+    api_server_count: int = setting(
+        1, "gateway processes sharing the port, each connected to every engine", check=at_least(1),
+        group="scale-out", metavar="K",
+    )
     # NOTE: set only in one of several gateway processes (service/api/api_servers.py starts them).
     api_server_index: int | None = None
     listen_fd: int | None = None
     engine_addresses: tuple[str, str] | None = None
-    max_n: int = 16
-    max_request_body_bytes: int = 8 * 2**20
+    max_n: int = setting(16, "most choices one request may ask for", check=at_least(1))
+    max_request_body_bytes: int = setting(
+        8 * 2**20, "larger request bodies get 413 before parsing", check=at_least(1)
+    )
     api_keys: tuple[str, ...] = ()
-    is_metrics_auth: bool = False
-    max_num_queued_requests: int = 256
-    request_timeout_s: float | None = None
-    shutdown_timeout_s: float = 30.0
-    sse_keepalive_s: float = 15.0
-    max_header_bytes: int = 16 * 2**10
+    is_metrics_auth: bool = setting(
+        False, "/metrics asks for an API key too (default: off)", flag="--metrics-auth", group="operations"
+    )
+    max_num_queued_requests: int = setting(
+        256, "requests held beyond --max-num-seqs; past them a request gets 429 and Retry-After",
+        check=at_least(0), group="operations", metavar="N",
+    )
+    request_timeout_s: float | None = setting(
+        None, "abort a request that runs longer: 408 if not streamed, else finish_reason 'abort' and an "
+        "error event (default: none)", flag="--request-timeout", check=positive, group="operations",
+        metavar="SECONDS",
+    )
+    shutdown_timeout_s: float = setting(
+        30.0, "on SIGTERM, how long requests in flight may finish before they are aborted",
+        flag="--shutdown-timeout", check=at_least(0), group="operations", metavar="SECONDS",
+    )
+    sse_keepalive_s: float = setting(
+        15.0, "a `: ping` comment this often on a waiting stream (0: none)", flag="--sse-keepalive",
+        check=at_least(0), group="operations", metavar="SECONDS",
+    )
+    max_header_bytes: int = setting(
+        16 * 2**10, "a larger request head (request line and headers) gets 431", check=at_least(1024),
+        group="operations", metavar="N",
+    )
 
     def __post_init__(self) -> None:
-        for flag, name, is_valid, allowed in _RANGES:
-            if not is_valid(getattr(self, name)):
-                raise ValueError(f"{flag} must be {allowed}, got {getattr(self, name)}")
+        for config_field in dataclasses.fields(self):
+            if "flag" in config_field.metadata:
+                check_value(config_field, getattr(self, config_field.name), label=flag_of(config_field))
         if self.data_parallel_size == 0 and self.link.engine_address is None:
             raise ValueError("--data-parallel-size must be >= 1 (or 0 with --engine-address), got 0")
         if self.api_server_count > 1 and (
@@ -63,18 +95,3 @@ class GatewayConfig:
         of the engines' batches plus the queue."""
         total = self.engine.max_num_seqs * max(self.data_parallel_size, 1) + self.max_num_queued_requests
         return -(-total // self.api_server_count)
-
-
-# The gateway's flags with a range: the flag, the config field it sets, its test, the values it takes.
-_RANGES: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
-    ("--port", "port", lambda v: 0 <= v < 65536, "in [0, 65535]"),
-    ("--data-parallel-size", "data_parallel_size", lambda v: v >= 0, ">= 1 (or 0 with --engine-address)"),
-    ("--api-server-count", "api_server_count", lambda v: v >= 1, ">= 1"),
-    ("--max-n", "max_n", lambda v: v >= 1, ">= 1"),
-    ("--max-request-body-bytes", "max_request_body_bytes", lambda v: v >= 1, ">= 1"),
-    ("--max-num-queued-requests", "max_num_queued_requests", lambda v: v >= 0, ">= 0"),
-    ("--request-timeout", "request_timeout_s", lambda v: v is None or v > 0, "> 0"),
-    ("--shutdown-timeout", "shutdown_timeout_s", lambda v: v >= 0, ">= 0"),
-    ("--sse-keepalive", "sse_keepalive_s", lambda v: v >= 0, ">= 0"),
-    ("--max-header-bytes", "max_header_bytes", lambda v: v >= 1024, ">= 1024"),
-)

@@ -13,9 +13,10 @@ from service.bench.cli import add_bench_parser, run_bench
 from service.cli.engine import add_engine_parser, add_keys_parser, run_engine, run_keys
 from service.cli.engine_flags import add_engine_args, add_scale_out_args, engine_config_from, link_settings_from
 from service.cli.generate import add_generate_parser, run_generate
+from service.cli.setting_flags import add_setting_flags, setting_values
 from service.config import GatewayConfig
 from service.model_files.model_registry import DEFAULT_MODEL
-from service.observability.logging_setup import LOG_FORMATS, configure_logging
+from service.observability.logging_setup import configure_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,25 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
         "model", nargs="?", default=DEFAULT_MODEL,
         help=f"a known model name, a .gguf file or a Hugging Face model directory (default: {DEFAULT_MODEL})",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
     serve.add_argument("--served-model-name", nargs="+", default=None, help="names clients use for the model")
     serve.add_argument(
         "--override-generation-config", type=json.loads, default=None, metavar="JSON",
         help='sampling defaults over the model\'s, e.g. \'{"temperature": 0.7}\'',
     )
-    serve.add_argument("--max-n", type=int, default=16, help="most choices one request may ask for (default: %(default)s)")
-    serve.add_argument(
-        "--max-request-body-bytes", type=int, default=8 * 2**20,
-        help="larger request bodies get 413 before parsing (default: %(default)s)",
-    )
-    serve.add_argument(
-        "--log-format", default="text", choices=LOG_FORMATS,
-        help="text lines, or one JSON object per line; finished requests' figures become keys (default: %(default)s)",
-    )
+    add_setting_flags(serve, GatewayConfig, is_checked=False)
     add_engine_args(serve)
     add_scale_out_args(serve)
-    _add_operations_args(serve)
+    _add_api_key_arg(serve)
     add_bench_parser(commands)
     add_generate_parser(commands)
     add_engine_parser(commands)
@@ -54,36 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_operations_args(serve: argparse.ArgumentParser) -> None:
-    group = serve.add_argument_group("operations")
+def _add_api_key_arg(serve: argparse.ArgumentParser) -> None:
+    group = next(group for group in serve._action_groups if group.title == "operations")
     group.add_argument(
         "--api-key", action="append", default=None, metavar="KEY",
         help="clients must send `Authorization: Bearer KEY` on every route but /health (and /metrics); "
         "repeat for several keys; the variable takes them comma-separated (default: none, no auth)",
-    )
-    group.add_argument(
-        "--metrics-auth", action="store_true", default=False, help="/metrics asks for an API key too (default: off)"
-    )
-    group.add_argument(
-        "--max-num-queued-requests", type=int, default=256, metavar="N",
-        help="requests held beyond --max-num-seqs; past them a request gets 429 and Retry-After",
-    )
-    group.add_argument(
-        "--request-timeout", type=float, default=None, metavar="SECONDS",
-        help="abort a request that runs longer: 408 if not streamed, else finish_reason 'abort' "
-        "and an error event (default: none)",
-    )
-    group.add_argument(
-        "--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
-        help="on SIGTERM, how long requests in flight may finish before they are aborted",
-    )
-    group.add_argument(
-        "--sse-keepalive", type=float, default=15.0, metavar="SECONDS",
-        help="a `: ping` comment this often on a waiting stream (0: none)",
-    )
-    group.add_argument(
-        "--max-header-bytes", type=int, default=16 * 2**10, metavar="N",
-        help="a larger request head (request line and headers) gets 431",
     )
 
 
@@ -118,29 +85,17 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(
         model=args.model,
-        host=args.host,
-        port=args.port,
         served_model_names=tuple(args.served_model_name or ()),
         generation_config=tuple((args.override_generation_config or {}).items()),
         engine=engine_config_from(args),
-        log_format=args.log_format,
-        data_parallel_size=args.data_parallel_size,
         link=link_settings_from(args),
-        api_server_count=args.api_server_count,
         api_server_index=args.api_server_index,
         listen_fd=args.listen_fd,
         engine_addresses=(
             None if args.engine_input_address is None else (args.engine_input_address, args.engine_output_address)
         ),
-        max_n=args.max_n,
-        max_request_body_bytes=args.max_request_body_bytes,
         api_keys=tuple(args.api_key or ()),
-        is_metrics_auth=args.metrics_auth,
-        max_num_queued_requests=args.max_num_queued_requests,
-        request_timeout_s=args.request_timeout,
-        shutdown_timeout_s=args.shutdown_timeout,
-        sse_keepalive_s=args.sse_keepalive,
-        max_header_bytes=args.max_header_bytes,
+        **setting_values(args, GatewayConfig),
     )
 
 

@@ -1,0 +1,67 @@
+"""Command-line flags generated from settings declared once as dataclass fields (proto/settings.py)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from proto.settings import check_value, flag_of
+
+_PARSE: dict[str, Callable[[str], Any]] = {"str": str, "int": int, "float": float, "int | None": int, "float | None": float}
+
+
+def add_setting_flags(
+    parser: argparse.ArgumentParser, config_class: type[Any], group_title: str = "", *, is_checked: bool = True
+) -> None:
+    """A flag for each field of `config_class` that declares one, with its default and help, in
+    its group (else `group_title`, else the parser's own list). `is_checked`: argparse refuses a
+    bad value naming the flag; else only its type is parsed and the config's construction checks."""
+    for config_field in settings_of(config_class):
+        metadata = config_field.metadata
+        kwargs: dict[str, Any] = {"default": config_field.default, "dest": config_field.name}
+        if config_field.type == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = _flag_type(config_field, is_checked)
+            kwargs["metavar"] = metadata["metavar"] or ("JSON" if metadata["is_json"] else None)
+            if not kwargs["metavar"] and not metadata["choices"]:
+                kwargs["metavar"] = flag_of(config_field).removeprefix("--").replace("-", "_").upper()
+        if metadata["choices"]:
+            kwargs["choices"] = metadata["choices"]
+        default = "" if "(default:" in metadata["help"] else " (default: %(default)s)"
+        container = _group(parser, metadata["group"] or group_title)
+        container.add_argument(flag_of(config_field), help=metadata["help"] + default, **kwargs)
+
+
+def setting_values(args: argparse.Namespace, config_class: type[Any]) -> dict[str, Any]:
+    """The parsed value of each of `config_class`'s flags, by field name."""
+    return {config_field.name: getattr(args, config_field.name) for config_field in settings_of(config_class)}
+
+
+def settings_of(config_class: type[Any]) -> list[dataclasses.Field[Any]]:
+    return [config_field for config_field in dataclasses.fields(config_class) if "flag" in config_field.metadata]
+
+
+def _group(parser: argparse.ArgumentParser, title: str) -> argparse.ArgumentParser | argparse._ArgumentGroup:
+    if not title:
+        return parser
+    existing = next((group for group in parser._action_groups if group.title == title), None)
+    return existing or parser.add_argument_group(title)
+
+
+def _flag_type(config_field: dataclasses.Field[Any], is_checked: bool) -> Callable[[str], Any]:
+    parse = _PARSE[str(config_field.type)]
+
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+            if is_checked:
+                check_value(config_field, value, label="-")
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("-: ")) from exc
+        return value
+
+    convert.__name__ = parse.__name__
+    return convert
