@@ -92,9 +92,9 @@ inline void transpose16_dwords(__m512i rows[16]) {
   for (int i = 0; i < 16; ++i) rows[i] = t[i];
 }
 
-// A block of 16 bfloat16 rows of `head_dim` (even) as floats [head_dim][16]: 32 columns at a time
-// by a transpose in registers, the rest by gathers.
-inline void load_bf16_block_transposed(const uint16_t* block, int64_t head_dim, float* out) {
+// The first columns of a block of 16 bfloat16 rows as floats [column][16], 32 at a time by a
+// transpose in registers; returns how many columns it did.
+inline int64_t transpose_bf16_block(const uint16_t* block, int64_t head_dim, float* out) {
   int64_t col = 0;
   for (; col + 32 <= head_dim; col += 32) {
     __m512i rows[16];
@@ -107,12 +107,7 @@ inline void load_bf16_block_transposed(const uint16_t* block, int64_t head_dim, 
                        _mm512_castsi512_ps(_mm512_and_si512(rows[p], _mm512_set1_epi32(static_cast<int>(0xFFFF0000)))));
     }
   }
-  for (; col < head_dim; col += 2) {
-    V16 even, odd;
-    load_bf16_column_pair(block + col, head_dim, even, odd);
-    store16(out + col * 16, even);
-    store16(out + (col + 1) * 16, odd);
-  }
+  return col;
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -218,9 +213,9 @@ inline void transpose8_dwords(__m256i rows[8]) {
   }
 }
 
-// A block of 16 bfloat16 rows of `head_dim` (even) as floats [head_dim][16]: 16 columns at a time
-// by transposes in registers (keys 0-7 and 8-15 apart), the rest by gathers.
-inline void load_bf16_block_transposed(const uint16_t* block, int64_t head_dim, float* out) {
+// The first columns of a block of 16 bfloat16 rows as floats [column][16], 16 at a time by
+// transposes in registers (keys 0-7 and 8-15 apart); returns how many columns it did.
+inline int64_t transpose_bf16_block(const uint16_t* block, int64_t head_dim, float* out) {
   const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000));
   int64_t col = 0;
   for (; col + 16 <= head_dim; col += 16) {
@@ -241,17 +236,23 @@ inline void load_bf16_block_transposed(const uint16_t* block, int64_t head_dim, 
       _mm256_storeu_ps(odd + 8, _mm256_castsi256_ps(_mm256_and_si256(second[p], high_half)));
     }
   }
-  for (; col < head_dim; col += 2) {
+  return col;
+}
+
+#else
+#error "zeroserve's CPU kernels need AVX-512 BF16 or AVX2 with FMA"
+#endif
+
+// A block of 16 bfloat16 rows of `head_dim` (even) as floats [head_dim][16]: transposed in
+// registers, the columns left over by gathers.
+inline void load_bf16_block_transposed(const uint16_t* block, int64_t head_dim, float* out) {
+  for (int64_t col = transpose_bf16_block(block, head_dim, out); col < head_dim; col += 2) {
     V16 even, odd;
     load_bf16_column_pair(block + col, head_dim, even, odd);
     store16(out + col * 16, even);
     store16(out + (col + 1) * 16, odd);
   }
 }
-
-#else
-#error "zeroserve's CPU kernels need AVX-512 BF16 or AVX2 with FMA"
-#endif
 
 // e^x (0 below -87, capped at e^88): 2^(x log2 e), a degree-6 polynomial for the fraction.
 inline V16 exp16(V16 x) {
