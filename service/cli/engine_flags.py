@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from proto.engine_config import EngineConfig
-from service.cli.setting_flags import add_setting_flags, setting_values
+from service.cli.setting_flags import add_setting_flags, argument_group, setting_values
 from service.client.curve import LinkSettings
 from service.model_files.model_registry import DEFAULT_MODEL
 
@@ -27,7 +27,7 @@ def engine_config_from(args: argparse.Namespace, model_path: str = "", model_nam
 
 
 def add_scale_out_args(parser: argparse.ArgumentParser) -> None:
-    group = next((g for g in parser._action_groups if g.title == "scale-out"), None) or parser.add_argument_group("scale-out")
+    group = argument_group(parser, "scale-out")
     group.add_argument(
         "--engine-address", default=None, metavar="tcp://HOST:PORT",
         help="where engines on other hosts join (`zeroserve engine --gateway` it): requests on PORT, "

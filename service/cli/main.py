@@ -13,7 +13,7 @@ from service.bench.cli import add_bench_parser, run_bench
 from service.cli.engine import add_engine_parser, add_keys_parser, run_engine, run_keys
 from service.cli.engine_flags import add_engine_args, add_scale_out_args, engine_config_from, link_settings_from
 from service.cli.generate import add_generate_parser, run_generate
-from service.cli.setting_flags import add_setting_flags, setting_values
+from service.cli.setting_flags import add_setting_flags, argument_group, setting_values
 from service.config import GatewayConfig
 from service.model_files.model_registry import DEFAULT_MODEL
 from service.observability.logging_setup import configure_logging
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_api_key_arg(serve: argparse.ArgumentParser) -> None:
-    group = next(group for group in serve._action_groups if group.title == "operations")
+    group = argument_group(serve, "operations")
     group.add_argument(
         "--api-key", action="append", default=None, metavar="KEY",
         help="clients must send `Authorization: Bearer KEY` on every route but /health (and /metrics); "

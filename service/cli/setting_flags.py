@@ -31,7 +31,7 @@ def add_setting_flags(
         if metadata["choices"]:
             kwargs["choices"] = metadata["choices"]
         default = "" if "(default:" in metadata["help"] else " (default: %(default)s)"
-        container = _group(parser, metadata["group"] or group_title)
+        container = argument_group(parser, metadata["group"] or group_title)
         container.add_argument(flag_of(config_field), help=metadata["help"] + default, **kwargs)
 
 
@@ -44,7 +44,8 @@ def settings_of(config_class: type[Any]) -> list[dataclasses.Field[Any]]:
     return [config_field for config_field in dataclasses.fields(config_class) if "flag" in config_field.metadata]
 
 
-def _group(parser: argparse.ArgumentParser, title: str) -> argparse.ArgumentParser | argparse._ArgumentGroup:
+def argument_group(parser: argparse.ArgumentParser, title: str) -> argparse.ArgumentParser | argparse._ArgumentGroup:
+    """The parser's --help section `title` (made on first use), or the parser itself for no title."""
     if not title:
         return parser
     existing = next((group for group in parser._action_groups if group.title == title), None)
