@@ -20,15 +20,25 @@ class RequestType(bytes, enum.Enum):
     HANDSHAKE = b"\x03"
 
 
+MAX_LOGPROBS = 20
+_INT64 = 2**63
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter outside the values it takes (`allowed`, in words)."""
+
+    def __init__(self, name: str, value: Any, allowed: str) -> None:
+        super().__init__(f"{name} must be {allowed}, got {value}")
+        self.name = name
+        self.value = value
+        self.allowed = allowed
+
+
 @dataclass(slots=True)
 class SamplingParams:
-    """How one request is sampled and when it stops.
+    """How the engine samples one sequence and when it stops it (on tokens: the gateway handles
+    `n` and stop strings, see service/frontend/sampling_params.py)."""
 
-    `n` (samples per prompt) and the stop strings are the gateway's: the engine sees one sample
-    per request and stops on tokens only.
-    """
-
-    n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
@@ -43,17 +53,11 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
-    stop: list[str] = field(default_factory=list)
-    include_stop_str_in_output: bool = False
     num_logprobs: int | None = None
     num_prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        for name, is_valid, allowed in SAMPLING_RANGES:
-            if not is_valid(self):
-                raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)}")
+        check_ranges(self, SAMPLING_RANGES)
 
     @property
     def is_greedy(self) -> bool:
@@ -69,22 +73,40 @@ def _is_finite_at_least(value: float, low: float, is_open: bool = False) -> bool
     return math.isfinite(value) and (value > low if is_open else value >= low)
 
 
-# The values each sampling parameter takes: (name, test on the params, the allowed values in words).
-SAMPLING_RANGES: tuple[tuple[str, Callable[[SamplingParams], bool], str], ...] = (
-    ("n", lambda p: p.n >= 1, ">= 1"),
+def _is_count(value: int | None, high: int | None = None) -> bool:
+    return value is None or (value >= 0 and (high is None or value <= high))
+
+
+# A test on the params, and the values it allows in words, by parameter.
+Ranges = tuple[tuple[str, Callable[[Any], bool], str], ...]
+
+# The one declaration of the values each sampling parameter takes: the engine's, LLM's and the
+# HTTP routes' (whose 400 names the field from SamplingParamsError.name).
+SAMPLING_RANGES: Ranges = (
     ("temperature", lambda p: _is_finite_at_least(p.temperature, 0.0), "a finite number >= 0"),
     ("top_p", lambda p: 0.0 < p.top_p <= 1.0, "in (0, 1]"),
-    ("top_k", lambda p: p.top_k is None or p.top_k >= 1, ">= 1 or unset"),
+    ("top_k", lambda p: p.top_k is None or p.top_k >= 1, ">= 1, or unset (-1 or 0 in a request)"),
     ("min_p", lambda p: 0.0 <= p.min_p <= 1.0, "in [0, 1]"),
     ("presence_penalty", lambda p: -2.0 <= p.presence_penalty <= 2.0, "in [-2, 2]"),
     ("frequency_penalty", lambda p: -2.0 <= p.frequency_penalty <= 2.0, "in [-2, 2]"),
     ("repetition_penalty", lambda p: _is_finite_at_least(p.repetition_penalty, 0.0, is_open=True),
      "a finite number > 0"),
+    ("logit_bias", lambda p: all(-100.0 <= bias <= 100.0 for _, bias in p.logit_bias), "biases in [-100, 100]"),
+    ("seed", lambda p: p.seed is None or -_INT64 <= p.seed < _INT64, "a 64-bit signed integer"),
     ("max_tokens", lambda p: p.max_tokens >= 1, ">= 1"),
     ("min_tokens", lambda p: 0 <= p.min_tokens <= p.max_tokens, "in [0, max_tokens]"),
-    ("num_logprobs", lambda p: p.num_logprobs is None or p.num_logprobs >= 0, ">= 0 or unset"),
-    ("num_prompt_logprobs", lambda p: p.num_prompt_logprobs is None or p.num_prompt_logprobs >= 0, ">= 0 or unset"),
+    ("stop_token_ids", lambda p: all(t >= 0 for t in p.stop_token_ids), "token ids >= 0"),
+    ("num_logprobs", lambda p: _is_count(p.num_logprobs, MAX_LOGPROBS), f"in [0, {MAX_LOGPROBS}] or unset"),
+    ("num_prompt_logprobs", lambda p: _is_count(p.num_prompt_logprobs, MAX_LOGPROBS),
+     f"in [0, {MAX_LOGPROBS}] or unset"),
 )
+
+
+def check_ranges(params: Any, ranges: Ranges) -> None:
+    """Raises SamplingParamsError for the first parameter outside its range."""
+    for name, is_valid, allowed in ranges:
+        if not is_valid(params):
+            raise SamplingParamsError(name, getattr(params, name), allowed)
 
 
 @dataclass(slots=True)

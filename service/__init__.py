@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from proto.engine_input import SamplingParams
     from service.frontend.llm import LLM
     from service.frontend.llm_engine import LLMEngine
     from service.frontend.outputs import CompletionOutput, RequestOutput
+    from service.frontend.sampling_params import SamplingParams
 
 __all__ = ["LLM", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams"]
 
 _WHERE = {
     "LLM": "service.frontend.llm",
     "LLMEngine": "service.frontend.llm_engine",
-    "SamplingParams": "proto.engine_input",
+    "SamplingParams": "service.frontend.sampling_params",
     "RequestOutput": "service.frontend.outputs",
     "CompletionOutput": "service.frontend.outputs",
 }

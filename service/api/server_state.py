@@ -6,16 +6,14 @@ from collections.abc import AsyncIterator, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from proto.engine_input import SamplingParams
 from service.api.admission import Admission
 from service.frontend.async_llm import AsyncLLM
-from service.frontend.input_processor import PromptTooLongError
+from service.frontend.input_processor import Prompt
 from service.frontend.outputs import RequestOutput
-from service.frontend.parallel_sampling import ParentRequest, merge_streams
-from service.frontend.stop_checker import StopChecker
+from service.frontend.sampling_params import SamplingParams
 from service.openai.errors import APIError
 from service.openai.protocol import SamplingRequest
-from service.openai.request_fields import build_sampling_params
+from service.openai.request_fields import build_sampling_params, engine_requests
 
 DEFAULT_MAX_N = 16
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
@@ -55,41 +53,24 @@ class ServerState:
             )
         return model
 
-    def sampling_params(
-        self, body: SamplingRequest, prompt_token_ids: list[int], max_tokens: int | None
-    ) -> SamplingParams:
-        return build_sampling_params(
-            body, self.llm.input_processor, prompt_token_ids, max_tokens, self.generation_defaults, self.max_n
-        )
+    def sampling_params(self, body: SamplingRequest, prompts: list[Prompt]) -> SamplingParams:
+        return build_sampling_params(body, self.llm.input_processor, prompts, self.generation_defaults, self.max_n)
 
     def generate(
         self,
         request_id: str,
-        prompts: Sequence[list[int]],
+        prompts: Sequence[Prompt],
         params: SamplingParams,
         body: SamplingRequest,
     ) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Validates every child now (a 400 before any streaming), then streams their outputs as
+        """Checks every sample now (a 400 before any streaming), then streams their outputs as
         (choice index, delta); choice `i * n + j` is sample j of prompt i. A timeout or the end of
         a drain ends every unfinished choice with finish_reason "abort", then raises."""
         rank = body.data_parallel_rank
         if rank is not None and not self.llm.engine_client.is_serving_rank(rank):
             raise APIError(f"'data_parallel_rank' {rank} is not a serving engine.", param="data_parallel_rank")
-        streams = []
-        for prompt_index, prompt_token_ids in enumerate(prompts):
+        requests = []
+        for prompt_index, prompt in enumerate(prompts):
             parent_id = request_id if len(prompts) == 1 else f"{request_id}-p{prompt_index}"
-            parent = ParentRequest(parent_id, params, body.n)
-            for index in range(body.n):
-                try:
-                    request = self.llm.input_processor.process(
-                        parent.child_request_id(index), prompt_token_ids,
-                        parent.child_sampling_params(index), body.priority,
-                    )
-                except PromptTooLongError as exc:
-                    raise APIError(str(exc), param="max_tokens") from exc
-                except ValueError as exc:
-                    raise APIError(str(exc), param="prompt") from exc
-                request.data_parallel_rank = body.data_parallel_rank
-                stop_checker = StopChecker(body.stop_strings, body.include_stop_str_in_output)
-                streams.append(self.llm.generate(request, stop_checker=stop_checker))
-        return self.admission.guard(merge_streams(streams), len(streams))
+            requests += engine_requests(body, self.llm.input_processor, parent_id, prompt, params)
+        return self.admission.guard(self.llm.generate(requests, params), len(requests))

@@ -39,14 +39,13 @@ async def tokenize(request: Request) -> Response:
     tokenizer = state.llm.tokenizer
     if body.messages is not None:
         try:
-            prompt = state.llm.input_processor.render_chat(
+            token_ids = state.llm.input_processor.chat_prompt(
                 [m.to_template_dict() for m in body.messages],
                 add_generation_prompt=body.add_generation_prompt,
                 **(body.chat_template_kwargs or {}),
-            )
+            ).token_ids
         except Exception as exc:
             raise APIError(f"The messages could not be rendered: {exc}", param="messages") from exc
-        token_ids = tokenizer.encode(prompt)
     elif body.prompt is not None:
         token_ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:

@@ -10,7 +10,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from proto.engine_input import SamplingParams
 from service.bench.datasets import SampleRequest, jsonl_dataset, random_dataset
 from service.cli.engine_flags import engine_config_from
 
@@ -27,6 +26,7 @@ def load_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest
 def run_throughput_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     """Loads the model, runs every prompt through one `LLM.generate`, returns vLLM's result keys."""
     from service.frontend.llm import LLM, TokensPrompt
+    from service.frontend.sampling_params import SamplingParams
 
     engine = engine_config_from(args)
     llm = LLM.from_engine_config(args.model, engine, multiprocess_mode=args.multiprocessing)

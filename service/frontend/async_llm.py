@@ -17,7 +17,8 @@ from service.client.make_client import make_client
 from service.frontend.input_processor import InputProcessor
 from service.frontend.output_processor import OutputProcessor, RequestOutputCollector
 from service.frontend.outputs import RequestOutput
-from service.frontend.stop_checker import StopChecker
+from service.frontend.parallel_sampling import merge_streams
+from service.frontend.sampling_params import SamplingParams
 from service.model_files.tokenizer import Tokenizer
 from service.observability.stat_loggers import LoggingStatLogger, StatLogger, StatLoggerManager
 from service.observability.stats import IterationStats
@@ -70,18 +71,15 @@ class AsyncLLM:
         return self.engine_client.is_dead
 
     async def add_request(
-        self, request: EngineCoreRequest, prompt: str | None = None, stop_checker: StopChecker | None = None
+        self, request: EngineCoreRequest, params: SamplingParams, prompt: str | None = None
     ) -> RequestOutputCollector:
-        """Registers the request's collector, then sends it to the engine."""
+        """Registers one sample's collector (`params`: its parent's), then sends it to the engine."""
         if self.is_dead:
             raise EngineDeadError("engine is dead")
         if self.is_sleeping:
             raise EngineSleepingError("the engine is asleep; wake it up before sending requests")
-        if stop_checker is None:
-            params = request.sampling_params
-            stop_checker = StopChecker(params.stop, params.include_stop_str_in_output)
         collector = RequestOutputCollector()
-        self.output_processor.add_request(request, prompt, collector, stop_checker)
+        self.output_processor.add_request(request, params, prompt, collector)
         try:
             await self.engine_client.add_request_async(request)
         except BaseException:
@@ -89,11 +87,17 @@ class AsyncLLM:
             raise
         return collector
 
-    async def generate(
-        self, request: EngineCoreRequest, prompt: str | None = None, stop_checker: StopChecker | None = None
+    def generate(
+        self, requests: Sequence[EngineCoreRequest], params: SamplingParams, prompt: str | None = None
+    ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+        """Yields (position in `requests`, output delta) as the samples (InputProcessor.process's
+        requests, of one prompt or several) produce them; closing it aborts them in the engine."""
+        return merge_streams([self._stream(request, params, prompt) for request in requests])
+
+    async def _stream(
+        self, request: EngineCoreRequest, params: SamplingParams, prompt: str | None
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Yields the request's output deltas; cancelling it aborts the request in the engine."""
-        collector = await self.add_request(request, prompt, stop_checker)
+        collector = await self.add_request(request, params, prompt)
         try:
             finished = False
             while not finished:

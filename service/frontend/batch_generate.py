@@ -18,14 +18,20 @@ from typing import Any
 
 from tqdm import tqdm
 
-from proto.engine_input import SamplingParams
-from service.frontend.input_processor import PromptTooLongError
+from service.frontend.input_processor import Prompt
 from service.frontend.llm_engine import LLMEngine
-from service.frontend.outputs import CompletionOutput, RequestOutput, accumulate
+from service.frontend.outputs import RequestOutput, accumulate
 from service.openai.errors import APIError, validate_body
-from service.openai.logprobs_format import chat_logprobs, completion_logprobs
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
-from service.openai.request_fields import build_sampling_params, now, usage
+from service.openai.request_fields import (
+    build_sampling_params,
+    chat_prompt,
+    completion_prompts,
+    engine_requests,
+    new_request_id,
+    now,
+)
+from service.openai.responses import CompletionLogprobs, chat_completion_body, completion_body
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -40,8 +46,7 @@ class BatchJob:
     custom_id: str | None
     body: ChatCompletionRequest | CompletionRequest
     request_ids: list[str]
-    prompts: list[str]
-    num_prompt_tokens: int
+    prompts: list[Prompt]
     outputs: dict[str, RequestOutput] = field(default_factory=dict)
     num_finished: int = 0
 
@@ -134,116 +139,43 @@ class BatchRunner:
                 state.results[job.index] = self._result(job)
 
     def _start(self, index: int, custom_id: str | None, url: str, raw: Any) -> BatchJob:
-        """Validates and submits one line (a 400-style error if it is bad)."""
-        body: ChatCompletionRequest | CompletionRequest
+        """Checks and submits one line (a 400-style error if it is bad): every sample of every
+        prompt is checked before any is sent."""
         processor = self.engine.input_processor
+        body: ChatCompletionRequest | CompletionRequest
         if url == CHAT_URL:
             body = validate_body(raw, ChatCompletionRequest)
             body.check_supported()
-            try:
-                text_prompt = processor.render_chat(
-                    [m.to_template_dict() for m in body.messages],
-                    add_generation_prompt=body.add_generation_prompt,
-                    continue_final_message=body.continue_final_message,
-                    **(body.chat_template_kwargs or {}),
-                )
-            except Exception as exc:
-                raise APIError(f"The messages could not be rendered: {exc}", param="messages") from exc
-            prompts: list[str | list[int]] = [text_prompt]
-            prompt_ids = [self.engine.tokenizer.encode(text_prompt)]
-            max_tokens = body.requested_max_tokens
+            prompts = [chat_prompt(body, processor)]
         else:
             body = validate_body(raw, CompletionRequest)
             body.check_supported()
-            prompts = body.prompts
-            prompt_ids = [processor.tokenize(p) if isinstance(p, str) else p for p in prompts]
-            max_tokens = body.max_tokens
-        if not prompt_ids or any(not ids for ids in prompt_ids):
-            raise APIError("The prompt is empty.", param="prompt")
-        params = build_sampling_params(
-            body, processor, max(prompt_ids, key=len), max_tokens, self.generation_defaults, self.max_n
-        )
+            prompts = completion_prompts(body, processor)
+        params = build_sampling_params(body, processor, prompts, self.generation_defaults, self.max_n)
         request_ids = [f"line{index}-p{p}-{uuid.uuid4().hex[:8]}" for p in range(len(prompts))]
-        texts = [p if isinstance(p, str) else self.engine.tokenizer.decode(p) for p in prompts]
-        for request_id, ids, prompt_text in zip(request_ids, prompt_ids, texts, strict=True):
-            self._add(request_id, ids, params, body.priority, prompt_text, submitted=request_ids)
-        return BatchJob(index, custom_id, body, request_ids, texts, sum(len(ids) for ids in prompt_ids))
-
-    def _add(
-        self, request_id: str, ids: list[int], params: SamplingParams, priority: int, text: str,
-        submitted: list[str],
-    ) -> None:
-        try:
-            self.engine.add_request(request_id, ids, params, priority, text)
-        except PromptTooLongError as exc:
-            self._abort_submitted(submitted, request_id)
-            raise APIError(str(exc), param="max_tokens") from exc
-        except ValueError as exc:
-            self._abort_submitted(submitted, request_id)
-            raise APIError(str(exc), param="prompt") from exc
-
-    def _abort_submitted(self, submitted: list[str], failed: str) -> None:
-        self.engine.abort_request(submitted[: submitted.index(failed)])
+        requests = [
+            engine_requests(body, processor, request_id, prompt, params)
+            for request_id, prompt in zip(request_ids, prompts, strict=True)
+        ]
+        for request_id, prompt, samples in zip(request_ids, prompts, requests, strict=True):
+            self.engine.add_processed(request_id, samples, params, prompt.text)
+        return BatchJob(index, custom_id, body, request_ids, prompts)
 
     def _result(self, job: BatchJob) -> dict[str, Any]:
-        choices: list[CompletionOutput] = []
-        for prompt_index, request_id in enumerate(job.request_ids):
-            for sample in job.outputs[request_id].outputs:
-                sample.index = prompt_index * job.body.n + sample.index
-                choices.append(sample)
-        num_completion_tokens = sum(len(c.token_ids) for c in choices)
+        header = {"created": now(), "model": self.model_name}
+        outputs = [job.outputs[request_id] for request_id in job.request_ids]
+        tokenizer = self.engine.tokenizer
         if isinstance(job.body, ChatCompletionRequest):
-            body = self._chat_body(choices)
+            body = chat_completion_body({"id": new_request_id("chatcmpl"), **header}, outputs[0], tokenizer, job.body)
         else:
-            body = self._completion_body(job, choices)
-        body["usage"] = usage(job.num_prompt_tokens, num_completion_tokens)
+            formatter = CompletionLogprobs(tokenizer, job.body, job.prompts)
+            body = completion_body({"id": new_request_id("cmpl"), **header}, outputs, formatter)
         return {
-            "id": f"batch_req_{uuid.uuid4().hex}",
+            "id": _batch_request_id(),
             "custom_id": job.custom_id,
             "line": job.index,
             "response": {"status_code": 200, "body": body},
             "error": None,
-        }
-
-    def _chat_body(self, choices: list[CompletionOutput]) -> dict[str, Any]:
-        tokenizer = self.engine.tokenizer
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": now(),
-            "model": self.model_name,
-            "choices": [
-                {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": chat_logprobs(tokenizer, c.logprobs),
-                    "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason,
-                }
-                for c in choices
-            ],
-        }
-
-    def _completion_body(self, job: BatchJob, choices: list[CompletionOutput]) -> dict[str, Any]:
-        body = job.body
-        assert isinstance(body, CompletionRequest)
-        tokenizer = self.engine.tokenizer
-        entries = []
-        for c in choices:
-            echo = job.prompts[c.index // body.n] if body.echo else ""
-            logprobs = None
-            if body.logprobs is not None and c.logprobs is not None:
-                logprobs = completion_logprobs(tokenizer, c.logprobs, len(echo))
-            entries.append({
-                "index": c.index, "text": echo + c.text, "logprobs": logprobs,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-            })
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": now(),
-            "model": self.model_name,
-            "choices": entries,
         }
 
 
@@ -268,9 +200,13 @@ def _parse_line(text: str) -> tuple[str | None, str, Any]:
     return None, CHAT_URL if "messages" in raw else COMPLETIONS_URL, raw
 
 
+def _batch_request_id() -> str:
+    return f"batch_req_{uuid.uuid4().hex}"
+
+
 def _error_result(index: int, custom_id: str | None, error: APIError) -> dict[str, Any]:
     return {
-        "id": f"batch_req_{uuid.uuid4().hex}",
+        "id": _batch_request_id(),
         "custom_id": custom_id,
         "line": index,
         "response": {"status_code": error.status_code, "body": error.to_dict()},

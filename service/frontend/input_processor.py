@@ -1,11 +1,13 @@
-"""Prompts (text, token ids or chat messages) → validated EngineCoreRequests."""
+"""Prompts (text, token ids or chat messages) → validated EngineCoreRequests, one per sample."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-from proto.engine_input import EngineCoreRequest, SamplingParams
+from proto.engine_input import EngineCoreRequest, SamplingParamsError
+from service.frontend.parallel_sampling import ParentRequest
+from service.frontend.sampling_params import SamplingParams
 from service.model_files.tokenizer import Tokenizer
 
 
@@ -13,30 +15,44 @@ class PromptTooLongError(ValueError):
     """The prompt plus the tokens asked for do not fit the model's context."""
 
 
+class Prompt(NamedTuple):
+    """A prompt's token ids, and its text where it came as text."""
+
+    token_ids: list[int]
+    text: str | None = None
+
+
 class InputProcessor:
-    """Tokenizes and checks prompts against the engine's limits."""
+    """Renders and tokenizes prompts, checks them against the engine's limits, fans out `n`."""
 
     def __init__(self, tokenizer: Tokenizer, max_model_len: int, vocab_size: int) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
 
-    def render_chat(
-        self, messages: list[dict[str, Any]], continue_final_message: bool = False, **template_kwargs: Any
-    ) -> str:
-        """The chat's prompt text; `continue_final_message` cuts it right after the last message's
-        content, so generation continues that message (as transformers does)."""
-        prompt = self.tokenizer.apply_chat_template(messages, **template_kwargs)
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **template_kwargs: Any,
+    ) -> Prompt:
+        """The chat rendered by the model's template, then tokenized; `continue_final_message`
+        cuts the text right after the last message's content, so generation continues that
+        message (as transformers does)."""
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, **template_kwargs
+        )
         if continue_final_message:
             final = str(messages[-1]["content"]).strip()
-            end = prompt.rfind(final)
+            end = text.rfind(final)
             if not final or end == -1:
                 raise ValueError("the final message's content is not in the rendered prompt")
-            prompt = prompt[: end + len(final)]
-        return prompt
+            text = text[: end + len(final)]
+        return Prompt(self.tokenizer.encode(text), text)
 
-    def tokenize(self, prompt: str) -> list[int]:
-        return self.tokenizer.encode(prompt, add_special_tokens=True)
+    def text_prompt(self, text: str) -> Prompt:
+        return Prompt(self.tokenizer.encode(text, add_special_tokens=True), text)
 
     def default_max_tokens(self, prompt_token_ids: list[int]) -> int:
         return max(1, self.max_model_len - len(prompt_token_ids))
@@ -45,25 +61,40 @@ class InputProcessor:
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        sampling_params: SamplingParams,
+        params: SamplingParams,
         priority: int = 0,
-    ) -> EngineCoreRequest:
+        data_parallel_rank: int | None = None,
+    ) -> list[EngineCoreRequest]:
+        """The request's n samples as engine requests (ids `request_id`, or `request_id-i` when
+        n > 1), all checked before any is returned; raises ValueError for a bad prompt."""
+        self._check(prompt_token_ids, params)
+        parent = ParentRequest(request_id, params)
+        arrival_time = time.time()
+        return [
+            EngineCoreRequest(
+                request_id=parent.child_request_id(index),
+                prompt_token_ids=prompt_token_ids,
+                sampling_params=parent.child_sampling_params(index),
+                arrival_time=arrival_time,
+                priority=priority,
+                data_parallel_rank=data_parallel_rank,
+            )
+            for index in range(params.n)
+        ]
+
+    def _check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         if any(not 0 <= t < self.vocab_size for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        for name, token_ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids)):
+            if any(t >= self.vocab_size for t in token_ids):
+                raise SamplingParamsError(name, token_ids, f"token ids below {self.vocab_size}")
         num_prompt = len(prompt_token_ids)
-        if num_prompt + sampling_params.max_tokens > self.max_model_len:
+        if num_prompt + params.max_tokens > self.max_model_len:
             raise PromptTooLongError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                f"requested {num_prompt + sampling_params.max_tokens} tokens ({num_prompt} in the "
-                f"messages, {sampling_params.max_tokens} in the completion). Please reduce the "
+                f"requested {num_prompt + params.max_tokens} tokens ({num_prompt} in the "
+                f"messages, {params.max_tokens} in the completion). Please reduce the "
                 "length of the messages or completion."
             )
-        return EngineCoreRequest(
-            request_id=request_id,
-            prompt_token_ids=prompt_token_ids,
-            sampling_params=sampling_params,
-            arrival_time=time.time(),
-            priority=priority,
-        )

@@ -11,9 +11,9 @@ from typing import Any, TypedDict, cast
 from tqdm import tqdm
 
 from proto.engine_config import EngineConfig, settings_from
-from proto.engine_input import SamplingParams
 from service.frontend.llm_engine import LLMEngine
 from service.frontend.outputs import RequestOutput, accumulate
+from service.frontend.sampling_params import SamplingParams, generation_defaults_of
 from service.model_files.model_registry import DEFAULT_MODEL, ResolvedModel, resolve_model
 from service.model_files.tokenizer import Tokenizer
 
@@ -83,14 +83,7 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams' defaults under the model's generation config (as vLLM's LLM does)."""
-        defaults = self.generation_defaults
-        top_k = int(defaults.get("top_k", -1))
-        return SamplingParams(
-            temperature=defaults.get("temperature", 1.0),
-            top_p=defaults.get("top_p", 1.0),
-            top_k=None if top_k in (-1, 0) else top_k,
-            min_p=defaults.get("min_p", 0.0),
-        )
+        return SamplingParams(**generation_defaults_of(self.generation_defaults))
 
     def get_tokenizer(self) -> Tokenizer:
         return self.llm_engine.tokenizer
@@ -135,16 +128,12 @@ class LLM:
         """Renders each conversation with the model's chat template, then generates."""
         is_one = bool(messages) and isinstance(messages[0], dict)
         conversations = [cast(Conversation, messages)] if is_one else list(cast(Sequence[Conversation], messages))
-        input_processor = self.llm_engine.input_processor
         prompts: list[Prompt] = []
         for conversation in conversations:
-            text = input_processor.render_chat(
-                conversation,
-                continue_final_message=continue_final_message,
-                add_generation_prompt=add_generation_prompt,
-                **(chat_template_kwargs or {}),
+            token_ids, text = self.llm_engine.input_processor.chat_prompt(
+                conversation, add_generation_prompt, continue_final_message, **(chat_template_kwargs or {})
             )
-            prompts.append(TokensPrompt(prompt=text, prompt_token_ids=self.llm_engine.tokenizer.encode(text)))
+            prompts.append(TokensPrompt(prompt_token_ids=token_ids, prompt=text or ""))
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _params_for(

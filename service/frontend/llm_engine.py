@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import replace
 from typing import Any
 
 from proto.engine_config import EngineConfig
-from proto.engine_input import SamplingParams
+from proto.engine_input import EngineCoreRequest
 from service import envs
 from service.client.make_client import make_client
 from service.frontend.input_processor import InputProcessor
 from service.frontend.output_processor import OutputProcessor
 from service.frontend.outputs import RequestOutput
-from service.frontend.parallel_sampling import ParentRequest
-from service.frontend.stop_checker import StopChecker
+from service.frontend.sampling_params import SamplingParams
 from service.model_files.tokenizer import Tokenizer
 from service.observability.stat_loggers import LoggingStatLogger
 from service.observability.stats import IterationStats
@@ -66,28 +64,30 @@ class LLMEngine:
         prompt_text: str | None = None,
     ) -> None:
         """Tokenizes and checks the prompt, then sends its n samples to the engine."""
+        if isinstance(prompt, str):
+            prompt_text, prompt_token_ids = prompt, self.input_processor.text_prompt(prompt).token_ids
+        else:
+            prompt_token_ids = list(prompt)
+        requests = self.input_processor.process(request_id, prompt_token_ids, params, priority)
+        self.add_processed(request_id, requests, params, prompt_text)
+
+    def add_processed(
+        self,
+        request_id: str,
+        requests: list[EngineCoreRequest],
+        params: SamplingParams,
+        prompt_text: str | None = None,
+    ) -> None:
+        """Sends the samples InputProcessor.process made of one request; their outputs come out
+        of `step()` under `request_id`."""
         if self._is_sleeping:
             raise RuntimeError("the engine is asleep: call wake_up() before adding requests")
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        if isinstance(prompt, str):
-            prompt_text, prompt_token_ids = prompt, self.input_processor.tokenize(prompt)
-        else:
-            prompt_token_ids = list(prompt)
-        parent = ParentRequest(request_id, params, params.n)
-        # NOTE: every sample is checked before any is sent, so a bad request sends nothing.
-        requests = [
-            self.input_processor.process(
-                parent.child_request_id(index), prompt_token_ids,
-                replace(parent.child_sampling_params(index), n=1), priority,
-            )
-            for index in range(params.n)
-        ]
         self._parents[request_id] = _ParentState([request.request_id for request in requests])
         for index, request in enumerate(requests):
             self._children[request.request_id] = (request_id, index)
-            stop_checker = StopChecker(params.stop, params.include_stop_str_in_output)
-            self.output_processor.add_request(request, prompt_text, stop_checker=stop_checker)
+            self.output_processor.add_request(request, params, prompt_text)
             self.engine_core.add_request(request)
 
     def step(self) -> list[RequestOutput]:

@@ -10,6 +10,7 @@ from proto.engine_input import EngineCoreRequest
 from proto.engine_output import EngineCoreOutput, FinishReason
 from service.frontend.detokenizer import IncrementalDetokenizer
 from service.frontend.outputs import CompletionOutput, RequestOutput
+from service.frontend.sampling_params import SamplingParams
 from service.frontend.stop_checker import StopCheck, StopChecker
 from service.model_files.tokenizer import Tokenizer
 from service.observability.stats import IterationStats, RequestStateStats
@@ -24,7 +25,7 @@ class RequestOutputCollector:
 
     def put(self, output: RequestOutput | BaseException) -> None:
         if isinstance(self._output, RequestOutput) and isinstance(output, RequestOutput):
-            self._output.merge(output)
+            self._output.add(output)
         elif not isinstance(self._output, BaseException):
             self._output = output
         self._ready.set()
@@ -127,18 +128,18 @@ class OutputProcessor:
     def add_request(
         self,
         request: EngineCoreRequest,
+        params: SamplingParams,
         prompt: str | None = None,
         collector: RequestOutputCollector | None = None,
-        stop_checker: StopChecker | None = None,
-        arrival_time: float | None = None,
     ) -> None:
-        """Registers a request; without a collector its outputs are returned by `process_outputs`."""
+        """Registers one sample's engine request (`params`: its parent's, stop strings and all);
+        without a collector its outputs are returned by `process_outputs`."""
         if request.request_id in self.request_states:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+        stop_checker = StopChecker(params.stop, params.include_stop_str_in_output)
         self.request_states[request.request_id] = RequestState(
-            request, prompt, detokenizer, stop_checker or StopChecker(()), collector,
-            time.time() if arrival_time is None else arrival_time,
+            request, prompt, detokenizer, stop_checker, collector, request.arrival_time or time.time()
         )
 
     def abort_requests(self, request_ids: list[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from proto.engine_output import Logprobs
@@ -41,26 +42,42 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: Logprobs | None = None
 
-    def merge(self, later: RequestOutput) -> None:
-        """Appends a later delta to this one (the consumer fell behind)."""
-        for mine, theirs in zip(self.outputs, later.outputs, strict=True):
-            mine.extend(theirs)
+    @classmethod
+    def empty_like(cls, delta: RequestOutput) -> RequestOutput:
+        """An output with `delta`'s request and prompt and no samples yet, to add deltas to."""
+        return cls(
+            delta.request_id, delta.prompt, delta.prompt_token_ids, [],
+            num_cached_tokens=delta.num_cached_tokens, prompt_logprobs=delta.prompt_logprobs,
+        )
+
+    def add(self, later: RequestOutput) -> None:
+        """Appends a later delta: each of its samples to the sample of the same index."""
+        for completion in later.outputs:
+            while len(self.outputs) <= completion.index:
+                self.outputs.append(CompletionOutput(len(self.outputs), "", []))
+            self.outputs[completion.index].extend(completion)
         self.finished = later.finished
+        self.num_cached_tokens = later.num_cached_tokens
         self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs
 
 
 def accumulate(running: dict[str, RequestOutput], delta: RequestOutput) -> RequestOutput:
-    """Adds a sample's delta to its request's output so far (outputs indexed by sample)."""
+    """Adds a delta to its request's output so far (outputs indexed by sample)."""
     output = running.get(delta.request_id)
     if output is None:
-        output = running[delta.request_id] = RequestOutput(
-            delta.request_id, delta.prompt, delta.prompt_token_ids, [],
-            num_cached_tokens=delta.num_cached_tokens, prompt_logprobs=delta.prompt_logprobs,
-        )
-    completion = delta.outputs[0]
-    while len(output.outputs) <= completion.index:
-        output.outputs.append(CompletionOutput(len(output.outputs), "", []))
-    output.outputs[completion.index].extend(completion)
-    output.prompt_logprobs = output.prompt_logprobs or delta.prompt_logprobs
-    output.finished = delta.finished
+        output = running[delta.request_id] = RequestOutput.empty_like(delta)
+    output.add(delta)
     return output
+
+
+async def collect(
+    outputs: AsyncIterator[tuple[int, RequestOutput]], num_prompts: int, n: int
+) -> list[RequestOutput]:
+    """Drains a request's (choice index, delta) stream: one whole output per prompt, its n samples
+    in order (choice `i * n + j` is prompt i's sample j)."""
+    whole: list[RequestOutput | None] = [None] * num_prompts
+    async for index, delta in outputs:
+        prompt_index, delta.outputs[0].index = divmod(index, n)
+        output = whole[prompt_index] = whole[prompt_index] or RequestOutput.empty_like(delta)
+        output.add(delta)
+    return [output for output in whole if output is not None]

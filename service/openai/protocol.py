@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from proto.engine_input import SamplingParams
+from service.frontend.sampling_params import SamplingParams, generation_defaults_of
 from service.openai.errors import APIError
-
-MAX_LOGPROBS = 20
-_INT64 = 2**63
 
 
 class OpenAIModel(BaseModel):
@@ -53,41 +50,35 @@ class SamplingRequest(OpenAIModel):
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    # NOTE: the values each sampling field takes are declared once, in proto/engine_input.py's
+    # SAMPLING_RANGES (and the gateway's in service/frontend/sampling_params.py): a value outside
+    # them gets a 400 naming the field from there (service/openai/request_fields.py).
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     logit_bias: dict[str, float] | None = None
-    seed: int | None = Field(default=None, ge=-_INT64, lt=_INT64)
-    n: int = Field(default=1, ge=1)
+    seed: int | None = None
+    n: int = 1
     best_of: int | None = None
-    min_tokens: int = Field(default=0, ge=0)
+    min_tokens: int = 0
     ignore_eos: bool = False
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = None
     priority: int = 0
     data_parallel_rank: int | None = Field(default=None, ge=0)
 
     @field_validator("logit_bias")
     @classmethod
     def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key, bias in (value or {}).items():
-            if not key.lstrip("-").isdigit() or int(key) < 0:
+        for key in value or {}:
+            if not key.isdigit():
                 raise ValueError(f"keys must be token ids, got {key!r}")
-            if not -100.0 <= bias <= 100.0:
-                raise ValueError(f"biases must be in [-100, 100], got {bias}")
-        return value
-
-    @field_validator("stop_token_ids")
-    @classmethod
-    def _check_stop_token_ids(cls, value: list[int] | None) -> list[int] | None:
-        if any(token_id < 0 for token_id in value or []):
-            raise ValueError("token ids must be >= 0")
         return value
 
     def check_supported(self) -> None:
@@ -107,18 +98,23 @@ class SamplingRequest(OpenAIModel):
     def num_prompt_logprobs(self) -> int | None:
         return self.prompt_logprobs
 
-    def to_sampling_params(self, max_tokens: int, defaults: dict[str, float]) -> SamplingParams:
-        """The request's values, else the model's generation defaults, else OpenAI's."""
-        temperature = self.temperature if self.temperature is not None else defaults.get("temperature", 1.0)
-        top_p = self.top_p if self.top_p is not None else defaults.get("top_p", 1.0)
-        top_k = self.top_k if self.top_k is not None else int(defaults.get("top_k", -1))
-        min_p = self.min_p if self.min_p is not None else defaults.get("min_p", 0.0)
+    # SamplingParams' names of the fields a body calls otherwise.
+    PARAM_NAMES: ClassVar[dict[str, str]] = {"num_prompt_logprobs": "prompt_logprobs"}
+
+    def param_name(self, name: str) -> str:
+        """The body's name of a SamplingParams field."""
+        return self.PARAM_NAMES.get(name, name)
+
+    def to_sampling_params(self, max_tokens: int, generation_config: dict[str, float]) -> SamplingParams:
+        """The request's values, else the model's generation defaults, else OpenAI's; raises
+        SamplingParamsError for a value out of range."""
+        given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
+        sampling = generation_defaults_of(generation_config) | {k: v for k, v in given.items() if v is not None}
+        if sampling["top_k"] in (-1, 0):
+            sampling["top_k"] = None
         return SamplingParams(
+            **sampling,
             n=self.n,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=None if top_k in (-1, 0) else top_k,
-            min_p=min_p,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,
@@ -135,6 +131,11 @@ class SamplingRequest(OpenAIModel):
         )
 
     @property
+    def requested_max_tokens(self) -> int | None:
+        """The number of tokens asked for; None: what the context leaves."""
+        return None
+
+    @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
@@ -147,10 +148,10 @@ class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -188,22 +189,35 @@ class ChatCompletionRequest(SamplingRequest):
 
     @property
     def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    PARAM_NAMES: ClassVar[dict[str, str]] = {"num_logprobs": "top_logprobs", "num_prompt_logprobs": "prompt_logprobs"}
+
+    def param_name(self, name: str) -> str:
+        if name == "max_tokens" and self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return super().param_name(name)
 
 
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = 16
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = None
     suffix: str | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.suffix:
             raise APIError("'suffix' is not supported by this server.", param="suffix")
+
+    PARAM_NAMES: ClassVar[dict[str, str]] = {"num_logprobs": "logprobs", "num_prompt_logprobs": "prompt_logprobs"}
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
 
     @property
     def num_logprobs(self) -> int | None:

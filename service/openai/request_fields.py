@@ -1,5 +1,6 @@
-"""What a request body gives the engine (its SamplingParams, checked against the model) and
-the fields every response carries (ids, `created`, usage)."""
+"""What a request body gives the engine (its prompts, its SamplingParams, its engine requests,
+each checked against the model, a 400 naming the bad field) and the fields every response
+carries (ids, `created`, usage). The routes and `zeroserve generate` both go through here."""
 
 from __future__ import annotations
 
@@ -7,34 +8,81 @@ import time
 import uuid
 from typing import Any
 
-from proto.engine_input import SamplingParams
-from service.frontend.input_processor import InputProcessor
+from proto.engine_input import EngineCoreRequest, SamplingParamsError
+from service.frontend.input_processor import InputProcessor, Prompt, PromptTooLongError
+from service.frontend.sampling_params import SamplingParams
 from service.openai.errors import APIError
-from service.openai.protocol import SamplingRequest
+from service.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+
+
+def chat_prompt(body: ChatCompletionRequest, input_processor: InputProcessor) -> Prompt:
+    """The body's messages rendered by the chat template (its tools too unless tool_choice is
+    "none") and tokenized."""
+    template_kwargs = {**(body.chat_template_kwargs or {})}
+    if body.tools and body.tool_choice != "none":
+        template_kwargs.setdefault("tools", body.tools)
+    try:
+        return input_processor.chat_prompt(
+            [m.to_template_dict() for m in body.messages],
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            **template_kwargs,
+        )
+    except Exception as exc:
+        raise APIError(f"The messages could not be rendered by the chat template: {exc}", param="messages") from exc
+
+
+def completion_prompts(body: CompletionRequest, input_processor: InputProcessor) -> list[Prompt]:
+    """The body's prompts (text or token ids), tokenized; a 400 if any is empty."""
+    prompts = [input_processor.text_prompt(p) if isinstance(p, str) else Prompt(p) for p in body.prompts]
+    if not prompts or any(not p.token_ids for p in prompts):
+        raise APIError("The prompt is empty.", param="prompt")
+    return prompts
 
 
 def build_sampling_params(
     body: SamplingRequest,
     input_processor: InputProcessor,
-    prompt_token_ids: list[int],
-    max_tokens: int | None,
+    prompts: list[Prompt],
     generation_defaults: dict[str, float],
     max_n: int,
 ) -> SamplingParams:
-    """The body's SamplingParams, checked against the model (a 400 naming the bad field)."""
+    """The body's SamplingParams (max_tokens by default what the longest prompt leaves of the
+    context)."""
     if body.n > max_n:
         raise APIError(f"'n' must be at most {max_n}, got {body.n}.", param="n")
-    vocab_size = input_processor.vocab_size
-    if any(not int(k) < vocab_size for k in body.logit_bias or {}):
-        raise APIError(f"'logit_bias' keys must be token ids below {vocab_size}.", param="logit_bias")
-    if any(not t < vocab_size for t in body.stop_token_ids or []):
-        raise APIError(f"'stop_token_ids' must be below {vocab_size}.", param="stop_token_ids")
+    max_tokens = body.requested_max_tokens
     if max_tokens is None:
-        max_tokens = input_processor.default_max_tokens(prompt_token_ids)
+        max_tokens = input_processor.default_max_tokens(max((p.token_ids for p in prompts), key=len))
     try:
         return body.to_sampling_params(max_tokens, generation_defaults)
+    except SamplingParamsError as exc:
+        raise _field_error(body, exc) from exc
+
+
+def engine_requests(
+    body: SamplingRequest,
+    input_processor: InputProcessor,
+    request_id: str,
+    prompt: Prompt,
+    params: SamplingParams,
+) -> list[EngineCoreRequest]:
+    """One prompt's n samples as engine requests, checked against the model."""
+    try:
+        return input_processor.process(
+            request_id, prompt.token_ids, params, body.priority, body.data_parallel_rank
+        )
+    except SamplingParamsError as exc:
+        raise _field_error(body, exc) from exc
+    except PromptTooLongError as exc:
+        raise APIError(str(exc), param="max_tokens") from exc
     except ValueError as exc:
-        raise APIError(str(exc)) from exc
+        raise APIError(str(exc), param="prompt") from exc
+
+
+def _field_error(body: SamplingRequest, error: SamplingParamsError) -> APIError:
+    param = body.param_name(error.name)
+    return APIError(f"'{param}' must be {error.allowed}, got {error.value}.", param=param)
 
 
 def new_request_id(prefix: str) -> str:

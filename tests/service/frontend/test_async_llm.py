@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from proto.engine_config import EngineConfig
-from proto.engine_input import SamplingParams
 from service.client.async_mp_client import AsyncMPClient
 from service.frontend.async_llm import AsyncLLM
-from service.frontend.stop_checker import StopChecker
+from service.frontend.outputs import RequestOutput
+from service.frontend.sampling_params import SamplingParams
 from service.model_files.tokenizer import Tokenizer
 
 
@@ -27,6 +28,15 @@ async def llm(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
     llm.shutdown()
 
 
+async def generate(
+    llm: AsyncLLM, request_id: str, prompt_ids: list[int], params: SamplingParams
+) -> AsyncIterator[RequestOutput]:
+    requests = llm.input_processor.process(request_id, prompt_ids, params)
+    async with contextlib.aclosing(llm.generate(requests, params)) as stream:
+        async for _, output in stream:
+            yield output
+
+
 async def stats(llm: AsyncLLM) -> dict[str, float]:
     result: dict[str, float] = await llm.engine_client.call_utility_async("get_stats")
     return result
@@ -34,8 +44,7 @@ async def stats(llm: AsyncLLM) -> dict[str, float]:
 
 async def test_generate_streams_deltas_until_max_tokens(llm: AsyncLLM) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)
-    request = llm.input_processor.process("r1", [1, 2, 3], params)
-    outputs = [output async for output in llm.generate(request)]
+    outputs = [output async for output in generate(llm, "r1", [1, 2, 3], params)]
     assert sum(len(o.outputs[0].token_ids) for o in outputs) == 7
     assert outputs[-1].finished and outputs[-1].outputs[0].finish_reason == "length"
     assert not any(o.finished for o in outputs[:-1])
@@ -44,13 +53,11 @@ async def test_generate_streams_deltas_until_max_tokens(llm: AsyncLLM) -> None:
 
 async def test_stop_string_ends_the_request_and_aborts_it_in_the_engine(llm: AsyncLLM) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    prompt_ids = llm.input_processor.tokenize("The quick brown fox")
-    request = llm.input_processor.process("probe", prompt_ids, params)
-    text = "".join([o.outputs[0].text async for o in llm.generate(request)])
+    prompt_ids = llm.input_processor.text_prompt("The quick brown fox").token_ids
+    text = "".join([o.outputs[0].text async for o in generate(llm, "probe", prompt_ids, params)])
     stop = text[2:4]
-    long_params = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
-    request = llm.input_processor.process("stopped", prompt_ids, long_params)
-    outputs = [o async for o in llm.generate(request, stop_checker=StopChecker([stop]))]
+    long_params = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True, stop=[stop])
+    outputs = [o async for o in generate(llm, "stopped", prompt_ids, long_params)]
     assert "".join(o.outputs[0].text for o in outputs) == text[: text.index(stop)]
     assert outputs[-1].outputs[0].finish_reason == "stop" and outputs[-1].outputs[0].stop_reason == stop
     for _ in range(50):
@@ -63,8 +70,7 @@ async def test_stop_string_ends_the_request_and_aborts_it_in_the_engine(llm: Asy
 
 async def test_closing_generate_aborts_the_request_in_the_engine(llm: AsyncLLM) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
-    request = llm.input_processor.process("long", [1, 2, 3], params)
-    stream = llm.generate(request)
+    stream = generate(llm, "long", [1, 2, 3], params)
     await stream.__anext__()
     assert (await stats(llm))["num_running"] == 1
     await stream.aclose()
@@ -80,11 +86,10 @@ async def test_closing_generate_aborts_the_request_in_the_engine(llm: AsyncLLM) 
 
 async def test_cancelling_the_consumer_task_aborts_too(llm: AsyncLLM) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
-    request = llm.input_processor.process("cancelled", [4, 5, 6], params)
     started = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in llm.generate(request):
+        async for _ in generate(llm, "cancelled", [4, 5, 6], params):
             started.set()
 
     task = asyncio.create_task(consume())

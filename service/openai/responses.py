@@ -1,0 +1,113 @@
+"""Whole OpenAI response bodies from whole outputs: what a non-streamed route returns and what
+`zeroserve generate` writes for a line; streamed chunks share their choices' fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proto.engine_output import Logprobs
+from service.frontend.input_processor import Prompt
+from service.frontend.outputs import RequestOutput
+from service.model_files.tokenizer import Tokenizer
+from service.openai.logprobs_format import (
+    chat_logprobs,
+    completion_logprobs,
+    echoed_completion_logprobs,
+    join_completion_logprobs,
+    prompt_logprobs_list,
+)
+from service.openai.protocol import ChatCompletionRequest, CompletionRequest
+from service.openai.request_fields import usage
+
+
+def choice_end(finish_reason: str | None, stop_reason: int | str | None) -> dict[str, Any]:
+    return {"finish_reason": finish_reason, "stop_reason": stop_reason}
+
+
+def chat_completion_body(
+    header: dict[str, Any], output: RequestOutput, tokenizer: Tokenizer, body: ChatCompletionRequest
+) -> dict[str, Any]:
+    """`chat.completion`: the prompt's n choices, whole."""
+    prompt_logprobs = None
+    if body.prompt_logprobs is not None:
+        prompt_logprobs = prompt_logprobs_list(tokenizer, output.prompt_logprobs)
+    return {
+        **header,
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": choice.index,
+                "message": {"role": "assistant", "content": choice.text},
+                "logprobs": chat_logprobs(tokenizer, choice.logprobs),
+                **choice_end(choice.finish_reason, choice.stop_reason),
+            }
+            for choice in output.outputs
+        ],
+        "usage": usage(len(output.prompt_token_ids), sum(len(c.token_ids) for c in output.outputs)),
+        "prompt_logprobs": prompt_logprobs,
+    }
+
+
+class CompletionLogprobs:
+    """A completions request's logprobs in its shape, echoed prompt tokens first when asked."""
+
+    def __init__(self, tokenizer: Tokenizer, body: CompletionRequest, prompts: list[Prompt]) -> None:
+        self.tokenizer = tokenizer
+        self.body = body
+        self.prompts = prompts
+        self.echoes = [self._echo(p) for p in prompts] if body.echo else [""] * len(prompts)
+
+    def _echo(self, prompt: Prompt) -> str:
+        return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
+
+    def logprobs(
+        self, index: int, logprobs: Logprobs | None, prompt_logprobs: Logprobs | None, is_first: bool,
+        text_offset: int | None = None,
+    ) -> dict[str, Any] | None:
+        """Choice `index`'s logprobs (those of the echoed prompt too when `is_first`)."""
+        if self.body.logprobs is None:
+            return None
+        prompt_index = index // self.body.n
+        if text_offset is None:
+            text_offset = len(self.echoes[prompt_index])
+        generated = completion_logprobs(self.tokenizer, logprobs or Logprobs(), text_offset)
+        if not (self.body.echo and is_first):
+            return generated
+        echoed = echoed_completion_logprobs(
+            self.tokenizer, self.prompts[prompt_index].token_ids, prompt_logprobs, self.body.logprobs
+        )
+        return join_completion_logprobs(echoed, generated)
+
+    def prompt_logprobs(self, prompt_logprobs: Logprobs | None) -> list[dict[str, Any] | None] | None:
+        if self.body.prompt_logprobs is None:
+            return None
+        return prompt_logprobs_list(self.tokenizer, prompt_logprobs)
+
+
+def completion_choice(
+    index: int, text: str, logprobs: dict[str, Any] | None = None,
+    finish_reason: str | None = None, stop_reason: int | str | None = None,
+) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, **choice_end(finish_reason, stop_reason)}
+
+
+def completion_body(
+    header: dict[str, Any], outputs: list[RequestOutput], formatter: CompletionLogprobs
+) -> dict[str, Any]:
+    """`text_completion`: each prompt's n choices, whole; choice `i * n + j` is prompt i's sample j."""
+    n = formatter.body.n
+    choices = []
+    for prompt_index, output in enumerate(outputs):
+        for choice in output.outputs:
+            index = prompt_index * n + choice.index
+            logprobs = formatter.logprobs(index, choice.logprobs, output.prompt_logprobs, is_first=True)
+            choices.append({
+                **completion_choice(
+                    index, formatter.echoes[prompt_index] + choice.text, logprobs,
+                    choice.finish_reason, choice.stop_reason,
+                ),
+                "prompt_logprobs": formatter.prompt_logprobs(output.prompt_logprobs),
+            })
+    num_prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    num_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return {**header, "object": "text_completion", "choices": choices, "usage": usage(num_prompt_tokens, num_tokens)}
