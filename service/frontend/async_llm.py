@@ -17,7 +17,6 @@ from service.client.make_client import make_client
 from service.frontend.input_processor import InputProcessor
 from service.frontend.output_processor import OutputProcessor, RequestOutputCollector
 from service.frontend.outputs import RequestOutput
-from service.frontend.parallel_sampling import merge_streams
 from service.frontend.sampling_params import SamplingParams
 from service.model_files.tokenizer import Tokenizer
 from service.observability.stat_loggers import LoggingStatLogger, StatLogger, StatLoggerManager
@@ -70,49 +69,40 @@ class AsyncLLM:
     def is_dead(self) -> bool:
         return self.engine_client.is_dead
 
-    async def add_request(
-        self, request: EngineCoreRequest, params: SamplingParams, prompt: str | None = None
-    ) -> RequestOutputCollector:
-        """Registers one sample's collector (`params`: its parent's), then sends it to the engine."""
+    async def generate(
+        self, requests: Sequence[EngineCoreRequest], params: SamplingParams, prompt: str | None = None
+    ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+        """Yields (position in `requests`, output delta) as the samples (InputProcessor.process's
+        requests, of one prompt or several) produce them, through one collector; closing it or
+        cancelling its consumer aborts the unfinished ones in the engine."""
         if self.is_dead:
             raise EngineDeadError("engine is dead")
         if self.is_sleeping:
             raise EngineSleepingError("the engine is asleep; wake it up before sending requests")
         collector = RequestOutputCollector()
-        self.output_processor.add_request(request, params, prompt, collector)
+        unfinished = {request.request_id for request in requests}
         try:
-            await self.engine_client.add_request_async(request)
-        except BaseException:
-            self.output_processor.abort_requests([request.request_id])
-            raise
-        return collector
-
-    def generate(
-        self, requests: Sequence[EngineCoreRequest], params: SamplingParams, prompt: str | None = None
-    ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
-        """Yields (position in `requests`, output delta) as the samples (InputProcessor.process's
-        requests, of one prompt or several) produce them; closing it aborts them in the engine."""
-        return merge_streams([self._stream(request, params, prompt) for request in requests])
-
-    async def _stream(
-        self, request: EngineCoreRequest, params: SamplingParams, prompt: str | None
-    ) -> AsyncGenerator[RequestOutput, None]:
-        collector = await self.add_request(request, params, prompt)
-        try:
-            finished = False
-            while not finished:
-                output = collector.get_nowait() or await collector.get()
-                finished = output.finished
-                yield output
+            for index, request in enumerate(requests):
+                self.output_processor.add_request(request, params, prompt, collector, index)
+                await self.engine_client.add_request_async(request)
+            while unfinished:
+                for index, output in collector.get_nowait() or await collector.get():
+                    if output.finished:
+                        unfinished.discard(requests[index].request_id)
+                    yield index, output
         except (asyncio.CancelledError, GeneratorExit):
-            await self.abort(request.request_id)
+            await self.abort(list(unfinished))
+            raise
+        except BaseException:
+            # NOTE: the engine failed or is gone: nothing to tell it, only our states to drop.
+            self.output_processor.abort_requests(list(unfinished))
             raise
 
-    async def abort(self, request_id: str) -> None:
-        if request_id not in self.output_processor.request_states:
-            return
-        self.output_processor.abort_requests([request_id])
-        await self.engine_client.abort_requests_async([request_id])
+    async def abort(self, request_ids: list[str]) -> None:
+        request_ids = [r for r in request_ids if r in self.output_processor.request_states]
+        if request_ids:
+            self.output_processor.abort_requests(request_ids)
+            await self.engine_client.abort_requests_async(request_ids)
 
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_client.reset_prefix_cache_async()

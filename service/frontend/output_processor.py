@@ -17,34 +17,41 @@ from service.observability.stats import IterationStats, RequestStateStats
 
 
 class RequestOutputCollector:
-    """One request's mailbox between the output handler and `generate()`; merges unread deltas."""
+    """One request's mailbox between the output handler and `generate()`, shared by its
+    samples: the unread deltas of each sample merged into one, by the sample's position."""
 
     def __init__(self) -> None:
-        self._output: RequestOutput | BaseException | None = None
+        self._outputs: dict[int, RequestOutput] = {}
+        self._error: BaseException | None = None
         self._ready = asyncio.Event()
 
-    def put(self, output: RequestOutput | BaseException) -> None:
-        if isinstance(self._output, RequestOutput) and isinstance(output, RequestOutput):
-            self._output.add(output)
-        elif not isinstance(self._output, BaseException):
-            self._output = output
+    def put(self, index: int, output: RequestOutput) -> None:
+        unread = self._outputs.get(index)
+        if unread is None:
+            self._outputs[index] = output
+        else:
+            unread.add(output)
         self._ready.set()
 
-    async def get(self) -> RequestOutput:
-        while self._output is None:
+    def put_error(self, error: BaseException) -> None:
+        self._error = self._error or error
+        self._ready.set()
+
+    async def get(self) -> list[tuple[int, RequestOutput]]:
+        """The unread deltas as (position, delta), waiting for one if there are none."""
+        while not self._outputs and self._error is None:
             await self._ready.wait()
         return self._take()
 
-    def get_nowait(self) -> RequestOutput | None:
-        return None if self._output is None else self._take()
+    def get_nowait(self) -> list[tuple[int, RequestOutput]]:
+        return self._take()
 
-    def _take(self) -> RequestOutput:
-        output, self._output = self._output, None
+    def _take(self) -> list[tuple[int, RequestOutput]]:
+        if self._error is not None:
+            raise self._error
+        outputs, self._outputs = list(self._outputs.items()), {}
         self._ready.clear()
-        if isinstance(output, BaseException):
-            raise output
-        assert output is not None
-        return output
+        return outputs
 
 
 class RequestState:
@@ -57,6 +64,7 @@ class RequestState:
         detokenizer: IncrementalDetokenizer,
         stop_checker: StopChecker,
         collector: RequestOutputCollector | None,
+        index: int,
         arrival_time: float,
     ) -> None:
         self.request_id = request.request_id
@@ -65,6 +73,7 @@ class RequestState:
         self.detokenizer = detokenizer
         self.stop_checker = stop_checker
         self.collector = collector
+        self.index = index
         self.min_tokens = request.sampling_params.min_tokens
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
@@ -131,15 +140,17 @@ class OutputProcessor:
         params: SamplingParams,
         prompt: str | None = None,
         collector: RequestOutputCollector | None = None,
+        index: int = 0,
     ) -> None:
         """Registers one sample's engine request (`params`: its parent's, stop strings and all);
-        without a collector its outputs are returned by `process_outputs`."""
+        its outputs go to `collector` under `index`, or without one are returned by
+        `process_outputs`."""
         if request.request_id in self.request_states:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
         stop_checker = StopChecker(params.stop, params.include_stop_str_in_output)
         self.request_states[request.request_id] = RequestState(
-            request, prompt, detokenizer, stop_checker, collector, request.arrival_time or time.time()
+            request, prompt, detokenizer, stop_checker, collector, index, request.arrival_time or time.time()
         )
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -173,7 +184,7 @@ class OutputProcessor:
                         state.num_cached_tokens, state.stats,
                     )
             if state.collector is not None:
-                state.collector.put(output)
+                state.collector.put(state.index, output)
             else:
                 result.request_outputs.append(output)
         return result
@@ -183,4 +194,4 @@ class OutputProcessor:
         for request_id in list(self.request_states) if request_ids is None else request_ids:
             state = self.request_states.pop(request_id, None)
             if state is not None and state.collector is not None:
-                state.collector.put(error)
+                state.collector.put_error(error)

@@ -84,6 +84,24 @@ async def test_closing_generate_aborts_the_request_in_the_engine(llm: AsyncLLM) 
     assert llm.output_processor.num_unfinished_requests == 0
 
 
+async def test_n_samples_stream_through_one_generator_and_closing_it_aborts_them_all(llm: AsyncLLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True, n=3)
+    stream = llm.generate(llm.input_processor.process("three", [1, 2, 3], params), params)
+    seen: set[int] = set()
+    async for index, _ in stream:
+        seen.add(index)
+        if seen == {0, 1, 2}:
+            break
+    assert (await stats(llm))["num_running"] == 3
+    await stream.aclose()
+    for _ in range(50):
+        current = await stats(llm)
+        if current["num_running"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert current["num_running"] == 0 and llm.output_processor.num_unfinished_requests == 0
+
+
 async def test_cancelling_the_consumer_task_aborts_too(llm: AsyncLLM) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
     started = asyncio.Event()
