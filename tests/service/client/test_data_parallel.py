@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from proto.engine_config import EngineConfig
-from proto.engine_input import SamplingParams
 from service.client.async_mp_client import AsyncMPClient
 from service.client.core_client import EngineDeadError
 from service.frontend.async_llm import AsyncLLM
+from service.frontend.sampling_params import SamplingParams
 from service.model_files.tokenizer import Tokenizer
 
 
@@ -36,10 +36,9 @@ def client_of(llm: AsyncLLM) -> AsyncMPClient:
 
 async def run(llm: AsyncLLM, request_id: str, max_tokens: int, rank: int | None = None) -> int:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    request = llm.input_processor.process(request_id, [1, 2, 3, len(request_id)], params)
-    request.data_parallel_rank = rank
+    requests = llm.input_processor.process(request_id, [1, 2, 3, len(request_id)], params, data_parallel_rank=rank)
     num_tokens = 0
-    async for output in llm.generate(request):
+    async for _, output in llm.generate(requests, params):
         num_tokens += len(output.outputs[0].token_ids)
     return num_tokens
 
