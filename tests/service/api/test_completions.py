@@ -1,11 +1,12 @@
-"""/v1/completions through the official OpenAI SDK, on the tiny random model: every sampling knob."""
+"""/v1/completions through the official OpenAI SDK, on the tiny random model: every sampling knob
+of the real engine (shapes, SSE framing, echo, stop strings and errors: test_completions_inproc.py)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
@@ -46,19 +47,10 @@ def greedy_tokens(sdk: openai.OpenAI, num_tokens: int) -> list[str]:
     return list(whole.choices[0].logprobs.tokens)
 
 
-def test_usage_on_every_non_streamed_response(sdk: openai.OpenAI) -> None:
-    whole = complete(sdk, ignore_eos=True)
-    assert whole.usage.prompt_tokens > 0 and whole.usage.completion_tokens == 8
-    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 8
-
-
-def test_include_usage_and_continuous_usage_stats(sdk: openai.OpenAI) -> None:
-    _, chunks = streamed(sdk, ignore_eos=True, stream_options={"include_usage": True})
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
-    assert all(c.usage is None for c in chunks[:-1])
-    _, chunks = streamed(sdk, ignore_eos=True, extra_body={"stream_options": {"continuous_usage_stats": True}})
-    counts = [c.usage.completion_tokens for c in chunks]
-    assert counts == sorted(counts) and counts[-1] == 8
+def prompt_ids(sdk: openai.OpenAI) -> list[int]:
+    """PROMPT's token ids, as the server's /tokenize gives them."""
+    tokens = cast(dict[str, Any], sdk.post("/../tokenize", body={"prompt": PROMPT}, cast_to=object))
+    return list(tokens["tokens"])
 
 
 def test_greedy_equivalents_top_k_1_tiny_top_p_and_min_p_1(sdk: openai.OpenAI) -> None:
@@ -97,61 +89,34 @@ def test_penalties_discourage_repeats(sdk: openai.OpenAI) -> None:
     assert len(set(whole.choices[0].logprobs.tokens)) > len(set(plain))
 
 
-def test_stop_string_spanning_tokens_is_cut_streamed_or_not(sdk: openai.OpenAI) -> None:
-    tokens = [t for t in greedy_tokens(sdk, 12)]
-    text = "".join(tokens)
-    boundary = len("".join(tokens[:4]))
-    stop = text[boundary - 2 : boundary + 2]  # two characters either side of a token boundary
-    assert len(stop) == 4
-    expected = text[: text.index(stop)]
-    whole = complete(sdk, temperature=0, max_tokens=12, ignore_eos=True, stop=[stop, "never-seen"])
-    assert whole.choices[0].text == expected
-    assert whole.choices[0].finish_reason == "stop" and whole.choices[0].model_extra["stop_reason"] == stop
-    texts, chunks = streamed(sdk, temperature=0, max_tokens=12, ignore_eos=True, stop=stop)
-    assert texts[0] == expected
-    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]
-    kept = complete(sdk, temperature=0, max_tokens=12, ignore_eos=True, stop=stop,
-                    include_stop_str_in_output=True)
-    assert kept.choices[0].text == expected + stop
-    late = complete(sdk, temperature=0, max_tokens=12, ignore_eos=True, stop=stop, min_tokens=12)
-    assert late.choices[0].text == text and late.choices[0].finish_reason == "length"
-
-
 def test_n_with_seed_is_reproducible_streamed_or_not(sdk: openai.OpenAI) -> None:
     kwargs: dict[str, Any] = {"n": 3, "seed": 1234, "temperature": 1.0, "ignore_eos": True}
     first = complete(sdk, **kwargs)
-    assert [c.index for c in first.choices] == [0, 1, 2]
     texts = [c.text for c in first.choices]
     assert len(set(texts)) == 3
     assert [c.text for c in complete(sdk, **kwargs).choices] == texts
-    assert first.usage.completion_tokens == 24
     streamed_texts, _ = streamed(sdk, **kwargs)
     assert [streamed_texts[i] for i in range(3)] == texts
 
 
-def test_prompt_forms_and_echo(sdk: openai.OpenAI) -> None:
-    ids = sdk.post("/../tokenize", body={"prompt": PROMPT}, cast_to=object)["tokens"]
+def test_greedy_samples_agree_whatever_the_prompt_form(sdk: openai.OpenAI) -> None:
+    ids = prompt_ids(sdk)
     by_text = complete(sdk, temperature=0, ignore_eos=True).choices[0].text
     assert complete(sdk, prompt=ids, temperature=0, ignore_eos=True).choices[0].text == by_text
     many = complete(sdk, prompt=[PROMPT, "Another prompt"], n=2, temperature=0, ignore_eos=True)
-    assert [c.index for c in many.choices] == [0, 1, 2, 3]
     assert many.choices[0].text == many.choices[1].text == by_text
     assert complete(sdk, prompt=[ids, ids], temperature=0, ignore_eos=True).choices[1].text == by_text
-    echoed = complete(sdk, temperature=0, ignore_eos=True, echo=True)
-    assert echoed.choices[0].text == PROMPT + by_text
-    texts, _ = streamed(sdk, temperature=0, ignore_eos=True, echo=True)
-    assert texts[0] == PROMPT + by_text
 
 
 def test_logprobs_are_log_softmax_over_the_whole_vocab(sdk: openai.OpenAI, tiny_model_dir: Path) -> None:
     from transformers import LlamaForCausalLM
 
-    ids = sdk.post("/../tokenize", body={"prompt": PROMPT}, cast_to=object)["tokens"]
+    ids = prompt_ids(sdk)
     whole = complete(sdk, prompt=ids, temperature=0, max_tokens=1, logprobs=5)
     logprobs = whole.choices[0].logprobs
     top = logprobs.top_logprobs[0]
     assert len(top) == 5 and logprobs.tokens[0] in top
-    model = LlamaForCausalLM.from_pretrained(tiny_model_dir).eval()
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir).eval()  # type: ignore[no-untyped-call]
     with torch.no_grad():
         reference = model(torch.tensor([ids])).logits[0, -1].log_softmax(dim=-1)
     assert math.isclose(float(reference.exp().sum()), 1.0, abs_tol=1e-3)
@@ -179,21 +144,13 @@ def test_seeded_request_is_the_same_alone_or_among_15_others(sdk: openai.OpenAI,
 def test_prompt_logprobs_and_echo_with_logprobs(sdk: openai.OpenAI, tiny_model_dir: Path) -> None:
     from transformers import LlamaForCausalLM
 
-    ids = sdk.post("/../tokenize", body={"prompt": PROMPT}, cast_to=object)["tokens"]
-    model = LlamaForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ids = prompt_ids(sdk)
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir).eval()  # type: ignore[no-untyped-call]
     with torch.no_grad():
         reference = model(torch.tensor([ids])).logits[0].log_softmax(dim=-1)
     expected = [float(reference[i - 1, ids[i]]) for i in range(1, len(ids))]
     whole = complete(sdk, prompt=ids, temperature=0, max_tokens=2, extra_body={"prompt_logprobs": 3})
     positions = whole.choices[0].model_extra["prompt_logprobs"]
-    assert positions[0] is None and len(positions) == len(ids)
     assert [p[str(t)]["logprob"] for p, t in zip(positions[1:], ids[1:], strict=True)] == pytest.approx(expected, abs=1e-3)
-    assert all(len(p) >= 3 for p in positions[1:])
     echoed = complete(sdk, prompt=ids, temperature=0, max_tokens=2, echo=True, logprobs=2)
-    logprobs = echoed.choices[0].logprobs
-    assert len(logprobs.tokens) == len(ids) + 2 and logprobs.token_logprobs[0] is None
-    assert logprobs.token_logprobs[1 : len(ids)] == pytest.approx(expected, abs=1e-3)
-    texts, chunks = streamed(sdk, prompt=ids, temperature=0, max_tokens=2, echo=True, logprobs=2)
-    assert texts[0] == echoed.choices[0].text
-    streamed_tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
-    assert streamed_tokens == logprobs.tokens
+    assert echoed.choices[0].logprobs.token_logprobs[1 : len(ids)] == pytest.approx(expected, abs=1e-3)
