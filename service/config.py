@@ -3,13 +3,35 @@
 
 from __future__ import annotations
 
-import dataclasses
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proto.engine_config import EngineConfig
 from proto.log_format import LOG_FORMATS
-from proto.settings import at_least, check_value, flag_of, in_range, positive, setting
+from proto.settings import at_least, check_settings, in_range, positive, setting
 from service.client.curve import LinkSettings
+
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p")
+
+
+def _json_pairs(text: str) -> tuple[tuple[str, float], ...]:
+    """The (key, value) pairs of a JSON object."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, got {text!r}")
+    return tuple(value.items())
+
+
+def _check_generation_keys(pairs: Sequence[tuple[str, float]]) -> None:
+    unknown = {key for key, _ in pairs} - set(GENERATION_KEYS)
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)}")
+
+
+def _check_api_keys(keys: Sequence[str]) -> None:
+    if any(not key or key != key.strip() or "," in key for key in keys):
+        raise ValueError("keys must be non-empty, without commas or surrounding spaces")
 
 
 @dataclass(frozen=True)
@@ -19,8 +41,13 @@ class GatewayConfig:
     model: str
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(8000, "port to listen on", check=in_range(0, 65535))
-    served_model_names: tuple[str, ...] = ()
-    generation_config: tuple[tuple[str, float], ...] = ()
+    served_model_names: tuple[str, ...] = setting(
+        (), "names clients use for the model (default: the model's)", flag="--served-model-name", nargs="+"
+    )
+    generation_config: tuple[tuple[str, float], ...] = setting(
+        (), 'sampling defaults over the model\'s, e.g. \'{"temperature": 0.7}\' (default: none)',
+        flag="--override-generation-config", parse=_json_pairs, check=_check_generation_keys, metavar="JSON",
+    )
     engine: EngineConfig = field(default_factory=EngineConfig)
     log_format: str = setting(
         "text", "text lines, or one JSON object per line; finished requests' figures become keys (the "
@@ -36,15 +63,22 @@ class GatewayConfig:
         1, "gateway processes sharing the port, each connected to every engine", check=at_least(1),
         group="scale-out", metavar="K",
     )
-    # NOTE: set only in one of several gateway processes (service/api/api_servers.py starts them).
-    api_server_index: int | None = None
-    listen_fd: int | None = None
-    engine_addresses: tuple[str, str] | None = None
+    # NOTE: how one of several gateway processes learns its place (service/api/api_servers.py sets them).
+    api_server_index: int | None = setting(None, "this gateway process's index", check=at_least(0), is_hidden=True)
+    listen_fd: int | None = setting(None, "the shared listening socket", check=at_least(0), is_hidden=True)
+    engine_addresses: tuple[str, str] | None = setting(
+        None, "this process's request and output addresses at the engines", nargs=2, is_hidden=True,
+        metavar="ADDRESS",
+    )
     max_n: int = setting(16, "most choices one request may ask for", check=at_least(1))
     max_request_body_bytes: int = setting(
         8 * 2**20, "larger request bodies get 413 before parsing", check=at_least(1)
     )
-    api_keys: tuple[str, ...] = ()
+    api_keys: tuple[str, ...] = setting(
+        (), "clients must send `Authorization: Bearer KEY` on every route but /health (and /metrics); "
+        "repeat for several keys; the variable takes them comma-separated (default: none, no auth)",
+        flag="--api-key", is_repeated=True, check=_check_api_keys, group="operations", metavar="KEY",
+    )
     is_metrics_auth: bool = setting(
         False, "/metrics asks for an API key too (default: off)", flag="--metrics-auth", group="operations"
     )
@@ -71,9 +105,7 @@ class GatewayConfig:
     )
 
     def __post_init__(self) -> None:
-        for config_field in dataclasses.fields(self):
-            if "flag" in config_field.metadata:
-                check_value(config_field, getattr(self, config_field.name), label=flag_of(config_field))
+        check_settings(self)
         if self.data_parallel_size == 0 and self.link.engine_address is None:
             raise ValueError("--data-parallel-size must be >= 1 (or 0 with --engine-address), got 0")
         if self.api_server_count > 1 and (
@@ -83,11 +115,6 @@ class GatewayConfig:
                 "--api-server-count > 1 shares the gateway's own engines (--data-parallel-size >= 1); "
                 "it does not take --engine-address or CURVE keys"
             )
-        unknown = {key for key, _ in self.generation_config} - {"temperature", "top_p", "top_k", "min_p"}
-        if unknown:
-            raise ValueError(f"--override-generation-config: unknown keys {sorted(unknown)}")
-        if any(not key or key != key.strip() or "," in key for key in self.api_keys):
-            raise ValueError("--api-key: keys must be non-empty, without commas or surrounding spaces")
 
     @property
     def max_num_in_flight(self) -> int:

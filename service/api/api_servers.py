@@ -59,8 +59,7 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
         subprocess.Popen(
             [
                 sys.executable, "-m", "service", *argv, "--api-server-count", "1", "--api-server-index", str(k),
-                "--listen-fd", str(listener.fileno()), "--engine-input-address", inputs[k],
-                "--engine-output-address", outputs[k],
+                "--listen-fd", str(listener.fileno()), "--engine-addresses", inputs[k], outputs[k],
             ],
             pass_fds=[listener.fileno()],
             preexec_fn=die_with_parent,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -11,11 +10,11 @@ from collections.abc import Mapping, Sequence
 from service import envs
 from service.bench.cli import add_bench_parser, run_bench
 from service.cli.engine import add_engine_parser, add_keys_parser, run_engine, run_keys
-from service.cli.engine_flags import add_engine_args, add_scale_out_args, engine_config_from, link_settings_from
+from service.cli.engine_flags import add_engine_args, add_model_arg, engine_config_from
 from service.cli.generate import add_generate_parser, run_generate
-from service.cli.setting_flags import add_setting_flags, argument_group, setting_values
+from service.cli.setting_flags import add_setting_flags, setting_values
+from service.client.curve import LinkSettings
 from service.config import GatewayConfig
-from service.model_files.model_registry import DEFAULT_MODEL
 from service.observability.logging_setup import configure_logging
 
 
@@ -23,19 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zeroserve", description="An OpenAI-compatible LLM server.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over the OpenAI HTTP API")
-    serve.add_argument(
-        "model", nargs="?", default=DEFAULT_MODEL,
-        help=f"a known model name, a .gguf file or a Hugging Face model directory (default: {DEFAULT_MODEL})",
-    )
-    serve.add_argument("--served-model-name", nargs="+", default=None, help="names clients use for the model")
-    serve.add_argument(
-        "--override-generation-config", type=json.loads, default=None, metavar="JSON",
-        help='sampling defaults over the model\'s, e.g. \'{"temperature": 0.7}\'',
-    )
+    add_model_arg(serve)
     add_setting_flags(serve, GatewayConfig, is_checked=False)
     add_engine_args(serve)
-    add_scale_out_args(serve)
-    _add_api_key_arg(serve)
+    add_setting_flags(serve, LinkSettings, is_checked=False)
     add_bench_parser(commands)
     add_generate_parser(commands)
     add_engine_parser(commands)
@@ -43,15 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
     # NOTE: last, so that every serve flag gets its variable.
     envs.document_flag_vars(serve)
     return parser
-
-
-def _add_api_key_arg(serve: argparse.ArgumentParser) -> None:
-    group = argument_group(serve, "operations")
-    group.add_argument(
-        "--api-key", action="append", default=None, metavar="KEY",
-        help="clients must send `Authorization: Bearer KEY` on every route but /health (and /metrics); "
-        "repeat for several keys; the variable takes them comma-separated (default: none, no auth)",
-    )
 
 
 def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> argparse.Namespace:
@@ -85,16 +66,8 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(
         model=args.model,
-        served_model_names=tuple(args.served_model_name or ()),
-        generation_config=tuple((args.override_generation_config or {}).items()),
         engine=engine_config_from(args),
-        link=link_settings_from(args),
-        api_server_index=args.api_server_index,
-        listen_fd=args.listen_fd,
-        engine_addresses=(
-            None if args.engine_input_address is None else (args.engine_input_address, args.engine_output_address)
-        ),
-        api_keys=tuple(args.api_key or ()),
+        link=LinkSettings(**setting_values(args, LinkSettings)),
         **setting_values(args, GatewayConfig),
     )
 

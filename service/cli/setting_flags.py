@@ -9,7 +9,10 @@ from typing import Any
 
 from proto.settings import check_value, flag_of
 
-_PARSE: dict[str, Callable[[str], Any]] = {"str": str, "int": int, "float": float, "int | None": int, "float | None": float}
+_PARSE: dict[str, Callable[[str], Any]] = {
+    "str": str, "int": int, "float": float, "str | None": str, "int | None": int, "float | None": float,
+    "tuple[str, ...]": str, "tuple[str, str] | None": str,
+}
 
 
 def add_setting_flags(
@@ -20,24 +23,46 @@ def add_setting_flags(
     bad value naming the flag; else only its type is parsed and the config's construction checks."""
     for config_field in settings_of(config_class):
         metadata = config_field.metadata
-        kwargs: dict[str, Any] = {"default": config_field.default, "dest": config_field.name}
-        if config_field.type == "bool":
-            kwargs["action"] = argparse.BooleanOptionalAction
-        else:
-            kwargs["type"] = _flag_type(config_field, is_checked)
-            kwargs["metavar"] = metadata["metavar"] or ("JSON" if metadata["is_json"] else None)
-            if not kwargs["metavar"] and not metadata["choices"]:
-                kwargs["metavar"] = flag_of(config_field).removeprefix("--").replace("-", "_").upper()
-        if metadata["choices"]:
-            kwargs["choices"] = metadata["choices"]
-        default = "" if "(default:" in metadata["help"] else " (default: %(default)s)"
         container = argument_group(parser, metadata["group"] or group_title)
-        container.add_argument(flag_of(config_field), help=metadata["help"] + default, **kwargs)
+        container.add_argument(flag_of(config_field), **_flag_kwargs(config_field, is_checked))
+
+
+def _flag_kwargs(config_field: dataclasses.Field[Any], is_checked: bool) -> dict[str, Any]:
+    metadata = config_field.metadata
+    # NOTE: a tuple setting's flag starts from None (argparse appends to its default), its field from ().
+    is_tuple = _is_tuple(config_field)
+    kwargs: dict[str, Any] = {"default": None if is_tuple else config_field.default, "dest": config_field.name}
+    if config_field.type == "bool":
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        kwargs["type"] = _flag_type(config_field, is_checked)
+        kwargs["metavar"] = metadata["metavar"] or ("JSON" if metadata["is_json"] else None)
+        if not kwargs["metavar"] and not metadata["choices"]:
+            kwargs["metavar"] = flag_of(config_field).removeprefix("--").replace("-", "_").upper()
+    if metadata["nargs"] is not None:
+        kwargs["nargs"] = metadata["nargs"]
+    if metadata["is_repeated"]:
+        kwargs["action"] = "append"
+    if metadata["choices"]:
+        kwargs["choices"] = metadata["choices"]
+    default = "" if "(default:" in metadata["help"] else " (default: %(default)s)"
+    kwargs["help"] = argparse.SUPPRESS if metadata["is_hidden"] else metadata["help"] + default
+    return kwargs
 
 
 def setting_values(args: argparse.Namespace, config_class: type[Any]) -> dict[str, Any]:
-    """The parsed value of each of `config_class`'s flags, by field name."""
-    return {config_field.name: getattr(args, config_field.name) for config_field in settings_of(config_class)}
+    """The parsed value of each of `config_class`'s flags, by field name (a list as a tuple)."""
+    values = {}
+    for config_field in settings_of(config_class):
+        value = getattr(args, config_field.name)
+        if _is_tuple(config_field):
+            value = config_field.default if value is None else tuple(value)
+        values[config_field.name] = value
+    return values
+
+
+def _is_tuple(config_field: dataclasses.Field[Any]) -> bool:
+    return bool(config_field.metadata["nargs"] is not None or config_field.metadata["is_repeated"])
 
 
 def settings_of(config_class: type[Any]) -> list[dataclasses.Field[Any]]:
@@ -53,12 +78,12 @@ def argument_group(parser: argparse.ArgumentParser, title: str) -> argparse.Argu
 
 
 def _flag_type(config_field: dataclasses.Field[Any], is_checked: bool) -> Callable[[str], Any]:
-    parse = _PARSE[str(config_field.type)]
+    parse = config_field.metadata["parse"] or _PARSE[str(config_field.type)]
 
     def convert(text: str) -> Any:
         try:
             value = parse(text)
-            if is_checked:
+            if is_checked and not _is_tuple(config_field):
                 check_value(config_field, value, label="-")
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc).removeprefix("-: ")) from exc

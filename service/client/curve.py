@@ -14,26 +14,40 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from proto.engine_link import ENV_CURVE_PUBLIC, ENV_CURVE_SECRET, ENV_GATEWAY_PUBLIC, remote_addresses
+from proto.settings import check_settings, positive, setting
 
-DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
+
+def _check_engine_address(engine_address: str | None) -> None:
+    if engine_address is not None:
+        remote_addresses(engine_address)
 
 
 @dataclass(frozen=True)
 class LinkSettings:
-    """Where engines on other hosts join, and what they must prove."""
+    """Where engines on other hosts join, and what they must prove (`zeroserve serve`'s scale-out flags)."""
 
-    engine_address: str | None = None  # tcp://HOST:PORT: requests on PORT, outputs on PORT + 1
-    curve_secret_key: str | None = None  # the gateway's secret key file
-    curve_authorized_keys: str | None = None  # a folder of the engines' public key files
-    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    engine_address: str | None = setting(
+        None, "where engines on other hosts join (`zeroserve engine --gateway` it): requests on PORT, "
+        "outputs on PORT+1 (default: none; local engines use private ipc:// sockets)",
+        check=_check_engine_address, group="scale-out", metavar="tcp://HOST:PORT",
+    )
+    curve_secret_key: str | None = setting(
+        None, "the gateway's CURVE secret key (`zeroserve keys generate`): links to engines are "
+        "encrypted and both ends authenticated (default: off)", group="scale-out", metavar="FILE",
+    )
+    curve_authorized_keys: str | None = setting(
+        None, "folder of the public keys (*.key) of engines allowed to join (with --curve-secret-key)",
+        group="scale-out", metavar="DIR",
+    )
+    heartbeat_timeout_s: float = setting(
+        5.0, "an engine silent this long is taken out of rotation, its requests failed",
+        flag="--heartbeat-timeout", check=positive, group="scale-out", metavar="SECONDS",
+    )
 
     def __post_init__(self) -> None:
-        if self.engine_address is not None:
-            remote_addresses(self.engine_address)
+        check_settings(self)
         if (self.curve_secret_key is None) != (self.curve_authorized_keys is None):
             raise ValueError("--curve-secret-key and --curve-authorized-keys go together")
-        if self.heartbeat_timeout_s <= 0:
-            raise ValueError(f"--heartbeat-timeout must be > 0, got {self.heartbeat_timeout_s}")
 
     @property
     def is_curve(self) -> bool:
