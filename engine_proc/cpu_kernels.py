@@ -15,11 +15,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from engine_proc.cpu_features import cpu_features
+from proto import envs
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def load_cpu_kernels() -> Any | None:
     """The built module (`paged_decode_attention`, `rms_norm`, `add_rms_norm`, `silu_and_mul`,
     `rotary_store_kv`, and in the AVX-512 build
     `pack_greedy_head` and `greedy_head`, run only where `has_amx`), or None where unavailable."""
-    if os.environ.get("ZEROSERVE_CPU_KERNELS", "1") == "0":
+    if not envs.cpu_kernels():
         return None
     features = cpu_features()
     isa = features.kernel_isa

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import zmq
 import zmq.auth
 
-from proto.engine_link import ENV_CURVE_PUBLIC, ENV_CURVE_SECRET, ENV_GATEWAY_PUBLIC, LinkConfig
+from proto import envs
+from proto.engine_link import LinkConfig
 
 
 def socket_options(link: LinkConfig) -> dict[int, Any]:
@@ -19,10 +19,12 @@ def socket_options(link: LinkConfig) -> dict[int, Any]:
         if secret is None:
             raise ValueError(f"{link.curve_secret_key} holds no secret key")
         return {zmq.CURVE_SERVERKEY: server_public, zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret}
-    if ENV_CURVE_SECRET in os.environ:
+    keys = envs.local_engine_curve_keys()
+    if keys is not None:
+        gateway_public, engine_public, engine_secret = keys
         return {
-            zmq.CURVE_SERVERKEY: os.environ[ENV_GATEWAY_PUBLIC].encode(),
-            zmq.CURVE_PUBLICKEY: os.environ[ENV_CURVE_PUBLIC].encode(),
-            zmq.CURVE_SECRETKEY: os.environ[ENV_CURVE_SECRET].encode(),
+            zmq.CURVE_SERVERKEY: gateway_public.encode(),
+            zmq.CURVE_PUBLICKEY: engine_public.encode(),
+            zmq.CURVE_SECRETKEY: engine_secret.encode(),
         }
     return {}

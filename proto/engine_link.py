@@ -1,7 +1,7 @@
 """How an engine process reaches its gateway, declared once for both sides: the link flags of
-`python -m engine_proc` (which `zeroserve engine` also takes), the environment that hands a
-gateway's local engines their CURVE identity, the TCP addresses of an `--engine-address`, and
-a local engine's death with its gateway."""
+`python -m engine_proc` (which `zeroserve engine` also takes), the TCP addresses of an
+`--engine-address`, and a local engine's death with its gateway. (The environment that hands a
+gateway's local engines their CURVE identity is declared with every other in proto/envs.py.)"""
 
 from __future__ import annotations
 
@@ -10,11 +10,6 @@ import ctypes
 import signal
 import sys
 from dataclasses import dataclass
-
-# NOTE: environment, not argv, for a local engine's ephemeral keys: `ps` shows argv.
-ENV_CURVE_PUBLIC = "ZEROSERVE_ENGINE_CURVE_PUBLIC"
-ENV_CURVE_SECRET = "ZEROSERVE_ENGINE_CURVE_SECRET"
-ENV_GATEWAY_PUBLIC = "ZEROSERVE_GATEWAY_CURVE_PUBLIC"
 
 
 @dataclass(frozen=True)

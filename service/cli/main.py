@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from service import envs
+from proto import envs
 from service.bench.cli import add_bench_parser, run_bench
 from service.cli.engine import add_engine_parser, add_keys_parser, run_engine, run_keys
 from service.cli.engine_flags import add_engine_args, add_model_arg, engine_config_from
@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
     except ValueError as exc:
-        print(f"zeroserve: error: {_naming_the_variable(str(exc), argv)}", file=sys.stderr)
+        given = sys.argv[1:] if argv is None else argv
+        print(f"zeroserve: error: {envs.naming_the_variable(str(exc), given, os.environ)}", file=sys.stderr)
         return 2
     if config.api_server_count > 1:
         from service.api.api_servers import run_api_servers
@@ -107,14 +108,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return 0
 
-
-def _naming_the_variable(message: str, argv: Sequence[str] | None) -> str:
-    """A message about `--flag ...`, naming the variable that set the flag when the command line did not."""
-    flag = message.split(" ", 1)[0].rstrip(":")
-    if not flag.startswith("--"):
-        return message
-    name = envs.FLAG_VAR_PREFIX + flag[2:].replace("-", "_").upper()
-    given = sys.argv[1:] if argv is None else argv
-    if name in os.environ and not any(arg == flag or arg.startswith(f"{flag}=") for arg in given):
-        return f"{message} (set by environment variable {name})"
-    return message

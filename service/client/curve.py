@@ -13,7 +13,8 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from proto.engine_link import ENV_CURVE_PUBLIC, ENV_CURVE_SECRET, ENV_GATEWAY_PUBLIC, remote_addresses
+from proto import envs
+from proto.engine_link import remote_addresses
 from proto.settings import check_settings, positive, setting
 
 
@@ -85,11 +86,9 @@ class CurveServer:
         (authorized / "local-engines.key").write_text(
             f"metadata\ncurve\n    public-key = \"{local_public.decode()}\"\n"
         )
-        self.local_engine_env = {
-            ENV_GATEWAY_PUBLIC: public.decode(),
-            ENV_CURVE_PUBLIC: local_public.decode(),
-            ENV_CURVE_SECRET: local_secret.decode(),
-        }
+        self.local_engine_env = envs.local_engine_curve_env(
+            public.decode(), local_public.decode(), local_secret.decode()
+        )
         # NOTE: a sync view of the same libzmq context, so the ZAP handler serves its sockets.
         self._authenticator = ThreadAuthenticator(zmq.Context.shadow(ctx.underlying))
         self._authenticator.start()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from service.envs import cache_dir
+from proto.envs import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _STDERR_FD = 2  # NOTE: a file descriptor, so pip's progress bar reaches the terminal even under capture.

@@ -18,6 +18,7 @@ from engine_proc.models.config import ModelConfig
 from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.models.llama import RotaryEmbedding, apply_rotary
 from engine_proc.sampler import greedy_ids
+from proto import envs
 from tests.engine_proc.attention_cases import decode_step
 from tests.engine_proc.models.tiny_llama import TINY, run, save_tiny_checkpoint
 
@@ -68,8 +69,10 @@ def test_float32_keeps_the_exact_path() -> None:
 def test_the_kernel_can_be_switched_off_and_is_not_tried_on_other_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     build = load_cpu_kernels.__wrapped__
     monkeypatch.setenv("ZEROSERVE_CPU_KERNELS", "0")
+    envs.read.cache_clear()
     assert build() is None
     monkeypatch.delenv("ZEROSERVE_CPU_KERNELS")
+    envs.read.cache_clear()
     older_cpu = CpuFeatures(machine="x86_64", capability="DEFAULT", has_avx512_bf16=False, has_amx=False)
     monkeypatch.setattr(cpu_kernels, "cpu_features", lambda: older_cpu)
     assert build() is None

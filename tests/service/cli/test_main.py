@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from engine_proc.main import parse_args
+from proto import envs
 from proto.engine_config import EngineConfig
-from service import envs
 from service.cli.main import build_parser, config_from_args, main
 from service.cli.main import parse_args as parse_serve_args
 from service.client.engine_launcher import engine_argv

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from service import envs
+from proto import envs
 from service.model_files.model_registry import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
 
 
