@@ -23,7 +23,6 @@ class EngineState:
         # request id → prompt tokens, for requests with no output yet
         self.waiting: dict[str, int] = {}
         self.running: set[str] = set()
-        self.num_served = 0
 
     @property
     def is_routable(self) -> bool:
@@ -40,7 +39,6 @@ class EngineState:
 
     def add(self, request_id: str, num_prompt_tokens: int) -> None:
         self.waiting[request_id] = num_prompt_tokens
-        self.num_served += 1
 
     def started(self, request_id: str) -> None:
         if self.waiting.pop(request_id, None) is not None:

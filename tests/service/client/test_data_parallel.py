@@ -1,4 +1,5 @@
-"""Two local engines behind one AsyncLLM (tiny random model): load spread, ranks, a lost engine."""
+"""Two local engines behind one AsyncLLM (tiny random model): load spread, ranks, a lost engine,
+seen in the per-engine counts of finished requests that /metrics shows."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from proto.engine_config import EngineConfig
 from service.client.async_mp_client import AsyncMPClient
@@ -16,17 +18,29 @@ from service.client.core_client import EngineDeadError
 from service.frontend.async_llm import AsyncLLM
 from service.frontend.sampling_params import SamplingParams
 from service.model_files.tokenizer import Tokenizer
+from service.observability.metrics import PrometheusStatLogger
+from tests.service.load_client import served_by_engine
 
 
 @pytest.fixture
-async def llm(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
+def metrics() -> PrometheusStatLogger:
+    return PrometheusStatLogger("tiny", engine_indexes=(0, 1))
+
+
+@pytest.fixture
+async def llm(tiny_model_dir: Path, metrics: PrometheusStatLogger) -> AsyncIterator[AsyncLLM]:
     args = EngineConfig(model_path=str(tiny_model_dir), model_name="tiny", kv_cache_memory_gib=0.05,
                       max_model_len=1024, num_threads=1)
     client = AsyncMPClient(args, data_parallel_size=2)
     ready = await client.wait_ready(timeout=120)
-    llm = AsyncLLM(client, Tokenizer.from_model(tiny_model_dir), ready, stats_log_interval_s=0)
+    llm = AsyncLLM(client, Tokenizer.from_model(tiny_model_dir), ready, [metrics], stats_log_interval_s=0)
     yield llm
     llm.shutdown()
+
+
+def finished_by_engine(metrics: PrometheusStatLogger) -> dict[str, float]:
+    """Finished requests per engine index, as /metrics shows them."""
+    return served_by_engine(generate_latest(metrics.registry).decode())
 
 
 def client_of(llm: AsyncLLM) -> AsyncMPClient:
@@ -43,26 +57,26 @@ async def run(llm: AsyncLLM, request_id: str, max_tokens: int, rank: int | None 
     return num_tokens
 
 
-async def test_64_requests_complete_spread_over_both_engines(llm: AsyncLLM) -> None:
+async def test_64_requests_complete_spread_over_both_engines(llm: AsyncLLM, metrics: PrometheusStatLogger) -> None:
     client = client_of(llm)
     assert sorted(client.engines) == [0, 1]
     results = await asyncio.gather(*(run(llm, f"r{i}", 16 + i % 5) for i in range(64)))
     assert results == [16 + i % 5 for i in range(64)]
-    served = [client.engines[i].num_served for i in (0, 1)]
-    assert sum(served) == 64 and max(served) <= 0.7 * 64, served
+    served = finished_by_engine(metrics)
+    assert set(served) == {"0", "1"}
+    assert sum(served.values()) == 64 and max(served.values()) <= 0.7 * 64, served
     assert not client.request_owner
     assert all(e.load == (0, 0) for e in client.engines.values())
 
 
-async def test_data_parallel_rank_picks_the_engine(llm: AsyncLLM) -> None:
-    client = client_of(llm)
+async def test_data_parallel_rank_picks_the_engine(llm: AsyncLLM, metrics: PrometheusStatLogger) -> None:
     await asyncio.gather(*(run(llm, f"pinned{i}", 4, rank=1) for i in range(6)))
-    assert client.engines[1].num_served == 6 and client.engines[0].num_served == 0
+    assert finished_by_engine(metrics) == {"0": 0, "1": 6}
     with pytest.raises(ValueError, match="data_parallel_rank 5"):
         await run(llm, "nowhere", 4, rank=5)
 
 
-async def test_a_lost_engine_fails_only_its_requests(llm: AsyncLLM) -> None:
+async def test_a_lost_engine_fails_only_its_requests(llm: AsyncLLM, metrics: PrometheusStatLogger) -> None:
     client = client_of(llm)
     long_runs = [asyncio.create_task(run(llm, f"long{i}", 900, rank=i % 2)) for i in range(4)]
     while len(client.request_owner) < 4 or any(client.engines[i].waiting for i in (0, 1)):
@@ -74,7 +88,9 @@ async def test_a_lost_engine_fails_only_its_requests(llm: AsyncLLM) -> None:
             await asyncio.wait_for(task, 10)
     assert not client.engines[0].is_alive and not llm.is_dead
     assert await run(llm, "after", 5) == 5
-    assert client.engines[1].num_served == 3
+    # NOTE: the one finished request ran on the engine left; the lost engine finished none.
+    assert finished_by_engine(metrics) == {"0": 0, "1": 1}
+    assert not long_runs[1].done() and not long_runs[3].done()
     for task in (long_runs[1], long_runs[3]):
         task.cancel()
     await asyncio.gather(long_runs[1], long_runs[3], return_exceptions=True)
