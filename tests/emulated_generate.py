@@ -11,7 +11,7 @@ NUM_TOKENS = 6
 
 
 def main() -> None:
-    from proto.engine_input import SamplingParams
+    from service import SamplingParams
     from service.frontend.llm import LLM
 
     # NOTE: a small KV cache (and context) only because zeroing the default 4 GiB takes minutes under emulation.
