@@ -12,7 +12,10 @@ from tests.server_process import ServerProcess, running_server
 
 pytestmark = pytest.mark.real_model
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# NOTE: a question whose greedy answer wins by a clear margin at every token (transformers fp32:
+# at least 0.97 nats); "the capital of France?" opens on a 0.08-nat tie between "The" and "L",
+# which bfloat16's rounding settles either way.
+QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,7 @@ def test_models_list(client: openai.OpenAI) -> None:
 
 def test_chat_non_streamed(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(model=DEFAULT_MODEL, messages=QUESTION, max_tokens=32)
-    assert "Paris" in (completion.choices[0].message.content or "")
+    assert "Tokyo" in (completion.choices[0].message.content or "")
     assert completion.choices[0].finish_reason == "stop"
     assert completion.usage is not None and 0 < completion.usage.completion_tokens <= 32
 
@@ -44,7 +47,7 @@ def test_chat_streamed(client: openai.OpenAI) -> None:
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert "Paris" in text
+    assert "Tokyo" in text
     finish_reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish_reasons == ["stop"]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0

@@ -25,9 +25,9 @@ def test_sleep_frees_memory_and_wake_up_restores_generation(default_model_path: 
         client = llm.llm_engine.engine_core
         assert isinstance(client, SyncMPClient)
         params = SamplingParams(temperature=0.0, max_tokens=16)
-        conversation = [{"role": "user", "content": "What is the capital of France?"}]
+        conversation = [{"role": "user", "content": "What is the capital of Japan?"}]
         [before] = llm.chat(conversation, params, use_tqdm=False)
-        assert "Paris" in before.outputs[0].text
+        assert "Tokyo" in before.outputs[0].text
         awake = rss_mib(client.engine_pid)
         llm.sleep(level=2)
         asleep = rss_mib(client.engine_pid)
