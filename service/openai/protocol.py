@@ -98,8 +98,9 @@ class SamplingRequest(OpenAIModel):
     def num_prompt_logprobs(self) -> int | None:
         return self.prompt_logprobs
 
-    # SamplingParams' names of the fields a body calls otherwise.
+    # SamplingParams' names of the fields a body calls otherwise, and the name of its prompt.
     PARAM_NAMES: ClassVar[dict[str, str]] = {"num_prompt_logprobs": "prompt_logprobs"}
+    PROMPT_PARAM: ClassVar[str] = "prompt"
 
     def param_name(self, name: str) -> str:
         """The body's name of a SamplingParams field."""
@@ -192,6 +193,7 @@ class ChatCompletionRequest(SamplingRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     PARAM_NAMES: ClassVar[dict[str, str]] = {"num_logprobs": "top_logprobs", "num_prompt_logprobs": "prompt_logprobs"}
+    PROMPT_PARAM: ClassVar[str] = "messages"
 
     def param_name(self, name: str) -> str:
         if name == "max_tokens" and self.max_completion_tokens is not None:

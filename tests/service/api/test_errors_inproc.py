@@ -104,7 +104,9 @@ async def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
         response = await api.post(path, json=body)
     error = assert_openai_error(response, status, param)
     assert error["type"] == "invalid_request_error"
-    assert error["code"] == ("model_not_found" if status == 404 else None)
+    codes = {404: "model_not_found"}
+    is_too_long = param == "max_tokens" and isinstance(body, dict) and body.get("max_tokens", 0) > 1000
+    assert error["code"] == ("context_length_exceeded" if is_too_long else codes.get(status))
     assert engine.requests == []
     ok = await api.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 1})
     assert ok.status_code == 200
@@ -129,13 +131,19 @@ async def test_a_prompt_too_long_for_the_context_is_a_400(
     assert engine.requests == []
 
 
-@pytest.mark.xfail(reason="a prompt that alone fills the context gets an error naming 'max_tokens', which the "
-                   "request did not set; OpenAI names the prompt ('messages'), code context_length_exceeded")
 @pytest.mark.parametrize(("path", "body", "param"), TOO_LONG_PROMPTS)
 async def test_a_prompt_too_long_for_the_context_names_the_prompt(
     api: httpx.AsyncClient, path: str, body: dict[str, Any], param: str
 ) -> None:
-    assert_openai_error(await api.post(path, json=body), 400, param)
+    error = assert_openai_error(await api.post(path, json=body), 400, param)
+    assert error["code"] == "context_length_exceeded"
+    is_chat = "messages" in body
+    too_many: dict[str, Any] = (
+        {"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 10**6} if is_chat
+        else {"prompt": "Hi", "max_tokens": 10**6}
+    )
+    expected = "max_completion_tokens" if is_chat else "max_tokens"
+    assert assert_openai_error(await api.post(path, json=too_many), 400, expected)["code"] == "context_length_exceeded"
 
 
 async def test_oversized_body_is_413_before_parsing(api: httpx.AsyncClient) -> None:
