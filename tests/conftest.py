@@ -71,7 +71,7 @@ _PROCESS_MODULES = frozenset({
     "tests/service/client/test_data_parallel_server.py", "tests/service/client/test_engine_membership.py",
     "tests/service/client/test_remote_engines.py",
     "tests/service/frontend/test_async_llm.py", "tests/service/frontend/test_batch_generate.py",
-    "tests/service/frontend/test_llm.py",
+    "tests/service/frontend/test_llm.py", "tests/service/test_request_path.py",
 })
 _PROCESS_FIXTURES = frozenset({"tiny_server", "sdk", "hf_reference_model"})
 _ROOT = Path(__file__).resolve().parent.parent
