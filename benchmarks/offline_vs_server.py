@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.local_server import local_server
+from service.bench.local_server import local_server
 
 
 def run(command: list[str]) -> None:
@@ -30,9 +31,9 @@ def serve_figures(args: argparse.Namespace, concurrency: int, result_path: Path)
         args.model, "--dtype", args.dtype, "--kv-cache-memory", "1",
         "--max-num-seqs", str(concurrency), "--num-threads", str(args.num_threads),
     ]
-    with local_server(serve_args) as base_url:
+    with local_server(serve_args, log_file=Path(os.devnull)) as server:
         run([
-            sys.executable, "-m", "service", "bench", "serve", "--base-url", base_url,
+            sys.executable, "-m", "service", "bench", "serve", "--base-url", server.base_url,
             "--num-prompts", str(args.num_prompts), "--max-concurrency", str(concurrency),
             "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
             "--ignore-eos", "--num-warmups", "2", "--result-json", str(result_path), "--disable-tqdm",

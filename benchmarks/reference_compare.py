@@ -38,9 +38,9 @@ from typing import Any
 import httpx
 import torch
 
-from benchmarks.local_server import local_server
 from engine_proc.cpu_features import cpu_model_name
 from service.bench.chat_prompts import chat_prompts
+from service.bench.local_server import local_server
 from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 from service.model_files.tokenizer import Tokenizer
 
@@ -228,7 +228,10 @@ def main() -> None:
     rounds: list[dict[str, Any]] = []
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         # NOTE: both servers up for the whole run; an idle one waits on its queue and takes no CPU.
-        base_urls = {name: stack.enter_context(local_server(serve_args(args, extra))) for name, extra in configs.items()}
+        base_urls = {
+            name: stack.enter_context(local_server(serve_args(args, extra), log_file=Path(os.devnull))).base_url
+            for name, extra in configs.items()
+        }
         machine = machine_record(next(iter(base_urls.values())))
         print(f"CPU: {machine['cpu']}; engine: {machine['kernels']}", flush=True)
         for index in range(args.rounds):

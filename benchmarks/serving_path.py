@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.local_server import local_server
+from service.bench.local_server import local_server
 
 DUMMY_OVERRIDES = {
     "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
@@ -40,9 +40,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "--max-num-seqs", str(args.concurrency), "--max-num-batched-tokens", "8192",
     ]
     result_path = tmp / "serving-path.json"
-    with local_server(serve_args) as base_url:
+    with local_server(serve_args, log_file=Path(os.devnull)) as server:
         subprocess.run([
-            sys.executable, "-m", "service", "bench", "serve", "--base-url", base_url,
+            sys.executable, "-m", "service", "bench", "serve", "--base-url", server.base_url,
             "--endpoint", "completions", "--num-prompts", str(args.num_prompts),
             "--max-concurrency", str(args.concurrency), "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--ignore-eos", "--num-warmups", "16",
