@@ -7,10 +7,10 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+from proto import envs
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest
 from proto.handshake import EngineReady
-from service import envs
 from service.client.core_client import EngineCoreClient, EngineDeadError
 from service.client.engine_state import EngineLost
 from service.client.make_client import make_client

@@ -6,9 +6,9 @@ import logging
 import weakref
 from typing import Any
 
+from proto import envs
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest
-from service import envs
 from service.client.make_client import make_client
 from service.frontend.input_processor import InputProcessor
 from service.frontend.output_processor import OutputProcessor
