@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from service.cli.engine_flags import add_engine_args, add_model_arg, engine_config_from
+from service.cli.setting_flags import add_setting_flags, setting_values
+from service.config import GatewayConfig
 from service.observability.logging_setup import configure_logging
+
+_SERVE_SETTINGS = ("served_model_names", "generation_config", "max_n")
 
 
 def add_generate_parser(commands: Any) -> None:
@@ -29,12 +32,8 @@ def add_generate_parser(commands: Any) -> None:
     parser.add_argument(
         "--max-in-flight", type=int, default=256, help="most lines submitted at once (default: %(default)s)"
     )
-    parser.add_argument("--max-n", type=int, default=16, help="most choices one line may ask for (default: %(default)s)")
-    parser.add_argument("--served-model-name", default=None, help="the `model` field of the results")
-    parser.add_argument(
-        "--override-generation-config", type=json.loads, default=None, metavar="JSON",
-        help='sampling defaults over the model\'s, e.g. \'{"temperature": 0.7}\'',
-    )
+    # NOTE: the settings a request's answer depends on, declared once with `zeroserve serve`'s.
+    add_setting_flags(parser, GatewayConfig, names=_SERVE_SETTINGS)
     parser.add_argument(
         "--multiprocessing", action=argparse.BooleanOptionalAction, default=None,
         help="run the engine in its own process (default: ZEROSERVE_ENABLE_MULTIPROCESSING, on)",
@@ -56,15 +55,17 @@ def run_generate(args: argparse.Namespace) -> int:
     from service.model_files.model_registry import resolve_model
     from service.model_files.tokenizer import Tokenizer
 
+    settings = setting_values(args, GatewayConfig, names=_SERVE_SETTINGS)
     resolved = resolve_model(args.model)
-    model_name = args.served_model_name or resolved.name
+    # NOTE: results carry the first name, as a server's responses do when a request names none.
+    model_name = settings["served_model_names"][0] if settings["served_model_names"] else resolved.name
     engine = LLMEngine(
         engine_config_from(args, str(resolved.path), model_name),
         Tokenizer.from_model(resolved.path),
         multiprocess_mode=args.multiprocessing,
     )
-    defaults = {**resolved.generation_defaults, **(args.override_generation_config or {})}
-    runner = BatchRunner(engine, model_name, defaults, args.max_in_flight, args.max_n)
+    defaults = {**resolved.generation_defaults, **dict(settings["generation_config"])}
+    runner = BatchRunner(engine, model_name, defaults, args.max_in_flight, settings["max_n"])
     try:
         num_written = runner.run(args.input, args.output, use_tqdm=not args.disable_tqdm)
     except KeyboardInterrupt:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from proto.settings import check_value, flag_of
@@ -16,12 +16,14 @@ _PARSE: dict[str, Callable[[str], Any]] = {
 
 
 def add_setting_flags(
-    parser: argparse.ArgumentParser, config_class: type[Any], group_title: str = "", *, is_checked: bool = True
+    parser: argparse.ArgumentParser, config_class: type[Any], group_title: str = "", *, is_checked: bool = True,
+    names: Collection[str] | None = None,
 ) -> None:
-    """A flag for each field of `config_class` that declares one, with its default and help, in
-    its group (else `group_title`, else the parser's own list). `is_checked`: argparse refuses a
-    bad value naming the flag; else only its type is parsed and the config's construction checks."""
-    for config_field in settings_of(config_class):
+    """A flag for each field of `config_class` that declares one (of `names`, when given), with its
+    default and help, in its group (else `group_title`, else the parser's own list). `is_checked`:
+    argparse refuses a bad value naming the flag; else only its type is parsed and the config's
+    construction checks."""
+    for config_field in settings_of(config_class, names):
         metadata = config_field.metadata
         container = argument_group(parser, metadata["group"] or group_title)
         container.add_argument(flag_of(config_field), **_flag_kwargs(config_field, is_checked))
@@ -50,10 +52,12 @@ def _flag_kwargs(config_field: dataclasses.Field[Any], is_checked: bool) -> dict
     return kwargs
 
 
-def setting_values(args: argparse.Namespace, config_class: type[Any]) -> dict[str, Any]:
-    """The parsed value of each of `config_class`'s flags, by field name (a list as a tuple)."""
+def setting_values(
+    args: argparse.Namespace, config_class: type[Any], names: Collection[str] | None = None
+) -> dict[str, Any]:
+    """The parsed value of each of `config_class`'s flags (of `names`), by field name (a list as a tuple)."""
     values = {}
-    for config_field in settings_of(config_class):
+    for config_field in settings_of(config_class, names):
         value = getattr(args, config_field.name)
         if _is_tuple(config_field):
             value = config_field.default if value is None else tuple(value)
@@ -65,8 +69,11 @@ def _is_tuple(config_field: dataclasses.Field[Any]) -> bool:
     return bool(config_field.metadata["nargs"] is not None or config_field.metadata["is_repeated"])
 
 
-def settings_of(config_class: type[Any]) -> list[dataclasses.Field[Any]]:
-    return [config_field for config_field in dataclasses.fields(config_class) if "flag" in config_field.metadata]
+def settings_of(config_class: type[Any], names: Collection[str] | None = None) -> list[dataclasses.Field[Any]]:
+    return [
+        config_field for config_field in dataclasses.fields(config_class)
+        if "flag" in config_field.metadata and (names is None or config_field.name in names)
+    ]
 
 
 def argument_group(parser: argparse.ArgumentParser, title: str) -> argparse.ArgumentParser | argparse._ArgumentGroup:

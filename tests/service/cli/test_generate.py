@@ -1,0 +1,33 @@
+"""`zeroserve generate` takes `zeroserve serve`'s request settings, declared once."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.cli.generate import _SERVE_SETTINGS
+from service.cli.main import build_parser
+from service.cli.setting_flags import setting_values
+from service.config import GatewayConfig
+
+FILES = ["--input", "in.jsonl", "--output", "out.jsonl"]
+
+
+def test_defaults_are_serves_and_every_flag_sets_its_setting() -> None:
+    parser = build_parser()
+    served = setting_values(parser.parse_args(["serve"]), GatewayConfig, _SERVE_SETTINGS)
+    assert setting_values(parser.parse_args(["generate", *FILES]), GatewayConfig, _SERVE_SETTINGS) == served
+    args = parser.parse_args([
+        "generate", *FILES, "--served-model-name", "mine", "--override-generation-config", '{"temperature": 0.5}',
+        "--max-n", "3",
+    ])
+    assert setting_values(args, GatewayConfig, _SERVE_SETTINGS) == {
+        "served_model_names": ("mine",), "generation_config": (("temperature", 0.5),), "max_n": 3,
+    }
+
+
+@pytest.mark.parametrize("flags", [["--max-n", "0"], ["--override-generation-config", '{"colour": 1}']])
+def test_a_bad_value_exits_2_naming_the_flag(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["generate", *FILES, *flags])
+    assert exited.value.code == 2
+    assert flags[0] in capsys.readouterr().err
