@@ -42,6 +42,16 @@ async def stats(llm: AsyncLLM) -> dict[str, float]:
     return result
 
 
+async def stats_once_idle(llm: AsyncLLM, timeout_s: float = 5.0) -> dict[str, float]:
+    """The engine's stats once it runs no request (or when `timeout_s` is up)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    current = await stats(llm)
+    while current["num_running"] and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+        current = await stats(llm)
+    return current
+
+
 async def test_generate_streams_deltas_until_max_tokens(llm: AsyncLLM) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)
     outputs = [output async for output in generate(llm, "r1", [1, 2, 3], params)]
@@ -60,11 +70,7 @@ async def test_stop_string_ends_the_request_and_aborts_it_in_the_engine(llm: Asy
     outputs = [o async for o in generate(llm, "stopped", prompt_ids, long_params)]
     assert "".join(o.outputs[0].text for o in outputs) == text[: text.index(stop)]
     assert outputs[-1].outputs[0].finish_reason == "stop" and outputs[-1].outputs[0].stop_reason == stop
-    for _ in range(50):
-        current = await stats(llm)
-        if current["num_running"] == 0:
-            break
-        await asyncio.sleep(0.1)
+    current = await stats_once_idle(llm)
     assert current["num_running"] == 0 and current["kv_cache_usage"] == 0.0
 
 
@@ -74,11 +80,7 @@ async def test_closing_generate_aborts_the_request_in_the_engine(llm: AsyncLLM) 
     await stream.__anext__()
     assert (await stats(llm))["num_running"] == 1
     await stream.aclose()
-    for _ in range(50):
-        current = await stats(llm)
-        if current["num_running"] == 0:
-            break
-        await asyncio.sleep(0.1)
+    current = await stats_once_idle(llm)
     assert current["num_running"] == 0
     assert current["kv_cache_usage"] == 0.0
     assert llm.output_processor.num_unfinished_requests == 0
@@ -94,11 +96,7 @@ async def test_n_samples_stream_through_one_generator_and_closing_it_aborts_them
             break
     assert (await stats(llm))["num_running"] == 3
     await stream.aclose()
-    for _ in range(50):
-        current = await stats(llm)
-        if current["num_running"] == 0:
-            break
-        await asyncio.sleep(0.1)
+    current = await stats_once_idle(llm)
     assert current["num_running"] == 0 and llm.output_processor.num_unfinished_requests == 0
 
 
@@ -115,11 +113,7 @@ async def test_cancelling_the_consumer_task_aborts_too(llm: AsyncLLM) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(50):
-        if (await stats(llm))["num_running"] == 0:
-            break
-        await asyncio.sleep(0.1)
-    assert (await stats(llm))["num_running"] == 0
+    assert (await stats_once_idle(llm))["num_running"] == 0
 
 
 async def test_unknown_utility_is_an_error_not_a_hang(llm: AsyncLLM) -> None:
