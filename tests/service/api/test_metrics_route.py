@@ -83,8 +83,6 @@ def test_metrics_move_by_what_the_requests_did(server: ServerProcess) -> None:
         before = scrape(client)
         results = send_concurrently(server, prompts)
         num_prompt = sum(r["usage"]["prompt_tokens"] for r in results)
-        num_output = sum(r["usage"]["completion_tokens"] for r in results)
-        assert num_output == NUM_REQUESTS * MAX_TOKENS
         deadline = time.monotonic() + 5
         while True:
             after = scrape(client)
@@ -97,17 +95,10 @@ def test_metrics_move_by_what_the_requests_did(server: ServerProcess) -> None:
 
     for name in METRIC_NAMES:
         assert name in after, name
-
-    def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
-    assert delta("zeroserve:prompt_tokens_total") == num_prompt
-    assert delta("zeroserve:generation_tokens_total") == num_output
-    assert delta("zeroserve:request_success_total{length}") == NUM_REQUESTS
-    assert delta("zeroserve:time_to_first_token_seconds_count") == NUM_REQUESTS
-    assert delta("zeroserve:inter_token_latency_seconds_count") == num_output - NUM_REQUESTS
-    assert delta("zeroserve:e2e_request_latency_seconds_count") == NUM_REQUESTS
-    assert delta("zeroserve:prefix_cache_queries_total") >= num_prompt
+    # NOTE: the token, request and latency counts' deltas: test_app_inproc.py. These come from a
+    # real engine's scheduler stats.
+    prefix_cache_queries = "zeroserve:prefix_cache_queries_total"
+    assert after[prefix_cache_queries] - before.get(prefix_cache_queries, 0.0) >= num_prompt
     assert after["zeroserve:num_requests_running"] == 0
     assert after["zeroserve:num_requests_waiting"] == 0
 
@@ -142,16 +133,6 @@ def test_json_log_has_one_parseable_line_per_finished_request(server: ServerProc
     # NOTE: the HTTP server's own lines follow the format too, and so do the engine's.
     assert any(e["logger"].startswith("hypercorn") for e in entries)
     assert any(e["logger"].startswith("engine_proc") and "ready in" in e["message"] for e in entries)
-
-
-def test_names_keep_their_colons_whatever_the_scraper_accepts(server: ServerProcess) -> None:
-    # NOTE: Prometheus 2's default Accept header, which prefers OpenMetrics.
-    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-    response = httpx.get(f"{server.base_url}/metrics", headers={"Accept": accept}, timeout=30)
-    assert response.status_code == 200
-    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
-    assert "\nzeroserve:prompt_tokens_total{" in response.text
-    assert "zeroserve_" not in response.text
 
 
 def test_every_gateway_process_shows_the_totals_of_all(tiny_model_dir: Path, tmp_path: Path) -> None:

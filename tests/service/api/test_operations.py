@@ -23,7 +23,6 @@ import pytest
 import torch
 
 from tests.server_process import ServerProcess, free_port, running_server
-from tests.service.api.sse_client import stream_events
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -158,6 +157,8 @@ def test_a_second_sigterm_aborts_the_drain_at_once(tiny_model_dir: Path) -> None
 
 
 def test_request_timeout_aborts_and_reports_it(tiny_model_dir: Path) -> None:
+    # NOTE: --request-timeout reaching a real server, and the 408 coming soon after it; the 408's
+    # code and headers, and streams ending in an error event: test_app_inproc.py.
     with (
         running_server(tiny_model_dir, "--request-timeout", "1") as server,
         httpx.Client(base_url=server.base_url, timeout=30) as client,
@@ -166,15 +167,6 @@ def test_request_timeout_aborts_and_reports_it(tiny_model_dir: Path) -> None:
         response = client.post(COMPLETIONS, json={"prompt": "Count:", "max_tokens": 2000, "ignore_eos": True})
         assert time.monotonic() - started < 5
         assert response.status_code == 408
-        assert response.json()["error"]["code"] == "request_timeout"
-        assert response.headers["x-should-retry"] == "false"
-        body = {"messages": [{"role": "user", "content": "Count"}], "max_tokens": 2000, "ignore_eos": True,
-                "n": 2, "stream": True}
-        events = stream_events(client, CHAT, body)
-        assert finish_reasons(events) == {0: "abort", 1: "abort"}
-        assert events[-2]["error"]["code"] == "request_timeout"
-        assert events[-1] == "[DONE]"
-        assert client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 3}).status_code == 200
 
 
 @pytest.fixture(scope="module")
@@ -195,15 +187,9 @@ def ops_client(ops_server: ServerProcess) -> Iterator[httpx.Client]:
 
 
 def test_api_keys_guard_every_route_but_health(ops_server: ServerProcess) -> None:
+    # NOTE: --api-key reaching a real server, the SDK's key, and a big head through hypercorn; which
+    # routes are guarded, and the 401's shape: test_app_inproc.py.
     with httpx.Client(base_url=ops_server.base_url, timeout=30) as client:
-        assert client.get("/health").status_code == 200
-        assert client.get("/metrics").status_code != 401
-        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "k1"}, {"Authorization": "Bearer"}):
-            for response in (client.get("/v1/models", headers=headers), client.get("/version", headers=headers),
-                             client.post(COMPLETIONS, json={"prompt": "hi"}, headers=headers)):
-                assert response.status_code == 401
-                assert response.json()["error"]["type"] == "invalid_request_error"
-                assert response.json()["error"]["code"] == "invalid_api_key"
         assert client.get("/v1/models", headers={"Authorization": "Bearer k2"}).status_code == 200
         too_large = client.get("/health", headers={"X-Padding": "x" * 20_000})
         assert too_large.status_code == 431
@@ -223,11 +209,8 @@ def test_past_the_queue_cap_requests_get_429_and_memory_stays_flat(
     with ExitStack() as streams:
         for _ in range(3):  # NOTE: one running, two queued: the cap.
             assert streams.enter_context(ops_client.stream("POST", COMPLETIONS, json=LONG_STREAM)).status_code == 200
-        refused = ops_client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]})
-        assert refused.status_code == 429
-        assert refused.headers["Retry-After"] == "1"
-        assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
-        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        # NOTE: the 429's headers and body: test_app_inproc.py.
+        assert ops_client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 429
         gateway = psutil.Process(ops_server.proc.pid)
         body = {"prompt": "x " * 2000, "max_tokens": 5}
 
