@@ -24,7 +24,7 @@ import pytest
 from proto.engine_config import EngineConfig
 from service.client.engine_launcher import engine_argv
 from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
-from tests.emulated_generate import NUM_TOKENS, PROMPT
+from tests.emulated_generate import NUM_TOKENS, QUESTION
 from tests.server_process import free_port, running_server
 
 QEMU = shutil.which("qemu-x86_64")
@@ -59,7 +59,7 @@ def test_an_emulated_cpu_generates_the_native_greedy_tokens(
     assert QEMU is not None
     emulated = generate(QEMU, "-cpu", cpu)
     assert f"x86_64 {capability}" in str(emulated["cpu"])
-    assert emulated["token_ids"] == native["token_ids"], (PROMPT, emulated["text"], native["text"], emulated["kernels"])
+    assert emulated["token_ids"] == native["token_ids"], (QUESTION, emulated["text"], native["text"], emulated["kernels"])
 
 
 def test_a_gateway_serves_the_native_answer_from_an_engine_on_an_emulated_avx2_cpu(native: dict[str, object]) -> None:
@@ -85,11 +85,11 @@ def test_a_gateway_serves_the_native_answer_from_an_engine_on_an_emulated_avx2_c
             while httpx.get(f"{server.base_url}/health", timeout=5).status_code != 200:
                 assert proc.poll() is None and time.monotonic() < deadline, "the emulated engine did not join"
                 time.sleep(2)
-            body = {"model": resolved.name, "prompt": PROMPT, "max_tokens": NUM_TOKENS, "temperature": 0,
+            body = {"model": resolved.name, "messages": QUESTION, "max_tokens": NUM_TOKENS, "temperature": 0,
                     "ignore_eos": True}
-            response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=600)
+            response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=600)
             assert response.status_code == 200, response.text
-            assert response.json()["choices"][0]["text"] == native["text"]
+            assert response.json()["choices"][0]["message"]["content"] == native["text"]
             assert "x86_64 AVX2" in httpx.get(f"{server.base_url}/version", timeout=5).json()["cpu"]
         finally:
             proc.terminate()
