@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 from tqdm import tqdm
 
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.llama import inverse_frequencies
 from engine_proc.models.quantized_linear import Q4Blocks
+from proto.gguf_header import GGUFHeader, read_gguf_header
 
 _ARCHITECTURES = ("llama", "qwen2", "qwen3")
 _GLOBAL_NAMES = {
@@ -39,21 +41,50 @@ _LAYER_NAMES = {
 _ROPE_FREQS = "rope_freqs.weight"
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+    """One tensor of the file: its ggml type, GGUF shape (innermost first) and bytes, memory-mapped
+    (quantized: one row of blocks per outer index; float: the values, outermost first)."""
+
+    name: str
+    tensor_type: GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+def _tensors(path: str | Path, header: GGUFHeader) -> list[_Tensor]:
+    blob = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors = []
+    for info in header.tensors:
+        tensor_type = GGMLQuantizationType(info.ggml_type)
+        block_size, block_bytes = GGML_QUANT_SIZES[tensor_type]
+        num_rows = math.prod(info.shape[1:])
+        row_bytes = info.shape[0] // block_size * block_bytes
+        data = blob[info.offset : info.offset + num_rows * row_bytes].reshape(num_rows, row_bytes)
+        if tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            data = data.view(np.float32 if tensor_type == GGMLQuantizationType.F32 else np.float16)
+            data = data.reshape(tuple(reversed(info.shape)))
+        tensors.append(_Tensor(info.name, tensor_type, info.shape, data))
+    return tensors
+
+
 def load_gguf_config(path: str | Path) -> ModelConfig:
     """Read the model config from a GGUF file's metadata (no dequantization)."""
-    return _config_from_reader(GGUFReader(path))
+    header = read_gguf_header(path)
+    return _config_from_header(header, _tensors(path, header))
 
 
 def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Q4Blocks]]:
     """Config, float32 tensors and the 4-bit blocks of the Q4_0/Q4_1 ones, named as in Hugging Face checkpoints."""
-    reader = GGUFReader(path)
-    config = _config_from_reader(reader)
+    header = read_gguf_header(path)
+    tensors = _tensors(path, header)
+    config = _config_from_header(header, tensors)
     # NOTE: convert_hf_to_gguf.py permutes Q/K rows of llama-architecture models only.
-    is_permuted = _metadata(reader, "general.architecture") == "llama"
+    is_permuted = header.metadata["general.architecture"] == "llama"
     num_heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     weights: dict[str, torch.Tensor] = {}
     int4_blocks: dict[str, Q4Blocks] = {}
-    for tensor in tqdm(reader.tensors, desc=f"Loading {Path(path).name}", unit="tensor"):
+    for tensor in tqdm(tensors, desc=f"Loading {Path(path).name}", unit="tensor"):
         if tensor.name == _ROPE_FREQS:
             continue
         name = _hf_name(tensor.name)
@@ -74,7 +105,7 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], d
     return config, weights, int4_blocks
 
 
-def _q4_arrays(tensor: ReaderTensor) -> tuple[np.ndarray, ...]:
+def _q4_arrays(tensor: _Tensor) -> tuple[np.ndarray, ...]:
     """(codes, scales, mins) of a Q4_0/Q4_1 tensor: w = code * scale + min per block of 32.
 
     A block is a float16 scale (Q4_1: then a float16 min) and 16 bytes of codes, element j in
@@ -113,35 +144,36 @@ def _to_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array.astype(np.float32, copy=False))
 
 
-def _config_from_reader(reader: GGUFReader) -> ModelConfig:
-    arch = _metadata(reader, "general.architecture")
+def _config_from_header(header: GGUFHeader, tensors: list[_Tensor]) -> ModelConfig:
+    metadata = header.metadata
+    arch = _metadata(metadata, "general.architecture")
     if arch not in _ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(_ARCHITECTURES)}")
-    hidden_size = int(_metadata(reader, f"{arch}.embedding_length"))
-    num_heads = int(_metadata(reader, f"{arch}.attention.head_count"))
-    head_dim = int(_metadata(reader, f"{arch}.attention.key_length", hidden_size // num_heads))
-    rotary_dim = int(_metadata(reader, f"{arch}.rope.dimension_count", head_dim))
+    hidden_size = int(_metadata(metadata, f"{arch}.embedding_length"))
+    num_heads = int(_metadata(metadata, f"{arch}.attention.head_count"))
+    head_dim = int(_metadata(metadata, f"{arch}.attention.key_length", hidden_size // num_heads))
+    rotary_dim = int(_metadata(metadata, f"{arch}.rope.dimension_count", head_dim))
     if rotary_dim != head_dim:
         raise ValueError(f"partial rotary embeddings ({rotary_dim} of {head_dim} dims) are not supported")
     eos_token_ids = tuple(
         int(token_id)
         for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
-        if (token_id := _metadata(reader, key, None)) is not None
+        if (token_id := _metadata(metadata, key, None)) is not None
     )
-    bos_token_id = _metadata(reader, "tokenizer.ggml.bos_token_id", None)
-    tensor_names = {tensor.name for tensor in reader.tensors}
+    bos_token_id = _metadata(metadata, "tokenizer.ggml.bos_token_id", None)
+    tensor_names = {tensor.name for tensor in tensors}
     config = ModelConfig(
         architecture=arch,
-        vocab_size=_vocab_size(reader),
+        vocab_size=_vocab_size(metadata),
         hidden_size=hidden_size,
-        intermediate_size=int(_metadata(reader, f"{arch}.feed_forward_length")),
-        num_hidden_layers=int(_metadata(reader, f"{arch}.block_count")),
+        intermediate_size=int(_metadata(metadata, f"{arch}.feed_forward_length")),
+        num_hidden_layers=int(_metadata(metadata, f"{arch}.block_count")),
         num_attention_heads=num_heads,
-        num_key_value_heads=int(_metadata(reader, f"{arch}.attention.head_count_kv", num_heads)),
+        num_key_value_heads=int(_metadata(metadata, f"{arch}.attention.head_count_kv", num_heads)),
         head_dim=head_dim,
-        rms_norm_eps=float(_metadata(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_metadata(reader, f"{arch}.rope.freq_base", 10000.0)),
-        max_position_embeddings=int(_metadata(reader, f"{arch}.context_length")),
+        rms_norm_eps=float(_metadata(metadata, f"{arch}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(_metadata(metadata, f"{arch}.rope.freq_base", 10000.0)),
+        max_position_embeddings=int(_metadata(metadata, f"{arch}.context_length")),
         tie_word_embeddings="output.weight" not in tensor_names,
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
@@ -149,24 +181,24 @@ def _config_from_reader(reader: GGUFReader) -> ModelConfig:
         bos_token_id=None if bos_token_id is None else int(bos_token_id),
     )
     if _ROPE_FREQS in tensor_names:
-        config = _with_llama3_rope_scaling(reader, config)
+        config = _with_llama3_rope_scaling(metadata, tensors, config)
     return config
 
 
-def _with_llama3_rope_scaling(reader: GGUFReader, config: ModelConfig) -> ModelConfig:
+def _with_llama3_rope_scaling(metadata: dict[str, Any], tensors: list[_Tensor], config: ModelConfig) -> ModelConfig:
     """Recover llama3 rope scaling parameters from the frequency divisors llama.cpp stores.
 
     The divisors are `factor` for long wavelengths, 1 for short ones and a smooth blend between;
     `factor` is their maximum, and the other parameters are Llama 3.x's, checked against the table.
     """
-    tensor = next(tensor for tensor in reader.tensors if tensor.name == _ROPE_FREQS)
+    tensor = next(tensor for tensor in tensors if tensor.name == _ROPE_FREQS)
     divisors = torch.from_numpy(
         np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
     ).flatten()
     factor = float(divisors.max())
     if factor == 1.0:
         return config
-    original = int(_metadata(reader, f"{config.architecture}.rope.scaling.original_context_length", 8192))
+    original = int(_metadata(metadata, f"{config.architecture}.rope.scaling.original_context_length", 8192))
     scaling: tuple[tuple[str, float | str], ...] = (
         ("factor", factor),
         ("high_freq_factor", 4.0),
@@ -183,21 +215,20 @@ def _with_llama3_rope_scaling(reader: GGUFReader, config: ModelConfig) -> ModelC
     return scaled
 
 
-def _vocab_size(reader: GGUFReader) -> int:
-    # NOTE: counted without decoding the token strings, which takes a while for large vocabularies.
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
+def _vocab_size(metadata: dict[str, Any]) -> int:
+    tokens = metadata.get("tokenizer.ggml.tokens")
     if tokens is None:
         raise ValueError("GGUF metadata lacks 'tokenizer.ggml.tokens'")
-    return len(tokens.data)
+    return len(tokens)
 
 
 _REQUIRED = object()
 
 
-def _metadata(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
+def _metadata(metadata: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
+    value = metadata.get(key)
+    if value is None:
         if default is _REQUIRED:
             raise ValueError(f"GGUF metadata lacks {key!r}")
         return default
-    return field.contents()
+    return value

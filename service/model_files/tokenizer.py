@@ -13,7 +13,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as Backend
 from tokenizers import processors
 
-from service.model_files.gguf_metadata import read_gguf_metadata
+from proto.gguf_header import read_gguf_metadata
 from service.model_files.gguf_tokenizer import build_gguf_backend
 
 _TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")

@@ -5,36 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from engine_proc.core import EngineCore
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.model_files.tokenizer import Tokenizer
-from tests.engine_proc.fidelity_prompts import MAX_NEW_TOKENS, NGRAM_DRAFTS, QUESTIONS
-
-
-@pytest.fixture(scope="module")
-def chat_prompts(default_model_path: Path) -> list[list[int]]:
-    tokenizer = Tokenizer.from_model(default_model_path)
-    return [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
-
-
-@pytest.fixture(scope="module")
-def reference_tokens(
-    default_model_path: Path, hf_reference_model: object, chat_prompts: list[list[int]]
-) -> list[list[int]]:
-    """transformers' greedy continuation of each chat prompt."""
-    tokenizer = Tokenizer.from_model(default_model_path)
-    expected = []
-    for prompt in chat_prompts:
-        with torch.no_grad():
-            generated = hf_reference_model.generate(  # type: ignore[attr-defined]
-                torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
-                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
-            )
-        expected.append(generated[0, len(prompt):].tolist())
-    return expected
+from tests.engine_proc.fidelity_prompts import MAX_NEW_TOKENS, NGRAM_DRAFTS
 
 
 @pytest.mark.real_model

@@ -25,8 +25,7 @@ from engine_proc.core import EngineCore
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
-from service.model_files.tokenizer import Tokenizer
-from tests.engine_proc.fidelity_prompts import MAX_NEW_TOKENS, NGRAM_DRAFTS, QUESTIONS
+from tests.engine_proc.fidelity_prompts import NGRAM_DRAFTS
 
 NUM_FREE_RUNNING_TOKENS = 8
 NEAR_TIE_NATS = 0.25
@@ -57,21 +56,10 @@ def force_form(core: EngineCore, form: str) -> None:
 @pytest.mark.real_model
 @pytest.mark.parametrize("form", ["int4", "int8", "planned"])
 def test_weight_only_greedy_tokens_follow_transformers(
-    default_model_path: Path, hf_reference_model: object, form: str
+    default_model_path: Path, hf_reference_model: object, chat_prompts: list[list[int]],
+    reference_tokens: list[list[int]], form: str,
 ) -> None:
-    tokenizer = Tokenizer.from_model(default_model_path)
-    prompts = [
-        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS
-    ]
-    references = []
-    for prompt in prompts:
-        with torch.no_grad():
-            generated = hf_reference_model.generate(  # type: ignore[attr-defined]
-                torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
-                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
-            )
-        references.append(generated[0, len(prompt):].tolist())
-
+    prompts, references = chat_prompts, reference_tokens
     # NOTE: a budget this small chunks every prefill into small forwards, where int4 and int8 run.
     config = EngineConfig(
         model_path=str(default_model_path), dtype="bfloat16", quantization="gguf",

@@ -10,7 +10,7 @@ from typing import Any
 import gguf
 import pytest
 
-from service.model_files.gguf_metadata import read_gguf_metadata
+from proto.gguf_header import read_gguf_metadata
 from service.model_files.gguf_tokenizer import build_gguf_backend
 from service.model_files.tokenizer import Tokenizer
 

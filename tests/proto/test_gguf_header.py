@@ -1,4 +1,5 @@
-"""Reading GGUF metadata: every value type comes back as written."""
+"""Reading a GGUF header: every metadata value type comes back as written, and each tensor is
+where `gguf.GGUFReader` finds it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import gguf
 import numpy as np
 import pytest
 
-from service.model_files.gguf_metadata import read_gguf_metadata
+from proto.gguf_header import read_gguf_header, read_gguf_metadata
 
 
 def test_reads_back_what_gguf_writer_wrote(tmp_path: Path) -> None:
@@ -42,3 +43,28 @@ def test_rejects_a_file_that_is_not_gguf(tmp_path: Path) -> None:
     path.write_bytes(b"not a gguf file at all, just text" * 4)
     with pytest.raises(ValueError, match="not a GGUF"):
         read_gguf_metadata(path)
+
+
+def test_tensors_lie_where_gguf_reader_finds_them(tmp_path: Path) -> None:
+    path = tmp_path / "tensors.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_uint32("general.alignment", 64)
+    rng = np.random.default_rng(0)
+    writer.add_tensor("norm.weight", rng.standard_normal(7).astype(np.float32))
+    for name, quant in (("a.weight", gguf.GGMLQuantizationType.Q4_1), ("b.weight", gguf.GGMLQuantizationType.Q8_0)):
+        weight = rng.standard_normal((3, 64)).astype(np.float32)
+        writer.add_tensor(name, gguf.quants.quantize(weight, quant), raw_dtype=quant)
+    writer.add_tensor("c.weight", rng.standard_normal((2, 5, 3)).astype(np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    header = read_gguf_header(path)
+
+    expected = [
+        (t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.data_offset))
+        for t in gguf.GGUFReader(path).tensors
+    ]
+    assert [(t.name, t.shape, t.ggml_type, t.offset) for t in header.tensors] == expected
+    assert [t.shape for t in header.tensors] == [(7,), (64, 3), (64, 3), (3, 5, 2)]
