@@ -1,17 +1,18 @@
 // The Python module of zeroserve's CPU kernels (engine_proc/cpu_kernels.py builds it).
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
-torch::Tensor paged_decode_attention(
-    const torch::Tensor& query, const torch::Tensor& cache, const torch::Tensor& block_table,
-    const torch::Tensor& row_limits, double scale);
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
-torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
-torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual, const torch::Tensor& weight, double eps);
-std::vector<torch::Tensor> rotary_store_kv(
-    const torch::Tensor& qkv, const torch::Tensor& cos_sin, const torch::Tensor& slots, torch::Tensor& cache, int64_t num_heads);
+at::Tensor paged_decode_attention(
+    const at::Tensor& query, const at::Tensor& cache, const at::Tensor& block_table,
+    const at::Tensor& row_limits, double scale);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
+std::vector<at::Tensor> rotary_store_kv(
+    const at::Tensor& qkv, const at::Tensor& cos_sin, const at::Tensor& slots, at::Tensor& cache, int64_t num_heads);
 #ifdef ZEROSERVE_AMX
-torch::Tensor pack_greedy_head(const torch::Tensor& weight);
-torch::Tensor greedy_head(const torch::Tensor& hidden, const torch::Tensor& packed_weight, int64_t vocab_size);
+at::Tensor pack_greedy_head(const at::Tensor& weight);
+at::Tensor greedy_head(const at::Tensor& hidden, const at::Tensor& packed_weight, int64_t vocab_size);
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -3,7 +3,7 @@
 // bfloat16 as those ops (SiLU·up, the residual add and rotary bit for bit; RMSNorm sums its
 // squares in another order, so now and then a value lands one bfloat16 step away).
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include "vec16.h"
 
@@ -25,7 +25,7 @@ inline void rms_norm_row(const uint16_t* row, const uint16_t* w, uint16_t* out, 
   for (int64_t i = 0; i < hidden; i += 16) store_bf16(out + i, round_bf16(load_bf16(row + i) * scale) * load_bf16(w + i));
 }
 
-void check_rows(const torch::Tensor& x, const torch::Tensor& weight) {
+void check_rows(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.is_contiguous() && weight.is_contiguous());
   TORCH_CHECK(x.dim() == 2 && x.size(1) % 16 == 0 && weight.numel() == x.size(1));
 }
@@ -33,10 +33,10 @@ void check_rows(const torch::Tensor& x, const torch::Tensor& weight) {
 }  // namespace
 
 // x [M, H] bf16 contiguous, weight [H] bf16: weight * bf16(x / rms(x)), computed as Hugging Face does.
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, weight);
   const int64_t rows = x.size(0), hidden = x.size(1);
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   const auto* in = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr());
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
@@ -48,11 +48,11 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 
 // residual += x (rounded to bf16, in place), then the RMSNorm of the sum: a layer's residual
 // add and the next norm in one pass. x, residual [M, H] bf16 contiguous.
-torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual, const torch::Tensor& weight, double eps) {
+at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
   check_rows(residual, weight);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.sizes() == residual.sizes());
   const int64_t rows = x.size(0), hidden = x.size(1);
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   const auto* in = reinterpret_cast<const uint16_t*>(x.data_ptr());
   auto* res = reinterpret_cast<uint16_t*>(residual.data_ptr());
   const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr());
@@ -73,8 +73,8 @@ torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual, cons
 // [2, KVH, S, D] bf16 contiguous. Returns the rotated queries [T, H, D] and keys [T, KVH, D].
 // Each value as torch's `x * cos + x.roll(D / 2) * sin` in bf16 rounds it: both products
 // rounded, then their sum.
-std::vector<torch::Tensor> rotary_store_kv(
-    const torch::Tensor& qkv, const torch::Tensor& cos_sin, const torch::Tensor& slots, torch::Tensor& cache, int64_t num_heads) {
+std::vector<at::Tensor> rotary_store_kv(
+    const at::Tensor& qkv, const at::Tensor& cos_sin, const at::Tensor& slots, at::Tensor& cache, int64_t num_heads) {
   TORCH_CHECK(qkv.scalar_type() == at::kBFloat16 && cos_sin.scalar_type() == at::kBFloat16 && cache.scalar_type() == at::kBFloat16);
   TORCH_CHECK(qkv.is_contiguous() && cos_sin.is_contiguous() && cache.is_contiguous() && slots.scalar_type() == at::kLong);
   TORCH_CHECK(cache.dim() == 4 && cache.size(0) == 2);
@@ -82,8 +82,8 @@ std::vector<torch::Tensor> rotary_store_kv(
   const int64_t half = dim / 2;
   TORCH_CHECK(dim % 32 == 0 && qkv.size(1) == (num_heads + 2 * num_kv_heads) * dim && cos_sin.size(1) == 2 * dim);
   TORCH_CHECK(cos_sin.size(0) == num_tokens && slots.numel() == num_tokens);
-  auto query = torch::empty({num_tokens, num_heads, dim}, qkv.options());
-  auto key = torch::empty({num_tokens, num_kv_heads, dim}, qkv.options());
+  auto query = at::empty({num_tokens, num_heads, dim}, qkv.options());
+  auto key = at::empty({num_tokens, num_kv_heads, dim}, qkv.options());
   const auto* in = reinterpret_cast<const uint16_t*>(qkv.data_ptr());
   const auto* table = reinterpret_cast<const uint16_t*>(cos_sin.data_ptr());
   const int64_t* slot = slots.data_ptr<int64_t>();
@@ -115,11 +115,11 @@ std::vector<torch::Tensor> rotary_store_kv(
 }
 
 // gate_up [M, 2I] bf16 contiguous -> bf16(silu(gate)) * up, rounded like torch's two bf16 ops.
-torch::Tensor silu_and_mul(const torch::Tensor& gate_up) {
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16 && gate_up.is_contiguous());
   const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
   TORCH_CHECK(width % 16 == 0);
-  auto out = torch::empty({rows, width}, gate_up.options());
+  auto out = at::empty({rows, width}, gate_up.options());
   const auto* in = reinterpret_cast<const uint16_t*>(gate_up.data_ptr());
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
   at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {

@@ -7,7 +7,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -77,11 +77,11 @@ inline void update_best(const float (&logits)[4][kTileRows][kTileRows], int16_t 
 
 // weight [vocab, hidden] bf16 -> the AMX tile layout greedy_head reads: [ceil(vocab / 32) * 2,
 // hidden / 32, 16, 32], each 16 × 32 tile holding 16 ids' pairs of features side by side.
-torch::Tensor pack_greedy_head(const torch::Tensor& weight) {
+at::Tensor pack_greedy_head(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.size(1) % kTileDepth == 0);
   const int64_t vocab_size = weight.size(0), hidden = weight.size(1);
   const int64_t padded = (vocab_size + kBlockIds - 1) / kBlockIds * kBlockIds;
-  auto padded_weight = torch::zeros({padded, hidden}, weight.options());
+  auto padded_weight = at::zeros({padded, hidden}, weight.options());
   padded_weight.narrow(0, 0, vocab_size).copy_(weight);
   // [tile, id, depth chunk, pair, two] -> [tile, depth chunk, pair, id, two]
   return padded_weight.view({padded / kTileRows, kTileRows, hidden / kTileDepth, kTileRows, 2})
@@ -92,7 +92,7 @@ torch::Tensor pack_greedy_head(const torch::Tensor& weight) {
 
 // hidden [rows, H] bf16, packed_weight from pack_greedy_head -> int64 [rows]: each row's first argmax
 // of bf16(hidden @ weight.T) over the first vocab_size ids.
-torch::Tensor greedy_head(const torch::Tensor& hidden, const torch::Tensor& packed_weight, int64_t vocab_size) {
+at::Tensor greedy_head(const at::Tensor& hidden, const at::Tensor& packed_weight, int64_t vocab_size) {
   TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kBFloat16 && packed_weight.scalar_type() == at::kBFloat16);
   TORCH_CHECK(is_amx_granted(), "the kernel asked Linux for AMX tile state and was refused");
   const int64_t num_rows = hidden.size(0), depth = hidden.size(1), num_chunks_k = depth / kTileDepth;
@@ -102,13 +102,13 @@ torch::Tensor greedy_head(const torch::Tensor& hidden, const torch::Tensor& pack
   const int64_t padded_rows = (num_rows + kBlockRows - 1) / kBlockRows * kBlockRows;
   auto x = hidden.contiguous();
   if (padded_rows != num_rows) {
-    x = torch::cat({x, torch::zeros({padded_rows - num_rows, depth}, x.options())});
+    x = at::cat({x, at::zeros({padded_rows - num_rows, depth}, x.options())});
   }
   const int64_t num_row_blocks = padded_rows / kBlockRows;
   const int64_t chunk_blocks = std::max<int64_t>(1, kChunkBytes / (kBlockIds * depth * 2));
   const int64_t num_chunks = (num_blocks + chunk_blocks - 1) / chunk_blocks;
-  auto chunk_best = torch::empty({padded_rows, num_chunks}, hidden.options().dtype(at::kShort));
-  auto chunk_ids = torch::empty({padded_rows, num_chunks}, hidden.options().dtype(at::kInt));
+  auto chunk_best = at::empty({padded_rows, num_chunks}, hidden.options().dtype(at::kShort));
+  auto chunk_ids = at::empty({padded_rows, num_chunks}, hidden.options().dtype(at::kInt));
   const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* ws = reinterpret_cast<const uint16_t*>(packed_weight.data_ptr());
   auto* chunk_best_out = chunk_best.data_ptr<int16_t>();
@@ -179,7 +179,7 @@ torch::Tensor greedy_head(const torch::Tensor& hidden, const torch::Tensor& pack
     _tile_release();
   });
 
-  auto token_ids = torch::empty({num_rows}, hidden.options().dtype(at::kLong));
+  auto token_ids = at::empty({num_rows}, hidden.options().dtype(at::kLong));
   auto* out = token_ids.data_ptr<int64_t>();
   for (int64_t row = 0; row < num_rows; ++row) {
     // NOTE: chunks in id order, strictly greater: the first maximum wins across chunks too.

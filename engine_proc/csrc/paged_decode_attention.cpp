@@ -10,7 +10,7 @@
 // 4 rows per pass. Float32 throughout, bfloat16 out (rounded to nearest even, as torch does).
 
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include "vec16.h"
 
@@ -95,9 +95,9 @@ float* aligned(std::vector<float>& buffer) {
 // query [S, KVH, R, D] (R rows per KV head: its query heads × the sequence's query tokens),
 // cache [2, KVH, num_slots, D] (slot = block * 16 + offset), block_table [S, max_blocks],
 // row_limits [S, R] (how many keys each row sees); returns [S, KVH, R, D].
-torch::Tensor paged_decode_attention(
-    const torch::Tensor& query, const torch::Tensor& cache, const torch::Tensor& block_table,
-    const torch::Tensor& row_limits, double scale) {
+at::Tensor paged_decode_attention(
+    const at::Tensor& query, const at::Tensor& cache, const at::Tensor& block_table,
+    const at::Tensor& row_limits, double scale) {
   TORCH_CHECK(query.scalar_type() == at::kBFloat16 && cache.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(block_table.scalar_type() == at::kLong && row_limits.scalar_type() == at::kLong, "int64 tables");
   TORCH_CHECK(query.is_contiguous() && cache.is_contiguous() && block_table.is_contiguous() && row_limits.is_contiguous());
@@ -105,7 +105,7 @@ torch::Tensor paged_decode_attention(
   TORCH_CHECK(head_dim % 16 == 0 && cache.size(3) == head_dim && cache.size(1) == num_kv_heads, "head_dim must be a multiple of 16");
   TORCH_CHECK(row_limits.size(0) == num_seqs && row_limits.size(1) == num_rows && block_table.size(0) == num_seqs);
   const int64_t num_slots = cache.size(2), max_blocks = block_table.size(1);
-  auto out = torch::empty_like(query);
+  auto out = at::empty_like(query);
   const auto* queries = reinterpret_cast<const uint16_t*>(query.data_ptr());
   const auto* kv = reinterpret_cast<const uint16_t*>(cache.data_ptr());
   const int64_t* tables = block_table.data_ptr<int64_t>();
