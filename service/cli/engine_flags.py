@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
+from typing import Any
 
+from proto import envs
 from proto.engine_config import EngineConfig
 from service.cli.setting_flags import add_setting_flags, setting_values
 from service.model_files.model_registry import DEFAULT_MODEL
@@ -23,3 +27,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 def engine_config_from(args: argparse.Namespace, model_path: str = "", model_name: str = "") -> EngineConfig:
     return EngineConfig(model_path=model_path, model_name=model_name, **setting_values(args, EngineConfig))
+
+
+def engine_settings_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The engine settings ZEROSERVE_<FLAG> variables set (ZEROSERVE_DTYPE for `--dtype`), by field
+    name, parsed and checked as the commands parse them: what `LLM()` starts from."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_engine_args(parser)
+    values = envs.flag_defaults_from_env(parser, os.environ if environ is None else environ)
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}

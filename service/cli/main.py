@@ -30,37 +30,44 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(commands)
     add_engine_parser(commands)
     add_keys_parser(commands)
-    # NOTE: last, so that every serve flag gets its variable.
-    envs.document_flag_vars(serve)
+    # NOTE: last, so that every flag gets its variable.
+    for command in ENV_COMMANDS:
+        envs.document_flag_vars(_subparser(parser, *command))
     return parser
 
 
+# NOTE: the commands that start an engine read ZEROSERVE_<FLAG> for each of their flags, as
+# LLM() does for its engine settings; the clients (`bench serve`, `keys`) read none.
+ENV_COMMANDS = (("serve",), ("generate",), ("engine",), ("bench", "throughput"))
+
+
 def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> argparse.Namespace:
-    """The command line, with ZEROSERVE_<FLAG> variables as the serve flags' defaults; a bad
-    value exits with status 2 and a message naming the flag or the variable."""
+    """The command line, with ZEROSERVE_<FLAG> variables as the flags' defaults (ENV_COMMANDS);
+    a bad value exits with status 2 and a message naming the flag or the variable."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "serve":
+    command_path = (args.command, *([sub] if (sub := getattr(args, f"{args.command}_command", None)) else []))
+    if command_path not in ENV_COMMANDS:
         return args
-    serve = _subparser(parser, "serve")
+    command = _subparser(parser, *command_path)
     try:
-        defaults = envs.flag_defaults_from_env(serve, os.environ if environ is None else environ)
+        defaults = envs.flag_defaults_from_env(command, os.environ if environ is None else environ)
     except ValueError as exc:
-        serve.error(str(exc))
+        command.error(str(exc))
     # NOTE: an appending flag (--api-key) would add to its variable's list; given, it replaces it.
     defaults = {
         dest: value for dest, value in defaults.items() if not (isinstance(value, list) and getattr(args, dest))
     }
-    serve.set_defaults(**defaults)
+    command.set_defaults(**defaults)
     return parser.parse_args(argv)
 
 
-def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            found: argparse.ArgumentParser = action.choices[command]
-            return found
-    raise KeyError(command)
+def _subparser(parser: argparse.ArgumentParser, *path: str) -> argparse.ArgumentParser:
+    """The parser of `zeroserve serve` for ("serve",), of `zeroserve bench throughput` for ("bench", "throughput")."""
+    for command in path:
+        action = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+        parser = action.choices[command]
+    return parser
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:

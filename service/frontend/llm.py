@@ -11,6 +11,7 @@ from typing import Any, TypedDict, cast
 from tqdm import tqdm
 
 from proto.engine_config import EngineConfig, settings_from
+from service.cli.engine_flags import engine_settings_from_env
 from service.frontend.llm_engine import LLMEngine
 from service.frontend.outputs import RequestOutput, accumulate
 from service.frontend.sampling_params import SamplingParams, generation_defaults_of
@@ -43,11 +44,11 @@ class LLM:
     ) -> None:
         """`engine_settings`: any of EngineConfig's fields (proto/engine_config.py), the names of
         `zeroserve serve`'s engine flags with underscores (`kv_cache_memory_gib` for
-        `--kv-cache-memory`); `speculative_config` and `hf_overrides` also as dicts."""
+        `--kv-cache-memory`); `speculative_config` and `hf_overrides` also as dicts. A setting not
+        given here is read from its ZEROSERVE_<FLAG> variable, as the commands read it."""
         resolved = resolve_model(model)
-        engine_config = EngineConfig(
-            model_path=str(resolved.path), model_name=resolved.name, **settings_from(engine_settings)
-        )
+        settings = {**engine_settings_from_env(), **settings_from(engine_settings)}
+        engine_config = EngineConfig(model_path=str(resolved.path), model_name=resolved.name, **settings)
         self._start(resolved, engine_config, multiprocess_mode, stats_log_interval_s, generation_config)
 
     @classmethod

@@ -9,7 +9,8 @@ import pytest
 from engine_proc.main import parse_args
 from proto import envs
 from proto.engine_config import EngineConfig
-from service.cli.main import build_parser, config_from_args, main
+from service.cli.engine_flags import engine_config_from
+from service.cli.main import ENV_COMMANDS, build_parser, config_from_args, main
 from service.cli.main import parse_args as parse_serve_args
 from service.client.engine_launcher import engine_argv
 
@@ -101,6 +102,27 @@ def test_every_serve_flag_reads_its_variable_and_the_flag_beats_it() -> None:
     assert config.generation_config == (("temperature", 0.5),)
     flags = config_from_args(parse_serve_args(["serve", "x.gguf", "--port", "9002", "--api-key", "k3"], environ))
     assert (flags.model, flags.port, flags.api_keys) == ("x.gguf", 9002, ("k3",))
+
+
+@pytest.mark.parametrize("command", ENV_COMMANDS, ids=" ".join)
+def test_every_command_that_starts_an_engine_reads_the_same_variables(
+    command: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    environ = {"ZEROSERVE_DTYPE": "float32", "ZEROSERVE_MAX_NUM_SEQS": "7", "ZEROSERVE_MODEL": "m.gguf"}
+    required = ["--input", "in.jsonl", "--output", "out.jsonl"] if command == ("generate",) else ["--gateway", "tcp://h:1"] * (command == ("engine",))
+    args = parse_serve_args([*command, *required], environ)
+    config = engine_config_from(args)
+    assert (config.dtype, config.max_num_seqs, args.model) == ("float32", 7, "m.gguf")
+    flags = engine_config_from(parse_serve_args([*command, *required, "--dtype", "bfloat16"], environ))
+    assert (flags.dtype, flags.max_num_seqs) == ("bfloat16", 7)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_serve_args([*command, *required], {"ZEROSERVE_DTYPE": "float8"})
+    assert exit_info.value.code == 2 and "ZEROSERVE_DTYPE" in capsys.readouterr().err
+    monkeypatch.setenv("COLUMNS", "400")
+    with pytest.raises(SystemExit):
+        parse_serve_args([*command, "--help"], {})
+    text = " ".join(capsys.readouterr().out.split())
+    assert "[env: ZEROSERVE_DTYPE]" in text and "[env: ZEROSERVE_MAX_NUM_SEQS]" in text
 
 
 @pytest.mark.parametrize(

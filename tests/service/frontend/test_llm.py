@@ -114,3 +114,19 @@ def test_stats_log_line_while_working(llm: LLM, caplog: pytest.LogCaptureFixture
     lines = [r.getMessage() for r in caplog.records if r.name == "zeroserve.stats"]
     assert lines, "no stats line while generating"
     assert all("Avg generation throughput" in line and "KV cache usage" in line for line in lines)
+
+
+def test_settings_not_given_come_from_the_commands_variables(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ZEROSERVE_DTYPE", "float32")
+    monkeypatch.setenv("ZEROSERVE_MAX_MODEL_LEN", "512")
+    monkeypatch.setenv("ZEROSERVE_MAX_NUM_SEQS", "5")
+    with LLM(str(tiny_model_dir), multiprocess_mode=False, kv_cache_memory_gib=0.05, max_num_seqs=3) as llm:
+        core = llm.llm_engine.engine_core
+        assert core.ready.max_model_len == 512
+        assert core.engine_core.config.max_num_seqs == 3  # NOTE: given beats the variable
+        assert str(core.engine_core.model_runner.dtype) == "torch.float32"
+        params = SamplingParams(temperature=0.0, max_tokens=600, ignore_eos=True)
+        with pytest.raises(ValueError, match="512"):
+            llm.generate("Hello", params, use_tqdm=False)
