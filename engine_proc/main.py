@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from dataclasses import dataclass
 
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     config, launch = parse_args(argv)
     link = launch.link
     if not link.is_headless:
+        # NOTE: the gateway owns shutdown and stops its engines itself; a terminal's Ctrl-C (the
+        # engine runs in a session of its own, so none should reach it) must not kill them first.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_parent()
     from engine_proc.core import EngineCore
     from engine_proc.core_proc import EngineCoreProc
@@ -75,5 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         link.accept_timeout_s,
     )
     if link.is_headless:
-        signal.signal(signal.SIGTERM, lambda signum, frame: proc.begin_drain())
+        # NOTE: Ctrl-C or SIGTERM leaves gracefully; a second one exits at once.
+        def on_signal(signum: int, frame: object) -> None:
+            if proc.drain_deadline is not None:
+                os._exit(128 + signum)
+            proc.begin_drain()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, on_signal)
     return proc.run()

@@ -62,7 +62,10 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
                 "--listen-fd", str(listener.fileno()), "--engine-addresses", inputs[k], outputs[k],
             ],
             pass_fds=[listener.fileno()],
+            # NOTE: out of the terminal's process group: this process passes a Ctrl-C on once as
+            # SIGTERM (a gateway's second signal would abort its requests).
             preexec_fn=die_with_parent,
+            start_new_session=True,
             env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir},
         )
         for k in range(num_servers)

@@ -47,8 +47,11 @@ def local_server(
     port = free_port()
     command = [sys.executable, "-m", "service", "serve", *serve_args, "--port", str(port)]
     log = None if log_file is None else log_file.open("wb")
+    # NOTE: the leader of a process group of its own, as a shell starts a command: a signal to
+    # that group reaches the server and never this process.
     proc = subprocess.Popen(
-        command, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=None if log is None else subprocess.STDOUT
+        command, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=None if log is None else subprocess.STDOUT,
+        start_new_session=True,
     )
     server = ServerProcess(proc, f"http://127.0.0.1:{port}")
     try:

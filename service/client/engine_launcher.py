@@ -39,8 +39,11 @@ class EngineProcess:
     ) -> None:
         self.engine_index = engine_index
         argv = engine_argv(config, engine_index, input_address, output_address, log_format)
+        # NOTE: a session of its own, so a terminal's Ctrl-C (sent to the whole foreground process
+        # group) reaches only the gateway, which drains and then stops its engines.
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine_proc", *argv], env={**os.environ, **env} if env else None
+            [sys.executable, "-m", "engine_proc", *argv], env={**os.environ, **env} if env else None,
+            start_new_session=True,
         )
         self._is_shutting_down = False
         self._watcher = threading.Thread(

@@ -1,6 +1,6 @@
 """What operators rely on, against real gateway and engine processes on the tiny model: health
 while loading and after the engine dies, API keys, 429 past the queue cap, request timeouts,
-the SIGTERM drain, SIGKILL, and SSE keepalive comments."""
+the SIGTERM drain, Ctrl-C to the whole process group, SIGKILL, and SSE keepalive comments."""
 
 from __future__ import annotations
 
@@ -138,6 +138,36 @@ def test_sigterm_drains_finishes_short_streams_aborts_long_ones_and_exits_0(tiny
         assert is_gone(engine_pid)
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{server.base_url}/health")
+
+
+@pytest.mark.parametrize("num_api_servers", ["1", "2"])
+def test_ctrl_c_to_the_whole_process_group_drains_every_stream_and_exits_0(
+    tiny_model_dir: Path, num_api_servers: str
+) -> None:
+    # NOTE: a terminal's Ctrl-C signals every process in its foreground group; the server was
+    # started as the leader of a group of its own, as a shell starts `make serve`.
+    with (
+        running_server(tiny_model_dir, "--api-server-count", num_api_servers) as server,
+        httpx.Client(base_url=server.base_url, timeout=60) as client,
+        ExitStack() as streams,
+    ):
+        assert os.getpgid(server.proc.pid) == server.proc.pid
+        processes = psutil.Process(server.proc.pid).children(recursive=True)
+        assert len(processes) == 1 + 2 * (num_api_servers == "2")
+        body = {**LONG_STREAM, "max_tokens": 800}
+        lines = [streams.enter_context(client.stream("POST", COMPLETIONS, json=body)).iter_lines() for _ in range(4)]
+        for stream_lines in lines:
+            first_data_line(stream_lines)
+        os.killpg(server.proc.pid, signal.SIGINT)
+        wait_for(lambda: client.get("/health").status_code == 503, 5)
+        with ThreadPoolExecutor(4) as pool:
+            events = list(pool.map(data_events, lines))
+        for stream_events in events:
+            assert stream_events[-1] == "[DONE]"
+            assert not any("error" in event for event in stream_events[:-1])
+            assert finish_reasons(stream_events) == {0: "length"}
+        assert server.proc.wait(30) == 0
+        wait_for(lambda: all(is_gone(process.pid) for process in processes), 10)
 
 
 def test_a_second_sigterm_aborts_the_drain_at_once(tiny_model_dir: Path) -> None:
