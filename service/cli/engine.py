@@ -57,9 +57,30 @@ def add_keys_parser(commands: Any) -> None:
     )
     generate.add_argument("--dir", type=Path, required=True, help="folder to write the key files into")
     generate.add_argument("--name", default="gateway", help="file name stem (default: %(default)s)")
+    generate.add_argument(
+        "--force", action="store_true", help="write the secret key even inside a git work tree"
+    )
 
 
 def run_keys(args: argparse.Namespace) -> int:
+    work_tree = git_work_tree_of(args.dir)
+    if work_tree is not None and not args.force:
+        print(
+            f"zeroserve keys generate: error: {args.dir} is inside the git work tree {work_tree}, where a "
+            "secret key is one `git add` away from being published; write the keys elsewhere "
+            "(--dir ~/.config/zeroserve/keys) or pass --force",
+            file=sys.stderr,
+        )
+        return 2
     public, secret = generate_keys(args.dir, args.name)
     print(f"public key: {public}\nsecret key: {secret}")
     return 0
+
+
+def git_work_tree_of(directory: Path) -> Path | None:
+    """The git work tree `directory` is (or would be, once made) inside, or None."""
+    folder = directory.expanduser().resolve()
+    for candidate in (folder, *folder.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return None
