@@ -24,7 +24,7 @@ import pytest
 
 from proto.engine_config import EngineConfig
 from service.client.engine_launcher import engine_argv
-from tests.emulated_generate import NUM_TOKENS, QUESTION
+from tests.emulated_generate import NUM_TOKENS, PROMPT
 from tests.server_process import free_port, running_server
 
 QEMU = shutil.which("qemu-x86_64")
@@ -57,7 +57,7 @@ def test_an_emulated_avx2_cpu_generates_the_native_greedy_tokens(native: dict[st
     assert QEMU is not None
     emulated = generate(QEMU, "-cpu", "Haswell")
     assert "x86_64 AVX2" in str(emulated["cpu"])
-    assert emulated["token_ids"] == native["token_ids"], (QUESTION, emulated["text"], native["text"], emulated["kernels"])
+    assert emulated["token_ids"] == native["token_ids"], (PROMPT, emulated["text"], native["text"], emulated["kernels"])
 
 
 def test_a_cpu_with_none_of_the_fast_paths_generates_the_native_greedy_tokens(native: dict[str, object]) -> None:
@@ -68,7 +68,10 @@ def test_a_cpu_with_none_of_the_fast_paths_generates_the_native_greedy_tokens(na
     assert str(plain["cpu"]).endswith("x86_64 DEFAULT")
     kernels = dict(plain["kernels"])  # type: ignore[call-overload]
     assert kernels["linears"] == kernels["head"] == "dense" and kernels["norms"] == "torch ops", kernels
-    assert plain["token_ids"] == native["token_ids"], (QUESTION, plain["text"], native["text"], plain["kernels"])
+    assert plain["token_ids"] == native["token_ids"], (PROMPT, plain["text"], native["text"], plain["kernels"])
+
+
+QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
 
 
 def ask(base_url: str, model: str) -> dict[str, object]:
