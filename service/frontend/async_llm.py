@@ -15,7 +15,7 @@ from service.client.core_client import EngineCoreClient, EngineDeadError
 from service.client.engine_state import EngineLost
 from service.client.make_client import make_client
 from service.frontend.input_processor import InputProcessor
-from service.frontend.output_processor import OutputProcessor, RequestOutputCollector
+from service.frontend.output_processor import OutputProcessor, RequestOutputCollector, RequestState
 from service.frontend.outputs import RequestOutput
 from service.frontend.sampling_params import SamplingParams
 from service.model_files.tokenizer import Tokenizer
@@ -99,10 +99,25 @@ class AsyncLLM:
             raise
 
     async def abort(self, request_ids: list[str]) -> None:
+        """Ends the requests (a client gone, a drain given up) in the engine, and records each as
+        finished with reason "abort" (a request log line, the metrics' count)."""
         request_ids = [r for r in request_ids if r in self.output_processor.request_states]
         if request_ids:
-            self.output_processor.abort_requests(request_ids)
+            aborted = self.output_processor.abort_requests(request_ids)
             await self.engine_client.abort_requests_async(request_ids)
+            if self.stat_loggers is not None:
+                self._record_aborted(aborted)
+
+    def _record_aborted(self, states: list[RequestState]) -> None:
+        assert self.stat_loggers is not None
+        by_engine: dict[int, IterationStats] = {}
+        for state in states:
+            stats = by_engine.setdefault(state.engine_index, IterationStats(state.engine_index))
+            stats.update_from_finished_request(
+                state.request_id, "abort", len(state.prompt_token_ids), state.num_cached_tokens, state.stats
+            )
+        for engine_index, stats in by_engine.items():
+            self.stat_loggers.record(engine_index, None, stats)
 
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_client.reset_prefix_cache_async()

@@ -77,6 +77,7 @@ class RequestState:
         self.min_tokens = request.sampling_params.min_tokens
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
+        self.engine_index = 0  # NOTE: the engine its outputs came from (the first, until one has).
         self.stats = RequestStateStats(arrival_time)
 
     def make_output(self, engine_output: EngineCoreOutput) -> RequestOutput:
@@ -153,9 +154,9 @@ class OutputProcessor:
             request, prompt, detokenizer, stop_checker, collector, index, request.arrival_time or time.time()
         )
 
-    def abort_requests(self, request_ids: list[str]) -> None:
-        for request_id in request_ids:
-            self.request_states.pop(request_id, None)
+    def abort_requests(self, request_ids: list[str]) -> list[RequestState]:
+        """Forgets the requests; returns the states of those that were still in flight."""
+        return [state for request_id in request_ids if (state := self.request_states.pop(request_id, None))]
 
     def process_outputs(
         self,
@@ -170,6 +171,7 @@ class OutputProcessor:
             if state is None:
                 continue  # NOTE: aborted here while the engine was still producing it.
             if iteration_stats is not None:
+                state.engine_index = iteration_stats.engine_index
                 iteration_stats.update_from_output(
                     engine_output, engine_timestamp, len(state.prompt_token_ids), state.stats
                 )

@@ -5,6 +5,8 @@ the SIGTERM drain, Ctrl-C to the whole process group, SIGKILL, and SSE keepalive
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import re
 import os
 import signal
 import subprocess
@@ -168,6 +170,18 @@ def test_ctrl_c_to_the_whole_process_group_drains_every_stream_and_exits_0(
             assert finish_reasons(stream_events) == {0: "length"}
         assert server.proc.wait(30) == 0
         wait_for(lambda: all(is_gone(process.pid) for process in processes), 10)
+
+
+def test_a_stream_the_client_dropped_gets_its_request_log_line_and_metric(tiny_model_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    with running_server(tiny_model_dir, log_file=log) as server, httpx.Client(base_url=server.base_url, timeout=30) as client:
+        with client.stream("POST", COMPLETIONS, json={**LONG_STREAM, "max_tokens": 2000}) as dropped:
+            request_id = json.loads(first_data_line(dropped.iter_lines())[len("data: "):])["id"]
+        wait_for(lambda: f"request {request_id}" in log.read_text(), 10)
+        line = next(line for line in log.read_text().splitlines() if f"request {request_id}" in line)
+        assert "finished (abort)" in line, line
+        metrics = client.get("/metrics").text
+        assert re.search(r'request_success_total{[^}]*finished_reason="abort"[^}]*} 1.0', metrics), metrics
 
 
 def test_a_second_sigterm_aborts_the_drain_at_once(tiny_model_dir: Path) -> None:
