@@ -29,6 +29,11 @@ class EngineCoreClient:
     def is_dead(self) -> bool:
         return False
 
+    @property
+    def live_engine_indices(self) -> list[int]:
+        """The engines that serve now (none while the gateway waits for a remote one to join)."""
+        return [0]
+
     def is_serving_rank(self, rank: int) -> bool:
         """Whether engine `rank` takes requests now (for a request's data_parallel_rank)."""
         return rank == 0

@@ -18,6 +18,7 @@ class EngineState:
         self.identity = identity
         self.ready = ready
         self.is_alive = True
+        self.has_left = False  # NOTE: said goodbye with nothing in flight (not lost)
         self.is_draining = False
         self.last_seen = time.monotonic()
         # request id → prompt tokens, for requests with no output yet

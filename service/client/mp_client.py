@@ -79,8 +79,15 @@ class MPClient(EngineCoreClient):
 
     @property
     def is_dead(self) -> bool:
-        """True once no engine is left serving (after the first joined)."""
-        return self._is_dead or (bool(self.engines) and not self.alive_engines)
+        """True once no engine is left serving and one was lost (after the first joined); engines
+        that all left cleanly leave the gateway waiting for another (`live_engine_indices` empty)."""
+        if self._is_dead:
+            return True
+        return bool(self.engines) and not self.alive_engines and not all(e.has_left for e in self.engines.values())
+
+    @property
+    def live_engine_indices(self) -> list[int]:
+        return [engine.index for engine in self.alive_engines]
 
     def is_serving_rank(self, rank: int) -> bool:
         engine = self.engines.get(rank)
@@ -160,7 +167,9 @@ class MPClient(EngineCoreClient):
             self._engine_died(engine.index, "it left with requests in flight")
         else:
             engine.is_alive = False
-            logger.info("engine %d left", engine.index)
+            engine.has_left = True
+            remaining = len(self.alive_engines)
+            logger.info("engine %d left (%s)", engine.index, f"{remaining} serving" if remaining else "waiting for an engine")
 
     def _silent_engines(self) -> list[EngineState]:
         """Engines whose heartbeat stopped."""

@@ -25,6 +25,9 @@ from service.observability.stats import IterationStats
 logger = logging.getLogger(__name__)
 
 
+_KEEP_ENGINES_S = 5.0
+
+
 class EngineSleepingError(RuntimeError):
     """The engine is asleep (its KV cache, maybe its weights, freed) until woken up."""
 
@@ -51,8 +54,10 @@ class AsyncLLM:
         self.stat_loggers = StatLoggerManager(loggers) if loggers else None
         self.is_sleeping = False
         self._tasks = [asyncio.create_task(self._run_output_handler(), name="output-handler")]
-        if self.stat_loggers is not None and interval > 0:
-            self._tasks.append(asyncio.create_task(self._run_stats_log(interval), name="stats-log"))
+        if self.stat_loggers is not None:
+            # NOTE: without a log line, still this often to forget engines that are gone.
+            period = interval if interval > 0 else _KEEP_ENGINES_S
+            self._tasks.append(asyncio.create_task(self._run_stats_log(period), name="stats-log"))
 
     @classmethod
     async def start(cls, engine_config: EngineConfig, tokenizer: Tokenizer, **kwargs: Any) -> AsyncLLM:
@@ -161,6 +166,7 @@ class AsyncLLM:
         assert self.stat_loggers is not None
         while True:
             await asyncio.sleep(interval_s)
+            self.stat_loggers.keep_engines(self.engine_client.live_engine_indices)
             self.stat_loggers.log()
 
     def shutdown(self) -> None:

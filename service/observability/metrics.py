@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -140,6 +140,13 @@ class PrometheusStatLogger:
 
     def log(self) -> None:
         """Nothing to do: Prometheus scrapes the registry."""
+
+    def keep_engines(self, engine_indices: Collection[int]) -> None:
+        """An engine gone runs and holds nothing: its gauges go to 0 (its counters stay)."""
+        for engine_index in set(self._engines) - set(engine_indices):
+            metrics = self._engines.pop(engine_index)
+            for gauge in (metrics.num_requests_running, metrics.num_requests_waiting, metrics.kv_cache_usage):
+                gauge.set(0)
 
     def _engine(self, engine_index: int) -> _EngineMetrics:
         metrics = self._engines.get(engine_index)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Collection
 
 from proto.engine_output import SchedulerStats
 from service.observability.stats import IterationStats
@@ -30,3 +31,6 @@ class RequestLogger:
 
     def log(self) -> None:
         """Nothing to do: lines go out as requests finish."""
+
+    def keep_engines(self, engine_indices: Collection[int]) -> None:
+        """Nothing kept per engine."""

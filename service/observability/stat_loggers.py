@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from proto.engine_output import SchedulerStats
@@ -23,6 +23,9 @@ class StatLogger(Protocol):
     ) -> None: ...
 
     def log(self) -> None: ...
+
+    def keep_engines(self, engine_indices: Collection[int]) -> None:
+        """Forgets the engines not in `engine_indices` (they left or were lost)."""
 
 
 class _EngineTotals:
@@ -55,6 +58,10 @@ class LoggingStatLogger:
         if iteration_stats is not None:
             totals.num_prompt_tokens += iteration_stats.num_prompt_tokens
             totals.num_generation_tokens += iteration_stats.num_generation_tokens
+
+    def keep_engines(self, engine_indices: Collection[int]) -> None:
+        for engine_index in set(self.engines) - set(engine_indices):
+            del self.engines[engine_index]
 
     def maybe_log(self) -> None:
         """Logs if an interval has passed since the last line (for callers without a timer)."""
@@ -113,3 +120,7 @@ class StatLoggerManager:
     def log(self) -> None:
         for stat_logger in self.loggers:
             stat_logger.log()
+
+    def keep_engines(self, engine_indices: Collection[int]) -> None:
+        for stat_logger in self.loggers:
+            stat_logger.keep_engines(engine_indices)

@@ -111,3 +111,42 @@ async def test_a_lost_engine_fails_its_streams_and_a_leaving_one_drains(
             if engine.poll() is None:
                 engine.kill()
             engine.wait()
+
+
+async def test_after_the_last_engine_leaves_the_gateway_waits_for_another(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ZEROSERVE_STATS_LOG_INTERVAL", "0.2")
+    engine_address = f"tcp://127.0.0.1:{free_port()}"
+    log = tmp_path / "gateway.log"
+    engines = []
+    with running_server(
+        tiny_model_dir, "--data-parallel-size", "0", "--engine-address", engine_address, *ENGINE_FLAGS,
+        log_file=log, wait_healthy=False,
+    ) as server:
+        try:
+            engines.append(start_engine(tiny_model_dir, engine_address))
+            wait_joined(log, 1)
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as client:
+                started = asyncio.Event()
+                streamed = asyncio.create_task(stream(client, "before", 300, started))
+                await all_set([started])
+                engines[0].send_signal(signal.SIGTERM)
+                assert await streamed == (300, "length", "")
+                assert engines[0].wait(30) == 0
+                health = await client.get("/health")
+                assert (health.status_code, health.json()) == (503, {"status": "waiting_for_engine"})
+                refused = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+                assert refused.status_code == 503 and "no engine" in refused.json()["error"]["message"]
+                await asyncio.sleep(1.0)
+                after_leaving = log.read_text().split(" left (waiting for an engine)", 1)[1]
+                assert "Engine 000:" not in after_leaving
+                engines.append(start_engine(tiny_model_dir, engine_address))
+                wait_joined(log, 2)
+                assert (await client.get("/health")).status_code == 200
+                assert (await stream(client, "after", 5)) == (5, "length", "")
+        finally:
+            for engine in engines:
+                if engine.poll() is None:
+                    engine.kill()
+                engine.wait()

@@ -49,6 +49,17 @@ def test_gauges_follow_the_latest_scheduler_stats() -> None:
     assert value(samples, "zeroserve:kv_cache_usage_perc") == 0.25
 
 
+def test_an_engine_gone_runs_and_holds_nothing_but_keeps_its_counts() -> None:
+    stat_logger = PrometheusStatLogger("tiny")
+    for engine in (0, 1):
+        stat_logger.record(engine, SchedulerStats(num_running_reqs=3, kv_cache_usage=0.5, num_prefix_cache_queries=8), None)
+    stat_logger.keep_engines([1])
+    samples = scrape(stat_logger)
+    assert value(samples, "zeroserve:num_requests_running") == value(samples, "zeroserve:kv_cache_usage_perc") == 0
+    assert value(samples, "zeroserve:num_requests_running", engine="1") == 3
+    assert value(samples, "zeroserve:prefix_cache_queries_total") == 8
+
+
 def test_engine_totals_become_counters_by_their_deltas() -> None:
     stat_logger = PrometheusStatLogger("tiny")
     stat_logger.record(0, SchedulerStats(num_prefix_cache_queries=10, num_prefix_cache_hits=4, num_preemptions=1), None)

@@ -71,3 +71,13 @@ def test_silent_when_idle(caplog: pytest.LogCaptureFixture) -> None:
         stat_logger.log()
         stat_logger.log()
     assert lines(caplog) == []
+
+
+def test_an_engine_gone_is_no_longer_reported(caplog: pytest.LogCaptureFixture) -> None:
+    stat_logger = LoggingStatLogger(interval_s=0.0)
+    for engine_index in (0, 1):
+        stat_logger.record(engine_index, SchedulerStats(2, 0, 0.1, 0, 0, 0), IterationStats())
+    stat_logger.keep_engines([1])
+    with caplog.at_level(logging.INFO, logger="zeroserve.stats"):
+        stat_logger.log()
+    assert [line[:11] for line in lines(caplog)] == ["Engine 001:"]
