@@ -88,14 +88,21 @@ class InputThread(threading.Thread):
                     for sock in sockets:
                         sock.setsockopt(zmq.LINGER, _GOODBYE_LINGER_MS)
                     return
+        except zmq.ContextTerminated:
+            return  # NOTE: the engine is exiting (refused, or never accepted): it has said why.
         finally:
             for sock in sockets:
                 sock.close()
 
     @staticmethod
     def _send_all(sockets: list[zmq.Socket[Any]], frames: list[bytes]) -> None:
+        """Sends to each gateway now, or not at all: with no connection up (a handshake refused,
+        a gateway restarting) a heartbeat is skipped, the next one tries again."""
         for sock in sockets:
-            sock.send_multipart(frames)
+            try:
+                sock.send_multipart(frames, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
 
     def _handle(self, type_byte: bytes, frames: list[Any], client_index: int) -> None:
         try:

@@ -3,8 +3,8 @@ authentication of both ends), with key files made by `zeroserve keys generate`."
 
 from __future__ import annotations
 
+import logging
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,8 @@ from zmq.auth.thread import ThreadAuthenticator
 from proto import envs
 from proto.engine_link import remote_addresses
 from proto.settings import check_settings, positive, setting
+
+logger = logging.getLogger(__name__)
 
 
 def _check_engine_address(engine_address: str | None) -> None:
@@ -65,9 +67,10 @@ def generate_keys(directory: Path, name: str) -> tuple[Path, Path]:
 
 class CurveServer:
     """With CURVE on: the gateway's socket options, a ZAP authenticator that admits only
-    authorised engine keys, and an ephemeral key pair for the gateway's own engines."""
+    authorised engine keys (and logs each key it refuses, once), and an ephemeral key pair for
+    the gateway's own engines."""
 
-    def __init__(self, ctx: zmq.Context[Any], link: LinkSettings, private_dir: str) -> None:
+    def __init__(self, ctx: zmq.Context[Any], link: LinkSettings) -> None:
         self.socket_options: dict[int, Any] = {}
         self.local_engine_env: dict[str, str] = {}
         self._authenticator: ThreadAuthenticator | None = None
@@ -78,23 +81,39 @@ class CurveServer:
         if secret is None:
             raise ValueError(f"{link.curve_secret_key} holds no secret key")
         self.socket_options = {zmq.CURVE_SERVER: 1, zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret}
-        authorized = Path(private_dir) / "authorized"
-        authorized.mkdir(mode=0o700)
-        for key_file in Path(link.curve_authorized_keys).glob("*.key"):
-            shutil.copy(key_file, authorized / key_file.name)
         local_public, local_secret = zmq.curve_keypair()
-        (authorized / "local-engines.key").write_text(
-            f"metadata\ncurve\n    public-key = \"{local_public.decode()}\"\n"
-        )
+        # NOTE: the folder's keys as they are at start, and the gateway's own engines' key.
+        keys = AuthorisedKeys(link.curve_authorized_keys, {local_public})
         self.local_engine_env = envs.local_engine_curve_env(
             public.decode(), local_public.decode(), local_secret.decode()
         )
         # NOTE: a sync view of the same libzmq context, so the ZAP handler serves its sockets.
         self._authenticator = ThreadAuthenticator(zmq.Context.shadow(ctx.underlying))
         self._authenticator.start()
-        self._authenticator.configure_curve(domain="*", location=str(authorized))
+        self._authenticator.configure_curve_callback(domain="*", credentials_provider=keys)
 
     def stop(self) -> None:
         if self._authenticator is not None:
             self._authenticator.stop()
             self._authenticator = None
+
+
+class AuthorisedKeys:
+    """The ZAP handler's answer for a CURVE public key: in the authorised folder, or refused
+    (logged once per key: an engine retries its handshake every reconnect)."""
+
+    def __init__(self, folder: str, extra_keys: set[bytes]) -> None:
+        self.folder = folder
+        self.keys = set(zmq.auth.load_certificates(folder)) | extra_keys
+        self._refused: set[bytes] = set()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self.keys:
+            return True
+        if key not in self._refused:
+            self._refused.add(key)
+            logger.warning(
+                "refused an engine: its CURVE public key %s is not among the authorised keys in %s",
+                key.decode(), self.folder,
+            )
+        return False

@@ -53,7 +53,7 @@ class MPClient(EngineCoreClient):
         self.input_address, self.output_address = engine_addresses or (
             new_ipc_address(self.socket_dir), new_ipc_address(self.socket_dir)
         )
-        self.curve = CurveServer(ctx, self.link, self.socket_dir)
+        self.curve = CurveServer(ctx, self.link)
         options = self.curve.socket_options
         self.input_socket = make_zmq_socket(ctx, self.input_address, zmq.ROUTER, bind=True, linger=0, options=options)
         self.output_socket = make_zmq_socket(ctx, self.output_address, zmq.PULL, bind=True, linger=0, options=options)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,3 +151,50 @@ async def test_after_the_last_engine_leaves_the_gateway_waits_for_another(
                 if engine.poll() is None:
                     engine.kill()
                 engine.wait()
+
+
+def test_a_refused_engine_exits_1_saying_why_and_the_gateway_logs_it(
+    gateway: tuple[ServerProcess, str, Path], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    server, engine_address, log = gateway
+    other_model = tmp_path / "another-model"
+    shutil.copytree(tiny_model_dir, other_model)
+    engine = subprocess.run(
+        [sys.executable, "-m", "service", "engine", str(other_model), "--gateway", engine_address, *ENGINE_FLAGS],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert engine.returncode == 1
+    assert "refused this engine: it serves 'another-model'" in engine.stderr
+    assert "Traceback" not in engine.stderr and "Exception in thread" not in engine.stderr, engine.stderr
+    assert "refused engine" in log.read_text() and "another-model" in log.read_text()
+
+
+def test_an_engine_with_an_unauthorised_key_is_refused_and_both_sides_say_so(tiny_model_dir: Path, tmp_path: Path) -> None:
+    keys, authorized = tmp_path / "keys", tmp_path / "authorized"
+    for name in ("gateway", "engine-a", "rogue"):
+        subprocess.run(
+            [sys.executable, "-m", "service", "keys", "generate", "--dir", str(keys), "--name", name],
+            check=True, capture_output=True,
+        )
+    authorized.mkdir()
+    shutil.copy(keys / "engine-a.key", authorized)
+    engine_address = f"tcp://127.0.0.1:{free_port()}"
+    log = tmp_path / "gateway.log"
+    with running_server(
+        tiny_model_dir, "--data-parallel-size", "0", "--engine-address", engine_address, "--curve-secret-key",
+        str(keys / "gateway.key_secret"), "--curve-authorized-keys", str(authorized), *ENGINE_FLAGS,
+        log_file=log, wait_healthy=False,
+    ):
+        rogue = subprocess.run(
+            [
+                sys.executable, "-m", "service", "engine", str(tiny_model_dir), "--gateway", engine_address,
+                "--curve-secret-key", str(keys / "rogue.key_secret"), "--gateway-public-key", str(keys / "gateway.key"),
+                "--accept-timeout", "3", *ENGINE_FLAGS,
+            ],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert rogue.returncode == 1 and "did not accept this engine" in rogue.stderr
+        assert "Traceback" not in rogue.stderr and "Exception in thread" not in rogue.stderr, rogue.stderr
+        rogue_key = (keys / "rogue.key").read_text().split('public-key = "')[1].split('"')[0]
+        refusals = [line for line in log.read_text().splitlines() if "refused an engine" in line]
+        assert len(refusals) == 1 and rogue_key in refusals[0], refusals
