@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import statistics
@@ -220,6 +221,8 @@ def main() -> None:
     )
     parser.add_argument("--result-json", type=Path, default=Path("reference_compare.json"))
     args = parser.parse_args()
+    if importlib.util.find_spec("transformers") is None:
+        parser.error("transformers is not installed: .venv/bin/pip install -e '.[bench]' (make test installs it too)")
     load_before = os.getloadavg()
     model = load_transformers(args)
     configs: dict[str, list[str]] = {"default flags": []}
