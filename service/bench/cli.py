@@ -80,6 +80,11 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument("--metric-percentiles", default="99", help="comma-separated percentiles (default: %(default)s)")
     serve.add_argument("--result-json", type=Path, default=None, help="write the results to this JSON file")
     serve.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    serve.add_argument(
+        "--ready-check-timeout-sec", type=float, default=600.0, dest="ready_check_timeout_s",
+        help="wait this long for the server to answer before the run (a server still loading); 0: "
+        "do not wait (default: %(default)s)",
+    )
 
 
 def add_throughput_parser(commands: Any) -> None:
@@ -150,6 +155,7 @@ def run_serve(args: argparse.Namespace) -> int:
             metric_percentiles=tuple(float(p) for p in args.metric_percentiles.split(",")),
             result_json=args.result_json,
             disable_tqdm=args.disable_tqdm,
+            ready_check_timeout_s=args.ready_check_timeout_s,
         )
         return run_serve_benchmark(config)
     except (ValueError, OSError) as exc:

@@ -25,6 +25,7 @@ from service.model_files.model_registry import resolve_model
 from service.model_files.tokenizer import Tokenizer
 
 _CONNECT_TIMEOUT_S = 10.0
+_READY_POLL_S = 0.5
 _WARMUP_SEED_OFFSET = 7919
 
 
@@ -102,6 +103,7 @@ async def benchmark(
     connector = aiohttp.TCPConnector(limit=config.max_concurrency or 0)
     timeout = aiohttp.ClientTimeout(total=None, connect=_CONNECT_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
+        await wait_until_ready(client, config)
         model_id = config.model or await fetch_model_id(client, config)
         inputs, warmups = (
             [RequestFuncInput(config.api_url, streaming_body(s.body, model_id, config.ignore_eos), s.prompt_len) for s in group]
@@ -126,6 +128,29 @@ async def benchmark(
             outputs = await asyncio.gather(*tasks)
             duration_s = time.perf_counter() - start
     return model_id, list(outputs), duration_s
+
+
+async def wait_until_ready(client: aiohttp.ClientSession, config: ServeBenchConfig) -> None:
+    """Returns once the server lists its models (a server just started may still be loading),
+    or raises OSError after `ready_check_timeout_s`; as `vllm bench serve`'s ready check."""
+    if not config.ready_check_timeout_s:
+        return
+    deadline = time.monotonic() + config.ready_check_timeout_s
+    is_told = False
+    while True:
+        try:
+            async with client.get(config.models_url) as response:
+                if response.status == 200:
+                    return
+                status = f"HTTP {response.status}"
+        except aiohttp.ClientError as exc:
+            status = f"{type(exc).__name__}"
+        if time.monotonic() >= deadline:
+            raise OSError(f"the server at {config.server_root} did not answer in {config.ready_check_timeout_s:g} s ({status})")
+        if not is_told:
+            print(f"Waiting up to {config.ready_check_timeout_s:g} s for the server at {config.server_root}...", flush=True)
+            is_told = True
+        await asyncio.sleep(_READY_POLL_S)
 
 
 async def fetch_model_id(client: aiohttp.ClientSession, config: ServeBenchConfig) -> str:

@@ -39,6 +39,8 @@ class ServeBenchConfig:
     metric_percentiles: tuple[float, ...] = (99.0,)
     result_json: Path | None = None
     disable_tqdm: bool = False
+    ready_check_timeout_s: float = 600.0
+
 
     def __post_init__(self) -> None:
         if self.dataset == "jsonl" and self.dataset_path is None:
@@ -55,6 +57,8 @@ class ServeBenchConfig:
             raise ValueError("--request-rate and --burstiness must be positive")
         if unknown := set(self.percentile_metrics) - set(LATENCY_METRICS):
             raise ValueError(f"--percentile-metrics: unknown {sorted(unknown)}; choose from {LATENCY_METRICS}")
+        if not self.ready_check_timeout_s >= 0:
+            raise ValueError("--ready-check-timeout-sec must not be negative")
         if not all(0 < p <= 100 for p in self.metric_percentiles):
             raise ValueError("--metric-percentiles must lie in (0, 100]")
 

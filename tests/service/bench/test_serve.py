@@ -94,6 +94,7 @@ def test_an_unreachable_server_counts_failed_requests_and_exits_cleanly(tmp_path
     run = bench(
         "--base-url", f"http://127.0.0.1:{free_port()}", "--model", "m", "--num-prompts", "5",
         "--random-input-len", "16", "--random-output-len", "4", "--result-json", str(result_path),
+        "--ready-check-timeout-sec", "0",
     )
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
@@ -102,6 +103,16 @@ def test_an_unreachable_server_counts_failed_requests_and_exits_cleanly(tmp_path
     result = json.loads(result_path.read_text())
     assert (result["completed"], result["failed"]) == (0, 5)
     assert all(error.startswith("ClientConnectorError") for error in result["errors"])
+
+
+def test_it_waits_for_the_server_to_answer_and_says_when_it_gave_up() -> None:
+    run = bench(
+        "--base-url", f"http://127.0.0.1:{free_port()}", "--num-prompts", "1", "--random-input-len", "4",
+        "--ready-check-timeout-sec", "1.5",
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "Waiting up to 1.5 s for the server" in run.stdout
+    assert "did not answer in 1.5 s" in run.stderr
 
 
 def test_bad_arguments_are_an_error_message_not_a_traceback() -> None:
