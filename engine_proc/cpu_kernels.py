@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,27 @@ _CFLAGS_BY_ISA = {
 _EXTRA_SOURCES_BY_ISA = {"avx512_bf16": [_CSRC / "greedy_head.cpp"], "avx2": []}
 
 
+def _content_addressed_copies(paths: list[Path]) -> list[Path]:
+    """The files copied once into torch's extension cache, in a folder named by their contents:
+    every checkout of the same sources (a clone, an installed copy) builds with the same paths,
+    so they share one build instead of each replacing the other's."""
+    from torch.utils import cpp_extension
+
+    digest = hashlib.sha256(b"".join(path.name.encode() + b"\0" + path.read_bytes() for path in paths)).hexdigest()[:16]
+    # NOTE: beside the builds themselves (TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions/py311_cpu).
+    folder = Path(cpp_extension._get_build_directory("zeroserve_sources", verbose=False)) / digest
+    if not folder.is_dir():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=folder.parent))
+        for path in paths:
+            shutil.copyfile(path, staging / path.name)
+        try:
+            staging.rename(folder)
+        except OSError:  # NOTE: another process put the same copies there first.
+            shutil.rmtree(staging, ignore_errors=True)
+    return [folder / path.name for path in paths]
+
+
 @functools.cache
 def load_cpu_kernels() -> Any | None:
     """The built module (`paged_decode_attention`, `rms_norm`, `add_rms_norm`, `silu_and_mul`,
@@ -56,12 +79,12 @@ def load_cpu_kernels() -> Any | None:
 
         # NOTE: torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag.
         headers_hash = hashlib.sha256(b"".join(path.read_bytes() for path in _HEADERS)).hexdigest()[:16]
+        sources = _content_addressed_copies([*_SOURCES, *_EXTRA_SOURCES_BY_ISA[isa], *_HEADERS])
         kernels = cpp_extension.load(
             name=f"zeroserve_cpu_kernels_{isa}",
-            sources=[str(path) for path in (*_SOURCES, *_EXTRA_SOURCES_BY_ISA[isa])],
+            sources=[str(path) for path in sources if path.suffix == ".cpp"],
             extra_cflags=["-O3", "-fopenmp", *_CFLAGS_BY_ISA[isa], f"-DZEROSERVE_HEADERS_HASH={headers_hash}"],
-            extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(_CSRC)], verbose=False,
+            extra_ldflags=["-fopenmp"], verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 - any build failure leaves the torch ops
         logger.warning("CPU kernels: not used (the C++ build failed: %s)", exc)
