@@ -15,8 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import shutil
-import tempfile
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,25 +39,49 @@ _CFLAGS_BY_ISA = {
 _EXTRA_SOURCES_BY_ISA = {"avx512_bf16": [_CSRC / "greedy_head.cpp"], "avx2": []}
 
 
-def _content_addressed_copies(paths: list[Path]) -> list[Path]:
-    """The files copied once into torch's extension cache, in a folder named by their contents:
-    every checkout of the same sources (a clone, an installed copy) builds with the same paths,
-    so they share one build instead of each replacing the other's."""
+def _build_folder(name: str, sources: list[Path], cflags: list[str]) -> Path:
+    """The folder of this build in torch's extension cache, named by everything the binary
+    depends on (torch's version, the sources' contents, the flags): every checkout and every
+    environment with the same torch shares one build, and two different ones never replace
+    each other's."""
+    import torch
+
+    key = hashlib.sha256()
+    for part in (torch.__version__, torch.version.git_version, sys.version, *cflags):
+        key.update(part.encode() + b"\0")
+    for path in sources:
+        key.update(path.name.encode() + b"\0" + path.read_bytes())
+    folder = build_root() / f"{name}_{key.hexdigest()[:16]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def build_root() -> Path:
+    """Where torch keeps the extensions it builds (TORCH_EXTENSIONS_DIR, else
+    ~/.cache/torch_extensions/py311_cpu): the kernels' builds live there too."""
     from torch.utils import cpp_extension
 
-    digest = hashlib.sha256(b"".join(path.name.encode() + b"\0" + path.read_bytes() for path in paths)).hexdigest()[:16]
-    # NOTE: beside the builds themselves (TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions/py311_cpu).
-    folder = Path(cpp_extension._get_build_directory("zeroserve_sources", verbose=False)) / digest
-    if not folder.is_dir():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=folder.parent))
-        for path in paths:
-            shutil.copyfile(path, staging / path.name)
-        try:
-            staging.rename(folder)
-        except OSError:  # NOTE: another process put the same copies there first.
-            shutil.rmtree(staging, ignore_errors=True)
-    return [folder / path.name for path in paths]
+    return Path(cpp_extension._get_build_directory(".", verbose=False)).resolve()
+
+
+def _build_or_import(name: str, isa: str) -> Any:
+    """Imports the build made for these sources and flags, building it first where there is none."""
+    from torch.utils import cpp_extension
+
+    sources = [*_SOURCES, *_EXTRA_SOURCES_BY_ISA[isa]]
+    cflags = ["-O3", "-fopenmp", *_CFLAGS_BY_ISA[isa]]
+    folder = _build_folder(name, [*sources, *_HEADERS], cflags)
+    is_built = folder / "built"
+    if is_built.exists():
+        # NOTE: straight from the built library, not through ninja: ninja would rebuild for
+        # nothing more than torch's include path seen through another path (another venv, a link).
+        return cpp_extension._import_module_from_library(name, str(folder), True)
+    kernels = cpp_extension.load(
+        name=name, sources=[str(path) for path in sources], extra_cflags=cflags,
+        extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False,
+    )
+    is_built.touch()
+    return kernels
 
 
 @functools.cache
@@ -75,17 +98,8 @@ def load_cpu_kernels() -> Any | None:
         return None
     try:
         import torch
-        from torch.utils import cpp_extension
 
-        # NOTE: torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag.
-        headers_hash = hashlib.sha256(b"".join(path.read_bytes() for path in _HEADERS)).hexdigest()[:16]
-        sources = _content_addressed_copies([*_SOURCES, *_EXTRA_SOURCES_BY_ISA[isa], *_HEADERS])
-        kernels = cpp_extension.load(
-            name=f"zeroserve_cpu_kernels_{isa}",
-            sources=[str(path) for path in sources if path.suffix == ".cpp"],
-            extra_cflags=["-O3", "-fopenmp", *_CFLAGS_BY_ISA[isa], f"-DZEROSERVE_HEADERS_HASH={headers_hash}"],
-            extra_ldflags=["-fopenmp"], verbose=False,
-        )
+        kernels = _build_or_import(f"zeroserve_cpu_kernels_{isa}", isa)
     except Exception as exc:  # noqa: BLE001 - any build failure leaves the torch ops
         logger.warning("CPU kernels: not used (the C++ build failed: %s)", exc)
         return None

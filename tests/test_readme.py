@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from torch.utils import cpp_extension
 
+from engine_proc.cpu_kernels import build_root
 from proto import envs
 from tests.server_process import free_port
 
@@ -93,7 +93,7 @@ def test_the_readmes_commands_run_as_printed_and_leave_a_fresh_clone_clean(
     env = {
         **os.environ, "HOME": str(home), "ZEROSERVE_CACHE": str(envs.cache_dir()), "PYTHONUNBUFFERED": "1",
         # NOTE: the C++ kernels this machine already built (HOME is the test's own).
-        "TORCH_EXTENSIONS_DIR": str(Path(cpp_extension._get_build_directory("zeroserve_sources", verbose=False)).parent),
+        "TORCH_EXTENSIONS_DIR": str(build_root()),
     }
     first, *rest = [block for block in readme_blocks() if block.language != "text"]
     assert first.text.splitlines()[0].startswith("make serve") and first.text.splitlines()[1].startswith("make test")
