@@ -27,6 +27,7 @@ from tests.server_process import free_port
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS", "PORT", "HOST", "MODEL", "PYTHON")
 PORT = "8000"  # NOTE: the port the README's commands use; the test gives each server a free one.
 
 pytestmark = [
@@ -90,8 +91,11 @@ def test_the_readmes_commands_run_as_printed_and_leave_a_fresh_clone_clean(
     os.utime(clone / "pyproject.toml", (0, 0))
     home = tmp_path / "home"
     home.mkdir()
+    # NOTE: not the variables of a `make test ARGS=...` that runs this suite: make passes them on
+    # (in MAKEFLAGS and as variables) to the README's `make serve`.
+    outer = {name: value for name, value in os.environ.items() if name not in MAKE_VARIABLES}
     env = {
-        **os.environ, "HOME": str(home), "ZEROSERVE_CACHE": str(envs.cache_dir()), "PYTHONUNBUFFERED": "1",
+        **outer, "HOME": str(home), "ZEROSERVE_CACHE": str(envs.cache_dir()), "PYTHONUNBUFFERED": "1",
         # NOTE: the C++ kernels this machine already built (HOME is the test's own).
         "TORCH_EXTENSIONS_DIR": str(build_root()),
     }
