@@ -18,6 +18,7 @@ from service.api.admission import Admission, AdmissionMiddleware, Phase, Request
 from service.api.auth import APIKeyMiddleware
 from service.api.chat_completions import create_chat_completion
 from service.api.completions import create_completion
+from service.api.disconnect import ClientDisconnected
 from service.api.errors import error_response
 from service.api.metrics_route import metrics
 from service.api.server_state import ServerState
@@ -67,6 +68,14 @@ async def version(request: Request) -> Response:
     return JSONResponse(body)
 
 
+# vLLM's ModelPermission, as its /v1/models lists it.
+_MODEL_PERMISSION = {
+    "object": "model_permission", "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+    "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+    "group": None, "is_blocking": False,
+}
+
+
 async def list_models(request: Request) -> Response:
     state: ServerState = request.app.state.server
     created = now()
@@ -77,7 +86,9 @@ async def list_models(request: Request) -> Response:
             "created": created,
             "owned_by": "zeroserve",
             "root": state.served_model_names[0],
+            "parent": None,
             "max_model_len": state.llm.ready.max_model_len,
+            "permission": [_MODEL_PERMISSION | {"id": f"modelperm-{name}", "created": created}],
         }
         for name in state.served_model_names
     ]
@@ -105,6 +116,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
     return error_response(APIError(str(exc.detail), exc.status_code, error_type=error_type))
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    # NOTE: nginx's 499: never delivered (the connection is closed), but counted and logged as such.
+    return Response(status_code=499)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -143,6 +159,7 @@ def create_app(
             RequestTimeoutError: _request_timeout,
             EngineDeadError: _engine_dead,
             HTTPException: _http_error,
+            ClientDisconnected: _client_gone,
             Exception: _unexpected,
         },
     )

@@ -8,6 +8,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from service.api.disconnect import unless_disconnected
 from service.api.errors import parse_body
 from service.api.server_state import ServerState
 from service.api.sse import sse_response
@@ -15,7 +16,7 @@ from service.frontend.outputs import RequestOutput, collect
 from service.model_files.tokenizer import Tokenizer
 from service.openai.logprobs_format import chat_logprobs, prompt_logprobs_list
 from service.openai.protocol import ChatCompletionRequest
-from service.openai.request_fields import chat_prompt, new_request_id, now, usage
+from service.openai.request_fields import chat_prompt, now, request_ids, usage
 from service.openai.responses import chat_completion_body, choice_end
 
 
@@ -26,14 +27,20 @@ async def create_chat_completion(request: Request) -> Response:
     body.check_supported()
     prompt = chat_prompt(body, state.llm.input_processor)
     params = state.sampling_params(body, [prompt])
-    request_id = new_request_id("chatcmpl")
+    response_id, request_id = request_ids("chatcmpl", body)
     outputs = state.generate(request_id, [prompt], params, body)
-    header = {"id": request_id, "created": now(), "model": model}
+    header = {"id": response_id, "created": now(), "model": model}
     tokenizer = state.llm.tokenizer
+    # NOTE: vLLM's extras about the prompt: on the whole answer, or on a stream's first chunk.
+    prompt_fields: dict[str, Any] = {}
+    if body.return_token_ids:
+        prompt_fields["prompt_token_ids"] = prompt.token_ids
+    if body.return_prompt_text:
+        prompt_fields["prompt_text"] = prompt.text
     if body.stream:
-        return sse_response(_chunks(outputs, header, tokenizer, len(prompt.token_ids), body))
-    (output,) = await collect(outputs, 1, body.n)
-    return JSONResponse(chat_completion_body(header, output, tokenizer, body))
+        return sse_response(_chunks(outputs, header, tokenizer, len(prompt.token_ids), prompt_fields, body))
+    (output,) = await unless_disconnected(request, collect(outputs, 1, body.n))
+    return JSONResponse(chat_completion_body(header, output, tokenizer, body) | prompt_fields)
 
 
 async def _chunks(
@@ -41,10 +48,12 @@ async def _chunks(
     header: dict[str, Any],
     tokenizer: Tokenizer,
     num_prompt_tokens: int,
+    prompt_fields: dict[str, Any],
     body: ChatCompletionRequest,
 ) -> AsyncIterator[dict[str, Any]]:
     header = {**header, "object": "chat.completion.chunk"}
     num_tokens = 0
+    as_ids = bool(body.return_tokens_as_token_ids)
 
     def chunk(choice: dict[str, Any]) -> dict[str, Any]:
         if body.continuous_usage_stats:
@@ -52,17 +61,22 @@ async def _chunks(
         return {**header, "choices": [choice]}
 
     for index in range(body.n):
-        yield chunk(_choice(index, {"role": "assistant", "content": ""}))
+        yield chunk(_choice(index, {"role": "assistant", "content": ""})) | (prompt_fields if index == 0 else {})
+        if body.echoed_text:
+            yield chunk(_choice(index, {"content": body.echoed_text}))
     async for index, output in outputs:
         completion = output.outputs[0]
         num_tokens += len(completion.token_ids)
         if (
             completion.text or completion.finish_reason is not None or completion.logprobs is not None
-            or output.prompt_logprobs is not None
+            or output.prompt_logprobs is not None or (body.return_token_ids and completion.token_ids)
         ):
             delta = {"content": completion.text} if completion.text else {}
-            logprobs = chat_logprobs(tokenizer, completion.logprobs)
-            out = chunk(_choice(index, delta, logprobs, completion.finish_reason, completion.stop_reason))
+            logprobs = chat_logprobs(tokenizer, completion.logprobs, as_ids)
+            choice = _choice(index, delta, logprobs, completion.finish_reason, completion.stop_reason)
+            if body.return_token_ids:
+                choice["token_ids"] = completion.token_ids
+            out = chunk(choice)
             if output.prompt_logprobs is not None and body.prompt_logprobs is not None:
                 out["prompt_logprobs"] = prompt_logprobs_list(tokenizer, output.prompt_logprobs)
             yield out

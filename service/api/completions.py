@@ -8,12 +8,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from service.api.disconnect import unless_disconnected
 from service.api.errors import parse_body
 from service.api.server_state import ServerState
 from service.api.sse import sse_response
 from service.frontend.outputs import RequestOutput, collect
 from service.openai.protocol import CompletionRequest
-from service.openai.request_fields import completion_prompts, new_request_id, now, usage
+from service.openai.request_fields import completion_prompts, now, request_ids, usage
 from service.openai.responses import CompletionLogprobs, completion_body, completion_choice
 
 
@@ -24,14 +25,15 @@ async def create_completion(request: Request) -> Response:
     body.check_supported()
     prompts = completion_prompts(body, state.llm.input_processor)
     params = state.sampling_params(body, prompts)
-    request_id = new_request_id("cmpl")
+    response_id, request_id = request_ids("cmpl", body)
     outputs = state.generate(request_id, prompts, params, body)
-    header = {"id": request_id, "created": now(), "model": model}
+    header = {"id": response_id, "created": now(), "model": model}
     formatter = CompletionLogprobs(state.llm.tokenizer, body, prompts)
     num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
     if body.stream:
         return sse_response(_chunks(outputs, {**header, "object": "text_completion"}, formatter, num_prompt_tokens))
-    return JSONResponse(completion_body(header, await collect(outputs, len(prompts), body.n), formatter))
+    whole = await unless_disconnected(request, collect(outputs, len(prompts), body.n))
+    return JSONResponse(completion_body(header, whole, formatter))
 
 
 async def _chunks(
@@ -53,7 +55,9 @@ async def _chunks(
     async for index, output in outputs:
         completion = output.outputs[0]
         num_tokens += len(completion.token_ids)
-        if is_first[index] or completion.text or completion.finish_reason is not None:
+        if is_first[index] or completion.text or completion.finish_reason is not None or (
+            body.return_token_ids and completion.token_ids
+        ):
             echo = echoes[index // body.n] if is_first[index] else ""
             logprobs = formatter.logprobs(
                 index, completion.logprobs, output.prompt_logprobs, is_first[index], text_offsets[index]
@@ -62,6 +66,10 @@ async def _chunks(
             choice = completion_choice(index, echo + completion.text, logprobs, completion.finish_reason, completion.stop_reason)
             if is_first[index] and body.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = formatter.prompt_logprobs(output.prompt_logprobs)
+            if body.return_token_ids:
+                if is_first[index]:
+                    choice["prompt_token_ids"] = formatter.prompts[index // body.n].token_ids
+                choice["token_ids"] = completion.token_ids
             is_first[index] = False
             yield chunk(choice)
     if body.include_usage:

@@ -31,12 +31,26 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+def check_content_type(content_type: str | None) -> None:
+    """A 415 unless the body is declared JSON (`application/json`, `*/*+json`) or not declared."""
+    if content_type is None:
+        return
+    media_type = content_type.partition(";")[0].strip().lower()
+    if media_type != "application/json" and not (media_type.startswith("application/") and media_type.endswith("+json")):
+        raise APIError(
+            f"The request body's content type '{media_type}' is not supported: send 'application/json'.",
+            415, code="unsupported_media_type",
+        )
+
+
 def _too_large(max_bytes: int) -> APIError:
     return APIError(f"The request body is larger than {max_bytes} bytes.", 413, code="request_too_large")
 
 
 async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
-    """Reads and validates a JSON body; every problem is a 400 naming the parameter."""
+    """Reads and validates a JSON body; every problem is a 400 naming the parameter (a 415 naming
+    a content type other than JSON's)."""
+    check_content_type(request.headers.get("content-type"))
     raw = await read_body(request, max_bytes)
     try:
         body = json.loads(raw)

@@ -35,11 +35,13 @@ class InputProcessor:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        add_special_tokens: bool = False,
         **template_kwargs: Any,
     ) -> Prompt:
-        """The chat rendered by the model's template, then tokenized; `continue_final_message`
-        cuts the text right after the last message's content, so generation continues that
-        message (as transformers does)."""
+        """The chat rendered by the model's template, then tokenized (with BOS/EOS on top of the
+        template's only if `add_special_tokens`); `continue_final_message` cuts the text right
+        after the last message's content, so generation continues that message (as transformers
+        does)."""
         text = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, **template_kwargs
         )
@@ -49,10 +51,26 @@ class InputProcessor:
             if not final or end == -1:
                 raise ValueError("the final message's content is not in the rendered prompt")
             text = text[: end + len(final)]
-        return Prompt(self.tokenizer.encode(text), text)
+        return Prompt(self.tokenizer.encode(text, add_special_tokens=add_special_tokens), text)
 
-    def text_prompt(self, text: str) -> Prompt:
-        return Prompt(self.tokenizer.encode(text, add_special_tokens=True), text)
+    def text_prompt(self, text: str, add_special_tokens: bool = True) -> Prompt:
+        return Prompt(self.tokenizer.encode(text, add_special_tokens=add_special_tokens), text)
+
+    def truncated(self, prompt: Prompt, num_tokens: int | None, side: str | None = None) -> Prompt:
+        """The prompt cut to its last `num_tokens` tokens (its first with `side` "right"; -1: the
+        context's length), as vLLM's truncate_prompt_tokens; its text is then the kept tokens'."""
+        if num_tokens is None:
+            return prompt
+        if num_tokens == -1:
+            num_tokens = self.max_model_len
+        if num_tokens > self.max_model_len:
+            raise ValueError(
+                f"truncate_prompt_tokens ({num_tokens}) is larger than the context length ({self.max_model_len})"
+            )
+        if len(prompt.token_ids) <= num_tokens:
+            return prompt
+        token_ids = prompt.token_ids[:num_tokens] if side == "right" else prompt.token_ids[len(prompt.token_ids) - num_tokens:]
+        return Prompt(token_ids)
 
     def default_max_tokens(self, prompt_token_ids: list[int]) -> int:
         return max(1, self.max_model_len - len(prompt_token_ids))

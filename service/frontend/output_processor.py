@@ -148,7 +148,7 @@ class OutputProcessor:
         `process_outputs`."""
         if request.request_id in self.request_states:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
-        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
         stop_checker = StopChecker(params.stop, params.include_stop_str_in_output)
         self.request_states[request.request_id] = RequestState(
             request, prompt, detokenizer, stop_checker, collector, index, request.arrival_time or time.time()

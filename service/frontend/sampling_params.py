@@ -24,6 +24,7 @@ class SamplingParams(engine_input.SamplingParams):
     n: int = 1
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

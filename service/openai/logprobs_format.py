@@ -12,7 +12,10 @@ from service.model_files.tokenizer import Tokenizer
 _MIN_LOGPROB = -9999.0
 
 
-def _token_str(tokenizer: Tokenizer, token_id: int) -> str:
+def _token_str(tokenizer: Tokenizer, token_id: int, as_ids: bool = False) -> str:
+    """A token's text; with `as_ids` (vLLM's return_tokens_as_token_ids) "token_id:<id>"."""
+    if as_ids:
+        return f"token_id:{token_id}"
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
@@ -20,35 +23,39 @@ def _finite(logprob: float) -> float:
     return max(logprob, _MIN_LOGPROB)
 
 
-def _entry(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str, Any]:
-    token = _token_str(tokenizer, token_id)
+def _entry(tokenizer: Tokenizer, token_id: int, logprob: float, as_ids: bool = False) -> dict[str, Any]:
+    token = _token_str(tokenizer, token_id, as_ids)
     return {"token": token, "logprob": _finite(logprob), "bytes": list(token.encode())}
 
 
-def _top(tokenizer: Tokenizer, token_ids: list[int], values: list[float]) -> dict[str, float]:
-    return {_token_str(tokenizer, t): _finite(v) for t, v in zip(token_ids, values, strict=True)}
+def _top(tokenizer: Tokenizer, token_ids: list[int], values: list[float], as_ids: bool = False) -> dict[str, float]:
+    return {_token_str(tokenizer, t, as_ids): _finite(v) for t, v in zip(token_ids, values, strict=True)}
 
 
-def chat_logprobs(tokenizer: Tokenizer, logprobs: Logprobs | None) -> dict[str, Any] | None:
+def chat_logprobs(tokenizer: Tokenizer, logprobs: Logprobs | None, as_ids: bool = False) -> dict[str, Any] | None:
     if logprobs is None:
         return None
     content = []
     for token_ids, values in zip(logprobs.token_ids, logprobs.logprobs, strict=True):
-        entry = _entry(tokenizer, token_ids[0], values[0])
+        entry = _entry(tokenizer, token_ids[0], values[0], as_ids)
         entry["top_logprobs"] = [
-            _entry(tokenizer, t, v) for t, v in zip(token_ids[1:], values[1:], strict=True)
+            _entry(tokenizer, t, v, as_ids) for t, v in zip(token_ids[1:], values[1:], strict=True)
         ]
         content.append(entry)
     return {"content": content}
 
 
-def completion_logprobs(tokenizer: Tokenizer, logprobs: Logprobs, text_offset: int = 0) -> dict[str, Any]:
+def completion_logprobs(
+    tokenizer: Tokenizer, logprobs: Logprobs, text_offset: int = 0, as_ids: bool = False
+) -> dict[str, Any]:
+    """Completions' parallel lists; each `top_logprobs` entry holds the sampled token and the top
+    ones (with `logprobs: 0`, the sampled token alone), as vLLM and OpenAI give them."""
     tokens, token_logprobs, top_logprobs, text_offsets = [], [], [], []
     for token_ids, values in zip(logprobs.token_ids, logprobs.logprobs, strict=True):
-        token = _token_str(tokenizer, token_ids[0])
+        token = _token_str(tokenizer, token_ids[0], as_ids)
         tokens.append(token)
         token_logprobs.append(_finite(values[0]))
-        top_logprobs.append(_top(tokenizer, token_ids[1:], values[1:]))
+        top_logprobs.append(_top(tokenizer, token_ids, values, as_ids))
         text_offsets.append(text_offset)
         text_offset += len(token)
     return {
@@ -58,17 +65,18 @@ def completion_logprobs(tokenizer: Tokenizer, logprobs: Logprobs, text_offset: i
 
 
 def echoed_completion_logprobs(
-    tokenizer: Tokenizer, prompt_token_ids: list[int], prompt_logprobs: Logprobs | None, num_top: int
+    tokenizer: Tokenizer, prompt_token_ids: list[int], prompt_logprobs: Logprobs | None, num_top: int,
+    as_ids: bool = False,
 ) -> dict[str, Any]:
     """Completions' logprobs lists for an echoed prompt: the first token has no logprob."""
-    tokens = [_token_str(tokenizer, t) for t in prompt_token_ids]
+    tokens = [_token_str(tokenizer, t, as_ids) for t in prompt_token_ids]
     offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
     token_logprobs: list[float | None] = [None]
     top_logprobs: list[dict[str, float] | None] = [None]
     scored = prompt_logprobs or Logprobs()
     for token_ids, values in zip(scored.token_ids, scored.logprobs, strict=True):
         token_logprobs.append(_finite(values[0]))
-        top_logprobs.append(_top(tokenizer, token_ids[1 : 1 + num_top], values[1 : 1 + num_top]))
+        top_logprobs.append(_top(tokenizer, token_ids[: 1 + num_top], values[: 1 + num_top], as_ids))
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
 
 

@@ -1,4 +1,6 @@
-"""OpenAI request bodies, validated with pydantic; unknown fields are ignored, as OpenAI does."""
+"""OpenAI request bodies (with vLLM's extensions), validated with pydantic. Every vLLM field has
+its row in conformance.py: a refused one gets a 400 naming it; fields neither OpenAI nor vLLM
+knows are ignored, as vLLM does."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.frontend.sampling_params import SamplingParams, generation_defaults_of
+from service.openai.conformance import refused_fields
 from service.openai.errors import APIError
 
 
@@ -14,6 +17,16 @@ class OpenAIModel(BaseModel):
     """Base of every request body."""
 
     model_config = ConfigDict(extra="allow")
+
+    @property
+    def given_fields(self) -> dict[str, Any]:
+        """The fields the body sets, declared here or not."""
+        return {name: getattr(self, name) for name in self.model_fields_set} | (self.model_extra or {})
+
+    def check_refused(self, conformance_model: str) -> None:
+        """A 400 naming the first field conformance.py refuses that the body sets to another value than vLLM's default."""
+        for name, row in refused_fields(conformance_model, self.given_fields):
+            raise APIError(f"'{name}' is not supported by this server: {row.note}.", param=name)
 
 
 class StreamOptions(OpenAIModel):
@@ -31,9 +44,10 @@ class TextPart(OpenAIModel):
 
 
 class ChatMessage(OpenAIModel):
-    """One chat message; extra fields (tool_call_id, tool_calls, name) reach the template."""
+    """One chat message; extra fields (tool_call_id, tool_calls, name) reach the template, and so
+    does a role of the template's own (as vLLM lets it)."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: str
     content: str | list[TextPart] | None = None
 
     def to_template_dict(self) -> dict[str, Any]:
@@ -72,6 +86,15 @@ class SamplingRequest(OpenAIModel):
     prompt_logprobs: int | None = None
     priority: int = 0
     data_parallel_rank: int | None = Field(default=None, ge=0)
+    skip_special_tokens: bool | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+
+    # The conformance table's name of this body's model (vllm_fields.json).
+    CONFORMANCE_MODEL: ClassVar[str] = ""
 
     @field_validator("logit_bias")
     @classmethod
@@ -83,6 +106,10 @@ class SamplingRequest(OpenAIModel):
 
     def check_supported(self) -> None:
         """Raises a 400 naming the first parameter given with a value this server cannot honour."""
+        self.check_refused(self.CONFORMANCE_MODEL)
+        if self.stream_options is not None and not self.stream:
+            raise APIError("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                           param="stream_options")
         if self.best_of is not None and self.best_of > 1:
             raise APIError("'best_of' is not supported by this server; use 'n'.", param="best_of")
 
@@ -129,6 +156,7 @@ class SamplingRequest(OpenAIModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             num_logprobs=self.num_logprobs,
             num_prompt_logprobs=self.num_prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens is not False,
         )
 
     @property
@@ -142,7 +170,8 @@ class SamplingRequest(OpenAIModel):
 
     @property
     def continuous_usage_stats(self) -> bool:
-        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+        """Usage on every chunk: only with include_usage, as vLLM has it."""
+        return self.include_usage and self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -159,18 +188,29 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = False
+    echo: bool = False
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    return_prompt_text: bool | None = None
+
+    CONFORMANCE_MODEL: ClassVar[str] = "chat"
+
+    @property
+    def response_role(self) -> str:
+        """vLLM's role of the answer: the assistant's, or with no generation prompt the last message's."""
+        return "assistant" if self.add_generation_prompt else self.messages[-1].role
+
+    @property
+    def echoed_text(self) -> str:
+        """With `echo`, the last message's text when it is the answer's role (the answer goes on from it)."""
+        last = self.messages[-1]
+        if not self.echo or last.role != self.response_role:
+            return ""
+        return str(last.to_template_dict()["content"])
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.tools and self.tool_choice not in (None, "auto", "none"):
-            raise APIError(
-                "'tool_choice' other than 'auto' or 'none' is not supported: this server does not "
-                "force tool calls.", param="tool_choice",
-            )
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise APIError(
-                "Only 'response_format' {\"type\": \"text\"} is supported.", param="response_format"
-            )
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError("'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
         if self.continue_final_message and self.add_generation_prompt:
@@ -209,11 +249,10 @@ class CompletionRequest(SamplingRequest):
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+    add_special_tokens: bool = True
 
-    def check_supported(self) -> None:
-        super().check_supported()
-        if self.suffix:
-            raise APIError("'suffix' is not supported by this server.", param="suffix")
+    CONFORMANCE_MODEL: ClassVar[str] = "completions"
+
 
     PARAM_NAMES: ClassVar[dict[str, str]] = {"num_logprobs": "logprobs", "num_prompt_logprobs": "prompt_logprobs"}
 

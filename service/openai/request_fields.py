@@ -18,26 +18,50 @@ from service.openai.protocol import ChatCompletionRequest, CompletionRequest, Sa
 def chat_prompt(body: ChatCompletionRequest, input_processor: InputProcessor) -> Prompt:
     """The body's messages rendered by the chat template (its tools too unless tool_choice is
     "none") and tokenized."""
-    template_kwargs = {**(body.chat_template_kwargs or {})}
+    template_kwargs = template_kwargs_of(body)
     if body.tools and body.tool_choice != "none":
         template_kwargs.setdefault("tools", body.tools)
     try:
-        return input_processor.chat_prompt(
+        prompt = input_processor.chat_prompt(
             [m.to_template_dict() for m in body.messages],
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
+            add_special_tokens=body.add_special_tokens,
             **template_kwargs,
         )
     except Exception as exc:
         raise APIError(f"The messages could not be rendered by the chat template: {exc}", param="messages") from exc
+    return _truncated(body, input_processor, prompt)
+
+
+def template_kwargs_of(body: ChatCompletionRequest) -> dict[str, Any]:
+    """What the chat template gets besides the messages: chat_template_kwargs, documents, and
+    reasoning_effort (with enable_thinking unless given), as vLLM passes them."""
+    kwargs = {**(body.chat_template_kwargs or {})}
+    if body.documents is not None:
+        kwargs.setdefault("documents", body.documents)
+    if body.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+        kwargs.setdefault("enable_thinking", body.reasoning_effort != "none")
+    return kwargs
 
 
 def completion_prompts(body: CompletionRequest, input_processor: InputProcessor) -> list[Prompt]:
     """The body's prompts (text or token ids), tokenized; a 400 if any is empty."""
-    prompts = [input_processor.text_prompt(p) if isinstance(p, str) else Prompt(p) for p in body.prompts]
+    prompts = [
+        input_processor.text_prompt(p, body.add_special_tokens) if isinstance(p, str) else Prompt(p)
+        for p in body.prompts
+    ]
     if not prompts or any(not p.token_ids for p in prompts):
         raise APIError("The prompt is empty.", param="prompt")
-    return prompts
+    return [_truncated(body, input_processor, p) for p in prompts]
+
+
+def _truncated(body: SamplingRequest, input_processor: InputProcessor, prompt: Prompt) -> Prompt:
+    try:
+        return input_processor.truncated(prompt, body.truncate_prompt_tokens, body.truncation_side)
+    except ValueError as exc:
+        raise APIError(str(exc), param="truncate_prompt_tokens") from exc
 
 
 def build_sampling_params(
@@ -90,6 +114,16 @@ def _field_error(body: SamplingRequest, error: SamplingParamsError) -> APIError:
 
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def request_ids(prefix: str, body: SamplingRequest) -> tuple[str, str]:
+    """The response's id (`prefix-<request_id>` when the body names one, as vLLM has it) and its
+    engine requests' (unique even when two bodies give the same request_id)."""
+    if body.request_id is None:
+        request_id = new_request_id(prefix)
+        return request_id, request_id
+    response_id = f"{prefix}-{body.request_id}"
+    return response_id, f"{response_id}-{uuid.uuid4().hex[:8]}"
 
 
 def now() -> int:

@@ -31,21 +31,28 @@ def chat_completion_body(
     prompt_logprobs = None
     if body.prompt_logprobs is not None:
         prompt_logprobs = prompt_logprobs_list(tokenizer, output.prompt_logprobs)
-    return {
+    as_ids = bool(body.return_tokens_as_token_ids)
+    choices = []
+    for choice in output.outputs:
+        fields = {
+            "index": choice.index,
+            "message": {"role": "assistant", "content": body.echoed_text + choice.text},
+            "logprobs": chat_logprobs(tokenizer, choice.logprobs, as_ids),
+            **choice_end(choice.finish_reason, choice.stop_reason),
+        }
+        if body.return_token_ids:
+            fields["token_ids"] = choice.token_ids
+        choices.append(fields)
+    whole = {
         **header,
         "object": "chat.completion",
-        "choices": [
-            {
-                "index": choice.index,
-                "message": {"role": "assistant", "content": choice.text},
-                "logprobs": chat_logprobs(tokenizer, choice.logprobs),
-                **choice_end(choice.finish_reason, choice.stop_reason),
-            }
-            for choice in output.outputs
-        ],
+        "choices": choices,
         "usage": usage(len(output.prompt_token_ids), sum(len(c.token_ids) for c in output.outputs)),
         "prompt_logprobs": prompt_logprobs,
     }
+    if body.return_token_ids:
+        whole["prompt_token_ids"] = output.prompt_token_ids
+    return whole
 
 
 class CompletionLogprobs:
@@ -58,7 +65,8 @@ class CompletionLogprobs:
         self.echoes = [self._echo(p) for p in prompts] if body.echo else [""] * len(prompts)
 
     def _echo(self, prompt: Prompt) -> str:
-        return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
+        # NOTE: special tokens kept, so the echoed text is what logprobs' tokens and offsets list.
+        return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
 
     def logprobs(
         self, index: int, logprobs: Logprobs | None, prompt_logprobs: Logprobs | None, is_first: bool,
@@ -70,11 +78,12 @@ class CompletionLogprobs:
         prompt_index = index // self.body.n
         if text_offset is None:
             text_offset = len(self.echoes[prompt_index])
-        generated = completion_logprobs(self.tokenizer, logprobs or Logprobs(), text_offset)
+        as_ids = bool(self.body.return_tokens_as_token_ids)
+        generated = completion_logprobs(self.tokenizer, logprobs or Logprobs(), text_offset, as_ids)
         if not (self.body.echo and is_first):
             return generated
         echoed = echoed_completion_logprobs(
-            self.tokenizer, self.prompts[prompt_index].token_ids, prompt_logprobs, self.body.logprobs
+            self.tokenizer, self.prompts[prompt_index].token_ids, prompt_logprobs, self.body.logprobs, as_ids
         )
         return join_completion_logprobs(echoed, generated)
 
@@ -101,13 +110,16 @@ def completion_body(
         for choice in output.outputs:
             index = prompt_index * n + choice.index
             logprobs = formatter.logprobs(index, choice.logprobs, output.prompt_logprobs, is_first=True)
-            choices.append({
+            fields = {
                 **completion_choice(
                     index, formatter.echoes[prompt_index] + choice.text, logprobs,
                     choice.finish_reason, choice.stop_reason,
                 ),
                 "prompt_logprobs": formatter.prompt_logprobs(output.prompt_logprobs),
-            })
+            }
+            if formatter.body.return_token_ids:
+                fields |= {"prompt_token_ids": output.prompt_token_ids, "token_ids": choice.token_ids}
+            choices.append(fields)
     num_prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     num_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     return {**header, "object": "text_completion", "choices": choices, "usage": usage(num_prompt_tokens, num_tokens)}

@@ -76,7 +76,7 @@ async def test_include_usage_and_continuous_usage_stats(api: httpx.AsyncClient, 
     usage = chunks[-1]["usage"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + 8 and usage["prompt_tokens"] > 0
     assert all("usage" not in c for c in chunks[:-1])
-    _, chunks = await streamed(api, stream_events, stream_options={"continuous_usage_stats": True})
+    _, chunks = await streamed(api, stream_events, stream_options={"include_usage": True, "continuous_usage_stats": True})
     counts = [c["usage"]["completion_tokens"] for c in chunks]
     assert counts == sorted(counts) and counts[-1] == 8
     _, chunks = await streamed(api, stream_events)
@@ -137,8 +137,10 @@ async def test_logprobs_are_parallel_lists_with_text_offsets(
     streamed_logprobs = [c["choices"][0]["logprobs"] for c in chunks]
     for key in logprobs:
         assert [v for lp in streamed_logprobs for v in lp[key]] == logprobs[key]
+    # NOTE: as OpenAI and vLLM give it, `logprobs: 0` still lists the sampled token.
     zero = (await complete(api, logprobs=0))["choices"][0]["logprobs"]
-    assert len(zero["tokens"]) == 8 and zero["top_logprobs"] == [{}] * 8
+    assert len(zero["tokens"]) == 8
+    assert zero["top_logprobs"] == [{t: v} for t, v in zip(zero["tokens"], zero["token_logprobs"], strict=True)]
 
 
 async def test_prompt_logprobs_and_echo_with_logprobs(

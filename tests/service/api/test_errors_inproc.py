@@ -21,7 +21,7 @@ BAD_REQUESTS: list[tuple[str, Any, int, str | None]] = [
     (CHAT, b"[1, 2]", 400, None),
     (CHAT, {"model": "fake"}, 400, "messages"),
     (CHAT, {"messages": []}, 400, "messages"),
-    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+    (CHAT, {"messages": [{"content": "hi"}]}, 400, "messages.0.role"),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content"),
     (CHAT, {"model": "nope", "messages": MESSAGES}, 404, "model"),
     (CHAT, {"messages": MESSAGES, "temperature": -1}, 400, "temperature"),
@@ -77,7 +77,7 @@ BAD_REQUESTS: list[tuple[str, Any, int, str | None]] = [
     (COMPLETIONS, {"prompt": "hi", "n": 17, "stream": True}, 400, "n"),
     ("/tokenize", {}, 400, "prompt"),
     ("/tokenize", {"prompt": "hi", "model": "nope"}, 404, "model"),
-    ("/tokenize", {"messages": [{"role": "wizard"}]}, 400, "messages.0.role"),
+    ("/tokenize", {"messages": [{"content": "hi"}]}, 400, "messages.0.role"),
     ("/detokenize", {}, 400, "tokens"),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
     ("/detokenize", {"tokens": [10**9]}, 400, "tokens"),
@@ -167,3 +167,16 @@ async def test_a_body_streamed_past_the_limit_is_413_too(api: httpx.AsyncClient)
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS, "/tokenize"])
 async def test_a_wrong_method_is_an_openai_405(api: httpx.AsyncClient, path: str) -> None:
     assert_openai_error(await api.get(path), 405)
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain; charset=utf-8"])
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, "/tokenize"])
+async def test_a_body_that_is_not_json_is_a_415_naming_its_content_type(
+    api: httpx.AsyncClient, engine: FakeEngineClient, path: str, content_type: str
+) -> None:
+    body = b'{"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}'
+    response = await api.post(path, content=body, headers={"content-type": content_type})
+    error = assert_openai_error(response, 415)
+    assert f"'{content_type.partition(';')[0]}'" in error["message"] and engine.requests == []
+    for json_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        assert (await api.post(path, content=body, headers={"content-type": json_type})).status_code == 200

@@ -1,0 +1,309 @@
+"""How zeroserve answers each field of vLLM's OpenAI server: implemented with vLLM's meaning,
+refused with a 400 that names it, or not applicable (and why).
+
+Checked against `vllm_fields.json` (vLLM's own models, see vllm_snapshot.py) by
+tests/service/openai/test_conformance.py; `python -m service.openai.conformance` writes the table
+as Markdown (CONFORMANCE.md beside this file)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+IMPLEMENTED, REFUSED, NOT_APPLICABLE = "implemented", "refused", "not applicable"
+SNAPSHOT_PATH = Path(__file__).with_name("vllm_fields.json")
+MARKDOWN_PATH = Path(__file__).with_name("CONFORMANCE.md")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One vLLM field: what zeroserve does with it, and what shows it."""
+
+    status: str
+    note: str = ""
+    # refused: a value the tests send to get the 400 (vLLM's default is always accepted)
+    example: Any = None
+    # implemented: the test ("tests/...py::test_name") that shows the behaviour
+    test: str = ""
+    # refused: values served all the same, besides vLLM's default
+    accepted: tuple[Any, ...] = ()
+
+
+def implemented(test: str, note: str = "") -> Row:
+    return Row(IMPLEMENTED, note, test=test)
+
+
+def refused(example: Any, note: str, accepted: tuple[Any, ...] = ()) -> Row:
+    return Row(REFUSED, note, example=example, accepted=accepted)
+
+
+def not_applicable(note: str) -> Row:
+    return Row(NOT_APPLICABLE, note)
+
+
+_SAMPLING = "tests/service/api/test_vllm_fields_inproc.py::test_sampling_fields_reach_the_engine"
+_CHAT = "tests/service/api/test_chat_completions_inproc.py"
+_COMPLETIONS = "tests/service/api/test_completions_inproc.py"
+_VLLM = "tests/service/api/test_vllm_fields_inproc.py"
+_TOKENIZE = "tests/service/api/test_tokenize.py"
+_MULTIMODAL = "the served models read text only (no images, audio or video)"
+_DISAGGREGATED = "disaggregated prefill/encoding (KV or encoder-cache transfer) is not supported"
+_STRUCTURED = "structured outputs are not supported yet (issue 19: the agents' API)"
+
+# Fields chat and completions share, as vLLM declares them.
+_COMMON: dict[str, Row] = {
+    "model": implemented(f"{_VLLM}::test_model_names_a_served_model", "a served name; absent: the first"),
+    "frequency_penalty": implemented(_SAMPLING),
+    "logit_bias": implemented(_SAMPLING),
+    "n": implemented(f"{_CHAT}::test_n_3_gives_three_indexed_choices_streamed_or_not"),
+    "presence_penalty": implemented(_SAMPLING),
+    "seed": implemented(_SAMPLING),
+    "stop": implemented(f"{_CHAT}::test_a_stop_string_cuts_the_text_streamed_or_not"),
+    "stream": implemented(f"{_CHAT}::test_a_stream_is_a_role_chunk_then_deltas_then_usage_then_done"),
+    "stream_options": implemented(f"{_VLLM}::test_stream_options_need_stream"),
+    "temperature": implemented(_SAMPLING),
+    "top_p": implemented(_SAMPLING),
+    "user": not_applicable("an end-user id for OpenAI's abuse monitoring: vLLM does not use it either"),
+    "use_beam_search": refused(
+        True,
+        "beam search is not supported: each sequence is sampled on its own in the continuous batch "
+        "(vLLM too runs it outside its engine, as one single-token request per beam and step); "
+        "use n with sampling, or greedy decoding",
+    ),
+    "top_k": implemented(_SAMPLING),
+    "min_p": implemented(_SAMPLING),
+    "repetition_penalty": implemented(_SAMPLING),
+    "watermarking": refused(True, "output watermarking is not supported"),
+    "length_penalty": refused(2.0, "a beam-search setting, and beam search is not supported"),
+    "stop_token_ids": implemented(f"{_CHAT}::test_eos_and_stop_token_ids_end_a_choice_with_stop"),
+    "include_stop_str_in_output": implemented(f"{_COMPLETIONS}::test_stop_string_spanning_tokens_is_cut_streamed_or_not"),
+    "ignore_eos": implemented(_SAMPLING),
+    "min_tokens": implemented(_SAMPLING),
+    "skip_special_tokens": implemented(f"{_VLLM}::test_skip_special_tokens_false_keeps_them_in_the_text"),
+    "spaces_between_special_tokens": not_applicable(
+        "only slow (Python) tokenizers put spaces between special tokens; the served tokenizers are "
+        "fast ones, for which vLLM ignores it too"
+    ),
+    "truncate_prompt_tokens": implemented(f"{_VLLM}::test_truncate_prompt_tokens_keeps_the_prompts_end"),
+    "truncation_side": implemented(f"{_VLLM}::test_truncation_side_right_keeps_the_prompts_start"),
+    "prompt_logprobs": implemented(f"{_CHAT}::test_prompt_logprobs_cover_every_prompt_token"),
+    "logprob_token_ids": refused([1, 2], "logprobs of chosen token ids are not supported: use top_logprobs"),
+    "allowed_token_ids": refused([1, 2], "allowed_token_ids is not supported: use logit_bias"),
+    "bad_words": refused(["bad"], "bad_words is not supported: use logit_bias"),
+    "add_special_tokens": implemented(f"{_VLLM}::test_add_special_tokens_adds_the_bos_token"),
+    "structured_outputs": refused({"regex": "[a-z]+"}, _STRUCTURED),
+    "priority": implemented(_SAMPLING),
+    "request_id": implemented(f"{_VLLM}::test_request_id_names_the_response"),
+    "session_id": not_applicable("vLLM hands it to KV connectors and routers, which zeroserve has not"),
+    "return_tokens_as_token_ids": implemented(f"{_VLLM}::test_return_tokens_as_token_ids_names_tokens_by_id"),
+    "return_token_ids": implemented(f"{_VLLM}::test_return_token_ids_gives_prompt_and_completion_ids"),
+    "return_weight_versions": refused(True, "weights are not updated in place, so there are no versions"),
+    "routed_experts_prompt_start": refused(1, "the served models are dense (no experts to route)"),
+    "return_token_offsets": refused(True, "vLLM honours it only on its /render endpoints, which zeroserve has not"),
+    "mm_payload": refused("none", _MULTIMODAL),
+    "return_mm_kwargs": refused(True, _MULTIMODAL),
+    "cache_salt": refused("salt", "prefix-cache salting is not supported yet"),
+    "kv_transfer_params": refused({"do_remote_prefill": True}, _DISAGGREGATED),
+    "ec_transfer_params": refused({"x": 1}, _DISAGGREGATED),
+    "vllm_xargs": refused({"x": 1}, "no custom extensions read extra arguments"),
+    "repetition_detection": refused({"max_pattern_size": 4}, "repetition detection is not supported"),
+    "stream_interval": refused(4, "every step's tokens are streamed as they come"),
+    "thinking_token_budget": refused(64, "reasoning is not supported yet (issue 19: the agents' API)"),
+}
+
+CHAT: dict[str, Row] = {
+    **_COMMON,
+    "messages": implemented(f"{_CHAT}::test_a_whole_response_has_openai_shape"),
+    "logprobs": implemented(f"{_CHAT}::test_logprobs_with_top_logprobs_streamed_or_not"),
+    "top_logprobs": implemented(f"{_CHAT}::test_logprobs_with_top_logprobs_streamed_or_not"),
+    "max_tokens": implemented(_SAMPLING),
+    "max_completion_tokens": implemented(f"{_CHAT}::test_max_tokens_default_to_what_the_context_leaves"),
+    "response_format": refused(
+        {"type": "json_object"}, "{\"type\": \"text\"} is served; " + _STRUCTURED, accepted=({"type": "text"},)
+    ),
+    "tools": implemented(f"{_CHAT}::test_roles_tools_and_text_response_format", "rendered by the chat template; calls are not parsed yet"),
+    "tool_choice": refused(
+        "required", "'auto' and 'none' are served; forcing a call ('required', a named function) needs " + _STRUCTURED,
+        accepted=("auto", "none"),
+    ),
+    "reasoning_effort": implemented(
+        f"{_VLLM}::test_reasoning_effort_and_documents_reach_the_chat_template",
+        "passed to the chat template, with enable_thinking, as vLLM does",
+    ),
+    "include_reasoning": not_applicable("no reasoning parser runs, so no answer has a reasoning part to leave out"),
+    "parallel_tool_calls": not_applicable("tool calls are not parsed yet, so there is none to limit"),
+    "echo": implemented(f"{_VLLM}::test_chat_echo_prepends_the_last_assistant_message"),
+    "add_generation_prompt": implemented(f"{_CHAT}::test_continue_final_message_extends_the_assistant_turn"),
+    "continue_final_message": implemented(f"{_CHAT}::test_continue_final_message_extends_the_assistant_turn"),
+    "documents": implemented(f"{_VLLM}::test_reasoning_effort_and_documents_reach_the_chat_template"),
+    "chat_template": refused("{{ messages }}", "a request's own chat template is not run (vLLM too refuses it unless started with --trust-request-chat-template)"),
+    "chat_template_kwargs": implemented(f"{_VLLM}::test_reasoning_effort_and_documents_reach_the_chat_template"),
+    "media_io_kwargs": refused({"image": {}}, _MULTIMODAL),
+    "mm_processor_kwargs": refused({"x": 1}, _MULTIMODAL),
+    "return_prompt_text": implemented(f"{_VLLM}::test_return_prompt_text_gives_the_rendered_prompt"),
+}
+
+COMPLETIONS: dict[str, Row] = {
+    **_COMMON,
+    "prompt": implemented(f"{_COMPLETIONS}::test_prompt_forms_n_per_prompt_and_echo"),
+    "echo": implemented(f"{_COMPLETIONS}::test_prompt_logprobs_and_echo_with_logprobs"),
+    "logprobs": implemented(f"{_VLLM}::test_completions_logprobs_0_gives_the_sampled_token"),
+    "max_tokens": implemented(_SAMPLING),
+    "suffix": refused("tail", "insertion (fill-in-the-middle) is not supported"),
+    "prompt_embeds": refused("AAAA", "prompts are text or token ids, not embeddings"),
+    "response_format": refused({"type": "json_object"}, _STRUCTURED, accepted=({"type": "text"},)),
+}
+
+STREAM_OPTIONS: dict[str, Row] = {
+    "include_usage": implemented(f"{_VLLM}::test_include_usage_adds_a_last_usage_chunk"),
+    "continuous_usage_stats": implemented(f"{_VLLM}::test_continuous_usage_stats_need_include_usage"),
+}
+
+TOKENIZE_COMPLETION: dict[str, Row] = {
+    "model": implemented(f"{_TOKENIZE}::test_tokenize_then_detokenize_round_trips"),
+    "prompt": implemented(f"{_TOKENIZE}::test_tokenize_then_detokenize_round_trips"),
+    "add_special_tokens": implemented(f"{_TOKENIZE}::test_tokenize_without_special_tokens"),
+    "return_token_strs": implemented(f"{_TOKENIZE}::test_return_token_strs_are_vocabulary_tokens"),
+}
+
+TOKENIZE_CHAT: dict[str, Row] = {
+    "model": implemented(f"{_TOKENIZE}::test_tokenize_renders_chat_messages_with_the_template"),
+    "messages": implemented(f"{_TOKENIZE}::test_tokenize_renders_chat_messages_with_the_template"),
+    "add_generation_prompt": implemented(f"{_TOKENIZE}::test_tokenize_chat_follows_the_template_flags"),
+    "return_token_strs": implemented(f"{_TOKENIZE}::test_return_token_strs_are_vocabulary_tokens"),
+    "continue_final_message": implemented(f"{_TOKENIZE}::test_tokenize_chat_follows_the_template_flags"),
+    "add_special_tokens": implemented(f"{_TOKENIZE}::test_tokenize_chat_follows_the_template_flags"),
+    "chat_template": CHAT["chat_template"],
+    "chat_template_kwargs": implemented(f"{_TOKENIZE}::test_tokenize_chat_follows_the_template_flags"),
+    "response_format": not_applicable("only a generation is constrained; tokenizing renders the messages alone"),
+    "media_io_kwargs": refused({"image": {}}, _MULTIMODAL),
+    "mm_processor_kwargs": refused({"x": 1}, _MULTIMODAL),
+    "tools": implemented(f"{_TOKENIZE}::test_tokenize_chat_renders_the_tools"),
+}
+
+DETOKENIZE: dict[str, Row] = {
+    "model": implemented(f"{_TOKENIZE}::test_tokenize_then_detokenize_round_trips"),
+    "tokens": implemented(f"{_TOKENIZE}::test_tokenize_then_detokenize_round_trips"),
+}
+
+# The request models, by the snapshot's names, with the route and the minimal body that tests use.
+REQUESTS: dict[str, tuple[dict[str, Row], str, dict[str, Any]]] = {
+    "chat": (CHAT, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    "completions": (COMPLETIONS, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+    "tokenize_completion": (TOKENIZE_COMPLETION, "/tokenize", {"prompt": "Hi"}),
+    "tokenize_chat": (TOKENIZE_CHAT, "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]}),
+    "detokenize": (DETOKENIZE, "/detokenize", {"tokens": [1, 2]}),
+    "stream_options": (STREAM_OPTIONS, "/v1/chat/completions", {}),
+}
+
+
+def _response(implemented_fields: str, not_applicable_fields: dict[str, str]) -> dict[str, Row]:
+    rows = {name: implemented(f"{_VLLM}::test_responses_carry_vllms_fields") for name in implemented_fields.split()}
+    return rows | {name: not_applicable(note) for name, note in not_applicable_fields.items()}
+
+
+_NO_TIER = "OpenAI's processing tiers; vLLM leaves it null too"
+_NO_FINGERPRINT = "OpenAI's backend configuration id; vLLM leaves it null too"
+_NO_METRICS = "vLLM's per-request timings (with --enable-per-request-metrics); zeroserve reports them in /metrics and the request log"
+_NO_TRANSFER = _DISAGGREGATED
+_NO_EXPERTS = "the served models are dense (no experts to route)"
+_NO_VERSIONS = "weights are not updated in place, so there are no versions"
+
+RESPONSES: dict[str, dict[str, Row]] = {
+    "chat_response": _response(
+        "id object created model choices usage prompt_logprobs prompt_token_ids prompt_text",
+        {"service_tier": _NO_TIER, "system_fingerprint": _NO_FINGERPRINT, "kv_transfer_params": _NO_TRANSFER,
+         "ec_transfer_params": _NO_TRANSFER, "metrics": _NO_METRICS},
+    ),
+    "chat_response_choice": _response(
+        "index message logprobs finish_reason stop_reason token_ids",
+        {"routed_experts": _NO_EXPERTS, "weight_versions": _NO_VERSIONS},
+    ),
+    "chat_chunk": _response(
+        "id object created model choices usage prompt_token_ids prompt_text",
+        {"system_fingerprint": _NO_FINGERPRINT, "metrics": _NO_METRICS, "kv_transfer_params": _NO_TRANSFER},
+    ),
+    "chat_chunk_choice": _response(
+        "index delta logprobs finish_reason stop_reason token_ids", {"weight_versions": _NO_VERSIONS}
+    ),
+    "completions_response": _response(
+        "id object created model choices usage",
+        {"service_tier": _NO_TIER, "system_fingerprint": _NO_FINGERPRINT, "kv_transfer_params": _NO_TRANSFER,
+         "ec_transfer_params": _NO_TRANSFER, "metrics": _NO_METRICS},
+    ),
+    "completions_response_choice": _response(
+        "index text logprobs finish_reason stop_reason token_ids prompt_logprobs prompt_token_ids",
+        {"routed_experts": _NO_EXPERTS, "weight_versions": _NO_VERSIONS},
+    ),
+    "completions_chunk": _response(
+        "id object created model choices usage",
+        {"system_fingerprint": _NO_FINGERPRINT, "metrics": _NO_METRICS, "kv_transfer_params": _NO_TRANSFER},
+    ),
+    "completions_chunk_choice": _response(
+        "index text logprobs finish_reason stop_reason prompt_token_ids token_ids", {"weight_versions": _NO_VERSIONS}
+    ),
+    "tokenize_response": _response("count max_model_len tokens token_strs", {}),
+    "detokenize_response": _response("prompt", {}),
+    "model_card": _response(
+        "id object created owned_by root parent max_model_len permission", {}
+    ),
+    "usage": _response(
+        "prompt_tokens total_tokens completion_tokens",
+        {"completion_tokens_details": "OpenAI's reasoning and prediction token counts; no reasoning runs here",
+         "prompt_tokens_details": "vLLM fills it only with --enable-prompt-tokens-details; zeroserve counts "
+         "cached prompt tokens in /metrics (prompt_tokens_cached)"},
+    ),
+}
+
+
+@functools.cache
+def vllm_snapshot() -> dict[str, Any]:
+    """vllm_fields.json: vLLM's models' fields (with defaults) and metric families."""
+    return dict(json.loads(SNAPSHOT_PATH.read_text()))
+
+
+def vllm_default(model: str, name: str) -> Any:
+    """vLLM's default for a field (a dict for one that is computed or required)."""
+    return vllm_snapshot()["models"][model][name]["default"]
+
+
+def refused_fields(model: str, given: dict[str, Any]) -> list[tuple[str, Row]]:
+    """The refused fields `given` sets to something other than vLLM's default (and None)."""
+    rows, _, _ = REQUESTS[model]
+    return [
+        (name, row) for name, row in rows.items()
+        if row.status == REFUSED and name in given
+        and given[name] is not None and given[name] != vllm_default(model, name) and given[name] not in row.accepted
+    ]
+
+
+def markdown() -> str:
+    """The whole table, one section per model."""
+    snapshot = vllm_snapshot()
+    lines = [
+        f"# zeroserve and vLLM {snapshot['vllm_version']}'s OpenAI server, field by field",
+        "",
+        "Generated by `python -m service.openai.conformance` from `service/openai/conformance.py`;",
+        "every field of vLLM's request and response models is one of: **implemented** (vLLM's meaning),",
+        "**refused** (a 400 that names it, for any value but vLLM's default) or **not applicable**.",
+    ]
+    tables = {name: rows for name, (rows, _, _) in REQUESTS.items()} | RESPONSES
+    for model, rows in tables.items():
+        lines += ["", f"## {model} (vLLM `{snapshot_class(model)}`)", "", "| field | status | note |", "|---|---|---|"]
+        for name, row in rows.items():
+            lines.append(f"| `{name}` | {row.status} | {row.note.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def snapshot_class(model: str) -> str:
+    from service.openai.vllm_snapshot import MODELS
+
+    return MODELS[model]
+
+
+if __name__ == "__main__":
+    MARKDOWN_PATH.write_text(markdown())
+    print(MARKDOWN_PATH)

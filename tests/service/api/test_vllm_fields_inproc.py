@@ -1,0 +1,267 @@
+"""vLLM's request fields, in process on a fake engine: each row conformance.py calls refused gets a
+400 naming it (and vLLM's default is accepted), and the implemented ones do what vLLM does."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from service.model_files.tokenizer import Tokenizer, _bos_eos_processor
+from service.openai.conformance import REFUSED, REQUESTS, RESPONSES, vllm_default
+from tests.service.api.fake_engine import MAX_MODEL_LEN, FakeEngineClient
+
+if TYPE_CHECKING:
+    from tests.service.api.conftest import StreamEvents
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES = [{"role": "user", "content": "Name a colour."}]
+REFUSED_ROWS = [
+    pytest.param(model, name, row, id=f"{model}.{name}")
+    for model, (rows, _, _) in REQUESTS.items() for name, row in rows.items() if row.status == REFUSED
+]
+
+
+async def post(api: httpx.AsyncClient, path: str, **body: Any) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"messages": MESSAGES} if path == CHAT else {"prompt": "The quick brown fox"}
+    response = await api.post(path, json={**defaults, "max_tokens": 8, "ignore_eos": True, **body})
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+async def events(api: httpx.AsyncClient, stream_events: StreamEvents, path: str, **body: Any) -> list[dict[str, Any]]:
+    defaults: dict[str, Any] = {"messages": MESSAGES} if path == CHAT else {"prompt": "The quick brown fox"}
+    all_events = await stream_events(api, path, {**defaults, "max_tokens": 8, "ignore_eos": True, **body})
+    assert all_events[-1] == "[DONE]"
+    return all_events[:-1]
+
+
+@pytest.mark.parametrize(("model", "name", "row"), REFUSED_ROWS)
+async def test_a_refused_field_gets_a_400_naming_it_and_vllms_default_is_served(
+    api: httpx.AsyncClient, engine: FakeEngineClient, model: str, name: str, row: Any
+) -> None:
+    _, path, body = REQUESTS[model]
+    response = await api.post(path, json={**body, name: row.example})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == name and f"'{name}'" in error["message"], error
+    assert engine.requests == []
+    default = vllm_default(model, name)
+    if not isinstance(default, dict):
+        accepted = await api.post(path, json={**body, name: default})
+        assert accepted.status_code == 200, accepted.text
+
+
+async def test_sampling_fields_reach_the_engine(api: httpx.AsyncClient, engine: FakeEngineClient) -> None:
+    given = {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 5, "min_p": 0.05, "presence_penalty": 0.5,
+        "frequency_penalty": 0.25, "repetition_penalty": 1.1, "seed": 42, "min_tokens": 3, "max_tokens": 6,
+    }
+    for path in (CHAT, COMPLETIONS):
+        await post(api, path, **given, logit_bias={"7": 2.5}, ignore_eos=False, priority=-3)
+        request = engine.requests[-1]
+        params = request.sampling_params
+        assert {name: getattr(params, name) for name in given} == given
+        assert params.logit_bias == [(7, 2.5)] and not params.ignore_eos and request.priority == -3
+        await post(api, path, ignore_eos=True)
+        assert engine.requests[-1].sampling_params.ignore_eos
+
+
+async def test_model_names_a_served_model(api: httpx.AsyncClient) -> None:
+    assert (await post(api, CHAT, model="fake-alias"))["model"] == "fake-alias"
+    assert (await post(api, COMPLETIONS))["model"] == "fake"
+
+
+async def test_stream_options_need_stream(api: httpx.AsyncClient, stream_events: StreamEvents) -> None:
+    for path in (CHAT, COMPLETIONS):
+        response = await api.post(path, json={"prompt": "Hi", "messages": MESSAGES, "stream_options": {"include_usage": True}})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "stream_options", response.text
+        assert "only allowed when 'stream' is enabled" in response.json()["error"]["message"]
+        assert (await api.post(path, json={"prompt": "Hi", "messages": MESSAGES, "stream_options": None})).status_code == 200
+        chunks = await events(api, stream_events, path, stream_options={"include_usage": True})
+        assert chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+async def test_include_usage_adds_a_last_usage_chunk(api: httpx.AsyncClient, stream_events: StreamEvents) -> None:
+    chunks = await events(api, stream_events, CHAT, stream_options={"include_usage": True})
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+    assert all("usage" not in chunk for chunk in chunks[:-1])
+    assert all("usage" not in chunk for chunk in await events(api, stream_events, CHAT))
+
+
+async def test_continuous_usage_stats_need_include_usage(api: httpx.AsyncClient, stream_events: StreamEvents) -> None:
+    for path in (CHAT, COMPLETIONS):
+        alone = await events(api, stream_events, path, stream_options={"continuous_usage_stats": True})
+        assert all("usage" not in chunk for chunk in alone)
+        both = await events(api, stream_events, path, stream_options={"include_usage": True, "continuous_usage_stats": True})
+        assert all("usage" in chunk for chunk in both)
+
+
+async def test_completions_logprobs_0_gives_the_sampled_token(api: httpx.AsyncClient) -> None:
+    logprobs = (await post(api, COMPLETIONS, logprobs=0))["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == 8
+    assert logprobs["top_logprobs"] == [{t: v} for t, v in zip(logprobs["tokens"], logprobs["token_logprobs"], strict=True)]
+
+
+async def test_skip_special_tokens_false_keeps_them_in_the_text(
+    api: httpx.AsyncClient, engine: FakeEngineClient, tokenizer: Tokenizer
+) -> None:
+    special = tokenizer.backend.token_to_id("<|im_start|>")
+    engine.token_ids = [*tokenizer.encode(" Hi"), special, *tokenizer.encode(" there")]
+    for path, text in ((CHAT, lambda r: r["choices"][0]["message"]["content"]), (COMPLETIONS, lambda r: r["choices"][0]["text"])):
+        assert text(await post(api, path, max_tokens=3)) == " Hi there"
+        assert text(await post(api, path, max_tokens=3, skip_special_tokens=False)) == " Hi<|im_start|> there"
+
+
+async def test_truncate_prompt_tokens_keeps_the_prompts_end(api: httpx.AsyncClient, engine: FakeEngineClient) -> None:
+    prompt = list(range(100, 110))
+    whole = await post(api, COMPLETIONS, prompt=prompt, truncate_prompt_tokens=3)
+    assert engine.requests[-1].prompt_token_ids == [107, 108, 109] and whole["usage"]["prompt_tokens"] == 3
+    await post(api, COMPLETIONS, prompt=prompt, truncate_prompt_tokens=-1)
+    assert engine.requests[-1].prompt_token_ids == prompt
+    chat = await post(api, CHAT, truncate_prompt_tokens=4)
+    assert len(engine.requests[-1].prompt_token_ids) == 4 and chat["usage"]["prompt_tokens"] == 4
+    too_many = await api.post(COMPLETIONS, json={"prompt": prompt, "truncate_prompt_tokens": MAX_MODEL_LEN + 1})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+async def test_truncation_side_right_keeps_the_prompts_start(api: httpx.AsyncClient, engine: FakeEngineClient) -> None:
+    await post(api, COMPLETIONS, prompt=list(range(100, 110)), truncate_prompt_tokens=3, truncation_side="right")
+    assert engine.requests[-1].prompt_token_ids == [100, 101, 102]
+
+
+@pytest.fixture
+def bos_tokenizer(tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Tokenizer]:
+    """The fake's tokenizer adding BOS to encoded text (the default model's adds none)."""
+    backend = tokenizer.backend
+    monkeypatch.setattr(backend, "post_processor", _bos_eos_processor(backend, tokenizer.special_tokens, True, False))
+    yield tokenizer
+
+
+async def test_add_special_tokens_adds_the_bos_token(
+    api: httpx.AsyncClient, engine: FakeEngineClient, bos_tokenizer: Tokenizer
+) -> None:
+    bos = bos_tokenizer.backend.token_to_id(bos_tokenizer.special_tokens["bos_token"])
+    await post(api, COMPLETIONS)
+    assert engine.requests[-1].prompt_token_ids[0] == bos
+    await post(api, COMPLETIONS, add_special_tokens=False)
+    assert engine.requests[-1].prompt_token_ids[0] != bos
+    await post(api, CHAT)
+    chat_ids = engine.requests[-1].prompt_token_ids
+    await post(api, CHAT, add_special_tokens=True)
+    assert engine.requests[-1].prompt_token_ids == [bos, *chat_ids]
+
+
+async def test_request_id_names_the_response(api: httpx.AsyncClient, stream_events: StreamEvents) -> None:
+    both = await asyncio.gather(post(api, CHAT, request_id="mine"), post(api, CHAT, request_id="mine"))
+    assert [r["id"] for r in both] == ["chatcmpl-mine"] * 2
+    assert (await post(api, COMPLETIONS, request_id="mine"))["id"] == "cmpl-mine"
+    assert {c["id"] for c in await events(api, stream_events, CHAT, request_id="mine")} == {"chatcmpl-mine"}
+
+
+async def test_return_tokens_as_token_ids_names_tokens_by_id(api: httpx.AsyncClient, engine: FakeEngineClient) -> None:
+    expected = [f"token_id:{t}" for t in engine.output_ids(8)]
+    chat = await post(api, CHAT, logprobs=True, top_logprobs=1, return_tokens_as_token_ids=True)
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert [entry["token"] for entry in content] == expected
+    assert all(entry["top_logprobs"][0]["token"].startswith("token_id:") for entry in content)
+    completion = await post(api, COMPLETIONS, logprobs=1, return_tokens_as_token_ids=True)
+    assert completion["choices"][0]["logprobs"]["tokens"] == expected
+
+
+async def test_return_token_ids_gives_prompt_and_completion_ids(
+    api: httpx.AsyncClient, engine: FakeEngineClient, stream_events: StreamEvents
+) -> None:
+    chat = await post(api, CHAT, return_token_ids=True)
+    assert chat["prompt_token_ids"] == engine.requests[-1].prompt_token_ids
+    assert chat["choices"][0]["token_ids"] == engine.output_ids(8)
+    assert "prompt_token_ids" not in await post(api, CHAT)
+    chunks = await events(api, stream_events, CHAT, return_token_ids=True)
+    assert chunks[0]["prompt_token_ids"] == engine.requests[-1].prompt_token_ids
+    assert all("prompt_token_ids" not in chunk for chunk in chunks[1:])
+    assert [t for chunk in chunks for choice in chunk["choices"] for t in choice.get("token_ids", [])] == engine.output_ids(8)
+    completion = await post(api, COMPLETIONS, return_token_ids=True)
+    choice = completion["choices"][0]
+    assert choice["prompt_token_ids"] == engine.requests[-1].prompt_token_ids and choice["token_ids"] == engine.output_ids(8)
+    chunks = await events(api, stream_events, COMPLETIONS, return_token_ids=True)
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == engine.requests[-1].prompt_token_ids
+    assert [t for chunk in chunks for t in chunk["choices"][0]["token_ids"]] == engine.output_ids(8)
+
+
+@pytest.fixture
+def echoing_template(tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Tokenizer]:
+    """A chat template that writes out every message's role and what vLLM passes it besides."""
+    template = (
+        "{% for m in messages %}[{{ m.role }}: {{ m.content }}]{% endfor %}"
+        "{% if documents %}[docs: {{ documents | map(attribute='text') | join(', ') }}]{% endif %}"
+        "{% if reasoning_effort %}[effort: {{ reasoning_effort }}, thinking: {{ enable_thinking }}]{% endif %}"
+        "{% if colour %}[colour: {{ colour }}]{% endif %}"
+    )
+    monkeypatch.setattr(tokenizer, "chat_template", template)
+    monkeypatch.setattr(tokenizer, "_compiled_template", None)
+    yield tokenizer
+
+
+async def test_reasoning_effort_and_documents_reach_the_chat_template(
+    api: httpx.AsyncClient, engine: FakeEngineClient, echoing_template: Tokenizer
+) -> None:
+    messages = [{"role": "wizard", "content": "Speak."}, {"role": "user", "content": "Hi"}]
+    await post(api, CHAT, messages=messages, documents=[{"title": "a", "text": "Tokyo"}], reasoning_effort="low",
+               chat_template_kwargs={"colour": "blue"})
+    rendered = echoing_template.decode(engine.requests[-1].prompt_token_ids, skip_special_tokens=False)
+    assert rendered == "[wizard: Speak.][user: Hi][docs: Tokyo][effort: low, thinking: True][colour: blue]"
+
+
+async def test_return_prompt_text_gives_the_rendered_prompt(
+    api: httpx.AsyncClient, tokenizer: Tokenizer, stream_events: StreamEvents
+) -> None:
+    rendered = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    assert (await post(api, CHAT, return_prompt_text=True))["prompt_text"] == rendered
+    assert "prompt_text" not in await post(api, CHAT)
+    chunks = await events(api, stream_events, CHAT, return_prompt_text=True)
+    assert chunks[0]["prompt_text"] == rendered and all("prompt_text" not in c for c in chunks[1:])
+
+
+async def test_chat_echo_prepends_the_last_assistant_message(
+    api: httpx.AsyncClient, engine: FakeEngineClient, stream_events: StreamEvents
+) -> None:
+    messages = [*MESSAGES, {"role": "assistant", "content": "Once upon"}]
+    generated = engine.output_text(8)
+    echoed = await post(api, CHAT, messages=messages, echo=True, add_generation_prompt=False, continue_final_message=True)
+    assert echoed["choices"][0]["message"]["content"] == "Once upon" + generated
+    chunks = await events(api, stream_events, CHAT, messages=messages, echo=True)
+    text = "".join(choice["delta"].get("content", "") for chunk in chunks for choice in chunk["choices"])
+    assert text == "Once upon" + generated
+    # NOTE: the last message is the user's: nothing to go on from, so nothing is echoed.
+    assert (await post(api, CHAT, echo=True))["choices"][0]["message"]["content"] == generated
+
+
+async def test_responses_carry_vllms_fields(api: httpx.AsyncClient, stream_events: StreamEvents) -> None:
+    asks: dict[str, Any] = {"return_token_ids": True, "logprobs": True, "prompt_logprobs": 1}
+    chat = await post(api, CHAT, **asks, return_prompt_text=True)
+    chat_chunks = await events(api, stream_events, CHAT, **asks, return_prompt_text=True,
+                               stream_options={"include_usage": True})
+    completion = await post(api, COMPLETIONS, **{**asks, "logprobs": 1})
+    completion_chunks = await events(api, stream_events, COMPLETIONS, **{**asks, "logprobs": 1},
+                                     stream_options={"include_usage": True})
+    tokenized = (await api.post("/tokenize", json={"prompt": "Hi", "return_token_strs": True})).json()
+    seen: dict[str, list[dict[str, Any]]] = {
+        "chat_response": [chat], "chat_response_choice": chat["choices"],
+        "chat_chunk": chat_chunks, "chat_chunk_choice": [c for chunk in chat_chunks for c in chunk["choices"]],
+        "completions_response": [completion], "completions_response_choice": completion["choices"],
+        "completions_chunk": completion_chunks,
+        "completions_chunk_choice": [c for chunk in completion_chunks for c in chunk["choices"]],
+        "tokenize_response": [tokenized],
+        "detokenize_response": [(await api.post("/detokenize", json={"tokens": tokenized["tokens"]})).json()],
+        "model_card": (await api.get("/v1/models")).json()["data"],
+        "usage": [chat["usage"]],
+    }
+    for model, rows in RESPONSES.items():
+        keys = {key for body in seen[model] for key in body}
+        missing = {name for name, row in rows.items() if row.status == "implemented"} - keys
+        assert not missing, f"{model} lacks {sorted(missing)}"
