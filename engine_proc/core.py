@@ -125,6 +125,12 @@ class EngineCore:
             scheduler_stats=self.scheduler_stats(),
         )
 
+    def idle_outputs(self) -> EngineCoreOutputs:
+        """No outputs, and the scheduler's stats: what an engine left idle (by aborts) reports."""
+        return EngineCoreOutputs(
+            engine_index=self.engine_index, outputs=[], timestamp=time.time(), scheduler_stats=self.scheduler_stats()
+        )
+
     def call_utility(self, call: UtilityCall) -> UtilityResult:
         method = self._utilities.get(call.method)
         if method is None:

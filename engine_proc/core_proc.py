@@ -42,6 +42,8 @@ class CoreLike(Protocol):
 
     def step(self) -> EngineCoreOutputs: ...
 
+    def idle_outputs(self) -> EngineCoreOutputs: ...
+
     def call_utility(self, call: UtilityCall) -> Any: ...
 
 
@@ -164,6 +166,13 @@ class EngineCoreProc:
         for client_index in sorted(by_client.keys() | self.accepted_by):
             self.output_queue.put_nowait((client_index, replace(outputs, outputs=by_client.get(client_index, []))))
 
+    def _publish_stats(self) -> None:
+        """Scheduler stats with no outputs, to every gateway: the aborts that left this engine idle
+        take no step that would report them (a gauge such as requests running would stay up)."""
+        outputs = self.engine_core.idle_outputs()
+        for client_index in sorted(self.accepted_by) if self.num_clients > 1 else [0]:
+            self.output_queue.put_nowait((client_index, outputs))
+
     def _handle_input(self, request_type: RequestType, message: Any) -> None:
         if request_type is RequestType.ADD:
             if self.num_clients > 1:
@@ -173,6 +182,8 @@ class EngineCoreProc:
             for request_id in message:
                 self.client_of.pop(request_id, None)
             self.engine_core.abort_requests(message)
+            if not self.engine_core.has_work:
+                self._publish_stats()
         elif request_type is RequestType.UTILITY:
             result = self.engine_core.call_utility(message)
             self.output_queue.put_nowait((message.client_index, EngineCoreOutputs(utility_output=result)))

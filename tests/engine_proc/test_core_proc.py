@@ -13,7 +13,14 @@ import zmq
 from engine_proc.core_proc import EngineCoreProc
 from proto.codec import MsgpackDecoder, MsgpackEncoder
 from proto.engine_input import EngineCoreRequest, RequestType, SamplingParams, UtilityCall
-from proto.engine_output import ENGINE_CORE_DEAD, EngineCoreOutput, EngineCoreOutputs, FinishReason, UtilityResult
+from proto.engine_output import (
+    ENGINE_CORE_DEAD,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    FinishReason,
+    SchedulerStats,
+    UtilityResult,
+)
 from proto.handshake import PROTOCOL_VERSION, EngineAccept, EngineMessageType, EngineReady
 from proto.sockets import engine_identity, make_zmq_socket, new_ipc_address
 
@@ -53,6 +60,9 @@ class FakeCore:
             if not tokens:
                 del self.pending[request_id]
         return EngineCoreOutputs(engine_index=3, outputs=outputs)
+
+    def idle_outputs(self) -> EngineCoreOutputs:
+        return EngineCoreOutputs(engine_index=3, outputs=[], scheduler_stats=SchedulerStats(num_running_reqs=0))
 
     def call_utility(self, call: UtilityCall) -> UtilityResult:
         return UtilityResult(call.call_id, result=[call.method, *call.args])
@@ -140,10 +150,14 @@ def test_abort_stops_a_request_between_steps(gateway: Gateway) -> None:
     gateway.send(RequestType.ADD, EngineCoreRequest("long", list(range(100_000)), SamplingParams()))
     gateway.recv_outputs()
     gateway.send(RequestType.ABORT, ["long"])
-    # Outputs already in flight may arrive, then nothing more: the request is gone.
+    # Outputs already in flight may arrive, then the idle engine's stats (no step would report
+    # the abort), then nothing more: the request is gone.
+    received = []
     while gateway.pull.poll(300):
-        gateway.recv()
+        received.append(gateway.decoder.decode(gateway.recv()))
     assert "long" not in core.pending
+    last = received[-1]
+    assert last.outputs == [] and last.scheduler_stats is not None and last.scheduler_stats.num_running_reqs == 0
     proc.is_running = False
     thread.join(5)
 

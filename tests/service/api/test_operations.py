@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -280,3 +281,35 @@ def test_keepalive_comments_arrive_while_a_stream_waits_for_its_first_token(ops_
             if line:
                 before_data.append(line)
         assert before_data.count(": ping") == 2
+
+
+def scraped(client: httpx.Client, name: str, **labels: str) -> float:
+    """A metric's value summed over the samples with `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        sample.value for family in text_string_to_metric_families(client.get("/metrics").text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_closing_the_connections_of_streamed_and_whole_requests_aborts_them_all(tiny_model_dir: Path) -> None:
+    with running_server(tiny_model_dir) as server, httpx.Client(base_url=server.base_url, timeout=30) as client:
+        aborts_before = scraped(client, "zeroserve:request_success_total", finished_reason="abort")
+        host, port = server.base_url.removeprefix("http://").split(":")
+        connections = []
+        for index in range(6):
+            body = json.dumps({"prompt": f"Count {index}:", "max_tokens": 500, "ignore_eos": True, "stream": index % 2 == 0})
+            connection = socket.create_connection((host, int(port)))
+            connection.sendall(
+                f"POST {COMPLETIONS} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+            )
+            connections.append(connection)
+        wait_for(lambda: scraped(client, "zeroserve:num_requests_running") == 6, 10)
+        for connection in connections:
+            connection.close()
+        wait_for(lambda: scraped(client, "zeroserve:num_requests_running") == 0, 2)
+        assert scraped(client, "zeroserve:request_success_total", finished_reason="abort") == aborts_before + 6
+        assert scraped(client, "zeroserve:request_success_total", finished_reason="length") == 0
