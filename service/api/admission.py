@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -50,6 +50,8 @@ class Admission:
         self._idle = asyncio.Event()
         self._idle.set()
         self._timeouts: set[asyncio.Timeout] = set()
+        # NOTE: told of each 429 (the metrics' admission_rejections), once the metrics exist.
+        self.on_rejection: Callable[[str], None] | None = None
 
     def refusal(self, path: str, num_header_bytes: int = 0) -> Response | None:
         """The answer to a request for `path` that is not admitted now, or None to admit it."""
@@ -73,6 +75,8 @@ class Admission:
                 error_type="requests", code="rate_limit_exceeded",
             ))
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
+            if self.on_rejection is not None:
+                self.on_rejection("max_num_queued_reqs")
             return response
         return None
 

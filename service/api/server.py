@@ -101,7 +101,7 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
     from service.frontend.async_llm import AsyncLLM
     from service.model_files.model_registry import resolve_model
     from service.model_files.tokenizer import Tokenizer
-    from service.observability.metrics import PrometheusStatLogger
+    from service.observability.metrics import PrometheusStatLogger, cache_info
     from service.observability.request_log import RequestLogger
 
     resolved = await asyncio.to_thread(resolve_model, config.model)
@@ -118,7 +118,11 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
     except BaseException:
         client.shutdown()
         raise
-    metrics = PrometheusStatLogger(names[0], range(max(config.data_parallel_size, 1)), config.api_server_index)
+    metrics = PrometheusStatLogger(
+        names[0], range(max(config.data_parallel_size, 1)), config.api_server_index, ready.max_model_len,
+        cache_info(ready, engine_config.enable_prefix_caching),
+    )
+    app.state.admission.on_rejection = metrics.record_admission_rejection
     llm = AsyncLLM(client, tokenizer, ready, stat_loggers=[metrics, RequestLogger()])
     generation_defaults = {**resolved.generation_defaults, **dict(config.generation_config)}
     attach(app, ServerState(

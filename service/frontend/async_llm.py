@@ -132,10 +132,14 @@ class AsyncLLM:
         `wake_up()`."""
         await self.engine_client.sleep_async(level)
         self.is_sleeping = True
+        if self.stat_loggers is not None:
+            self.stat_loggers.record_sleep_state(level)
 
     async def wake_up(self) -> None:
         await self.engine_client.wake_up_async()
         self.is_sleeping = False
+        if self.stat_loggers is not None:
+            self.stat_loggers.record_sleep_state(0)
 
     async def get_stats(self) -> dict[str, Any]:
         return await self.engine_client.get_stats_async()

@@ -66,6 +66,7 @@ class RequestState:
         collector: RequestOutputCollector | None,
         index: int,
         arrival_time: float,
+        n: int = 1,
     ) -> None:
         self.request_id = request.request_id
         self.prompt = prompt
@@ -78,7 +79,8 @@ class RequestState:
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
         self.engine_index = 0  # NOTE: the engine its outputs came from (the first, until one has).
-        self.stats = RequestStateStats(arrival_time)
+        is_first_sample = index % n == 0
+        self.stats = RequestStateStats(arrival_time, max_tokens=request.sampling_params.max_tokens, n=n if is_first_sample else 0)
 
     def make_output(self, engine_output: EngineCoreOutput) -> RequestOutput:
         delta = self.detokenizer.update(engine_output.new_token_ids)
@@ -151,7 +153,7 @@ class OutputProcessor:
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
         stop_checker = StopChecker(params.stop, params.include_stop_str_in_output)
         self.request_states[request.request_id] = RequestState(
-            request, prompt, detokenizer, stop_checker, collector, index, request.arrival_time or time.time()
+            request, prompt, detokenizer, stop_checker, collector, index, request.arrival_time or time.time(), params.n
         )
 
     def abort_requests(self, request_ids: list[str]) -> list[RequestState]:

@@ -1,16 +1,20 @@
-"""Prometheus metrics: a stat logger that keeps gauges, counters and histograms per engine."""
+"""Prometheus metrics: every family vLLM v1 exports (same types, labels and buckets, under the
+`zeroserve:` prefix), kept per engine by a stat logger. Families of features zeroserve has not
+(LoRA, KV transfer, multimodal caches, watermarking, NaN checks, block residency sampling) are
+declared with no series, as vLLM's are with the feature off."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from proto.engine_output import FinishReason, SchedulerStats
-from service.observability.stats import IterationStats
+from proto.handshake import EngineReady
+from service.observability.stats import FinishedRequestStats, IterationStats
 
-# NOTE: the same buckets as vLLM's, so dashboards and alerts carry over.
+# NOTE: vLLM's buckets (vllm/v1/metrics/buckets.py), so dashboards and alerts carry over.
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -23,83 +27,221 @@ REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+KV_CACHE_RESIDENCY_BUCKETS = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800,
+)
 
 LABELS = ("model_name", "engine")
+WAITING_REASONS = ("capacity", "deferred")
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+
+
+def cache_info(ready: EngineReady, enable_prefix_caching: bool) -> dict[str, str]:
+    """cache_config_info's labels, as vLLM names its CacheConfig's fields."""
+    return {
+        "block_size": str(ready.block_size), "num_gpu_blocks": str(ready.num_kv_blocks),
+        "enable_prefix_caching": str(enable_prefix_caching), "cache_dtype": "auto",
+    }
+
+
+def request_tokens_buckets(max_model_len: int) -> tuple[int, ...]:
+    """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to the context length."""
+    buckets: list[int] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_model_len:
+                return tuple(buckets)
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
+class _Families:
+    """The metric families, registered in one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None, max_model_len: int, cache_info_labels: Sequence[str]) -> None:
+        def gauge(name: str, documentation: str, labels: tuple[str, ...] = LABELS) -> Gauge:
+            # NOTE: across gateway processes, the value most recently set by any of them.
+            return Gauge(f"zeroserve:{name}", documentation, labels, registry=registry, multiprocess_mode="mostrecent")
+
+        def counter(name: str, documentation: str, labels: tuple[str, ...] = LABELS) -> Counter:
+            # NOTE: prometheus_client appends `_total` to a counter's name when it exposes it.
+            return Counter(f"zeroserve:{name}", documentation, labels, registry=registry)
+
+        def histogram(name: str, documentation: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(f"zeroserve:{name}", documentation, LABELS, buckets=buckets, registry=registry)
+
+        tokens = request_tokens_buckets(max_model_len)
+        # Scheduler state.
+        self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
+        self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.num_requests_waiting_by_reason = gauge(
+            "num_requests_waiting_by_reason",
+            "Waiting requests by reason: capacity (no room in the batch or the KV cache) or deferred.",
+            (*LABELS, "reason"),
+        )
+        self.num_requests_kv_fetch_by_stage = gauge(
+            "num_requests_kv_fetch_by_stage", "Waiting requests by KV-transfer stage (no KV transfer here: no series).",
+            (*LABELS, "stage"),
+        )
+        self.engine_sleep_state = gauge(
+            "engine_sleep_state", "1 for the engine's sleep state: awake, weights_offloaded (level 1) or discard_all (level 2).",
+            (*LABELS, "sleep_state"),
+        )
+        self.kv_cache_usage = gauge("kv_cache_usage_perc", "KV cache usage; 1 means 100 percent.")
+        self.cache_config_info = gauge(
+            "cache_config_info", "The engine's KV cache configuration (always 1).", (*cache_info_labels, "engine"),
+        )
+        self.lora_requests_info = gauge(
+            "lora_requests_info", "Running and waiting LoRA adapters (LoRA is not served here: no series).",
+            ("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
+        )
+        # Caches and preemptions.
+        self.prefix_cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.external_prefix_cache_queries = counter(
+            "external_prefix_cache_queries", "Prompt tokens looked up in an external KV cache (none here: no series)."
+        )
+        self.external_prefix_cache_hits = counter(
+            "external_prefix_cache_hits", "Prompt tokens found in an external KV cache (none here: no series)."
+        )
+        self.mm_cache_queries = counter("mm_cache_queries", "Multimodal cache lookups (text-only models: no series).")
+        self.mm_cache_hits = counter("mm_cache_hits", "Multimodal cache hits (text-only models: no series).")
+        self.num_preemptions = counter("num_preemptions", "Requests preempted by the scheduler.")
+        self.corrupted_requests = counter("corrupted_requests", "Requests whose logits held NaNs (not checked here: no series).")
+        self.spec_decode_draft_tokens = counter(
+            "spec_decode_num_draft_tokens", "Speculative decoding: draft tokens proposed."
+        )
+        self.spec_decode_accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens the model accepted."
+        )
+        # Tokens.
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
+        self.prompt_tokens_by_source = counter(
+            "prompt_tokens_by_source", "Prompt tokens by source: computed, or found in the local prefix cache.",
+            (*LABELS, "source"),
+        )
+        self.prompt_tokens_cached = counter("prompt_tokens_cached", "Prompt tokens found in a cache.")
+        self.prompt_tokens_cached_by_source = counter(
+            "prompt_tokens_cached_by_source", "Cached prompt tokens by the tier that held them (here: device).",
+            (*LABELS, "source"),
+        )
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total", "Tokens (prompt and generated) per batch of engine outputs.", ITERATION_TOKENS_BUCKETS
+        )
+        # Finished requests.
+        self.request_success = counter(
+            "request_success", "Finished requests, by finish reason.", (*LABELS, "finished_reason")
+        )
+        self.admission_rejections = counter(
+            "admission_rejections", "Requests refused at admission (429), by the limit they hit.", ("model_name", "reason")
+        )
+        self.watermark_requests = counter(
+            "watermark_requests", "Finished requests by watermark status (watermarking is off: no series).",
+            (*LABELS, "status"),
+        )
+        self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per request.", tokens)
+        self.request_generation_tokens = histogram("request_generation_tokens", "Generated tokens per request.", tokens)
+        self.request_max_num_generation_tokens = histogram(
+            "request_max_num_generation_tokens", "The most tokens any sample of a request generated.", tokens
+        )
+        self.request_params_n = histogram("request_params_n", "The n parameter of requests.", REQUEST_PARAMS_N_BUCKETS)
+        self.request_params_max_tokens = histogram(
+            "request_params_max_tokens", "The max_tokens parameter of requests.", tokens
+        )
+        self.request_prefill_kv_computed_tokens = histogram(
+            "request_prefill_kv_computed_tokens", "Prompt tokens a request computed (not found in the prefix cache).", tokens
+        )
+        self.request_num_preemptions = histogram(
+            "request_num_preemptions", "Times a request was preempted.", REQUEST_NUM_PREEMPTIONS_BUCKETS
+        )
+        # Latencies.
+        self.time_to_first_token = histogram(
+            "time_to_first_token_seconds", "Time to first token, from arrival.", TTFT_BUCKETS
+        )
+        self.inter_token_latency = histogram(
+            "inter_token_latency_seconds", "Time between a request's consecutive tokens.", ITL_BUCKETS
+        )
+        self.request_time_per_output_token = histogram(
+            "request_time_per_output_token_seconds", "A request's decode time per token after its first.", ITL_BUCKETS
+        )
+        self.e2e_request_latency = histogram("e2e_request_latency_seconds", "Time from arrival to finish.", REQUEST_LATENCY_BUCKETS)
+        self.request_queue_time = histogram(
+            "request_queue_time_seconds", "Time in the engine's waiting queue before first scheduled.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.request_inference_time = histogram(
+            "request_inference_time_seconds", "Time from first scheduled to the last token.", REQUEST_LATENCY_BUCKETS
+        )
+        self.request_prefill_time = histogram(
+            "request_prefill_time_seconds", "Time from first scheduled to the first token.", REQUEST_LATENCY_BUCKETS
+        )
+        self.request_decode_time = histogram(
+            "request_decode_time_seconds", "Time from the first token to the last.", REQUEST_LATENCY_BUCKETS
+        )
+        self.kv_block_lifetime = histogram(
+            "kv_block_lifetime_seconds", "KV block lifetime (block residency is not sampled here: empty).",
+            KV_CACHE_RESIDENCY_BUCKETS,
+        )
+        self.kv_block_idle_before_evict = histogram(
+            "kv_block_idle_before_evict_seconds", "KV block idle time before eviction (not sampled here: empty).",
+            KV_CACHE_RESIDENCY_BUCKETS,
+        )
+        self.kv_block_reuse_gap = histogram(
+            "kv_block_reuse_gap_seconds", "Time between a KV block's reuses (not sampled here: empty).",
+            KV_CACHE_RESIDENCY_BUCKETS,
+        )
 
 
 class _EngineMetrics:
-    """One engine's labelled children (one per finish reason too), and the engine totals already counted."""
+    """One engine's labelled children (every label value vLLM creates up front), and the engine
+    totals already counted."""
 
-    def __init__(self, families: _Families, model_name: str, engine: str) -> None:
+    def __init__(self, families: _Families, model_name: str, engine: str, cache_info: Mapping[str, str]) -> None:
         labels = {"model_name": model_name, "engine": engine}
+        self.labels = labels
+        self.families = families
         self.num_requests_running = families.num_requests_running.labels(**labels)
         self.num_requests_waiting = families.num_requests_waiting.labels(**labels)
+        self.waiting_by_reason = {r: families.num_requests_waiting_by_reason.labels(**labels, reason=r) for r in WAITING_REASONS}
+        self.sleep_states = {s: families.engine_sleep_state.labels(**labels, sleep_state=s) for s in SLEEP_STATES}
+        self.sleep_states["awake"].set(1)
         self.kv_cache_usage = families.kv_cache_usage.labels(**labels)
+        families.cache_config_info.labels(**cache_info, engine=engine).set(1)
         self.prefix_cache_queries = families.prefix_cache_queries.labels(**labels)
         self.prefix_cache_hits = families.prefix_cache_hits.labels(**labels)
         self.num_preemptions = families.num_preemptions.labels(**labels)
         self.spec_decode_draft_tokens = families.spec_decode_draft_tokens.labels(**labels)
         self.spec_decode_accepted_tokens = families.spec_decode_accepted_tokens.labels(**labels)
         self.prompt_tokens = families.prompt_tokens.labels(**labels)
+        self.prompt_tokens_by_source = {s: families.prompt_tokens_by_source.labels(**labels, source=s) for s in PROMPT_TOKEN_SOURCES}
+        self.prompt_tokens_cached = families.prompt_tokens_cached.labels(**labels)
+        self.prompt_tokens_cached_by_source = {
+            s: families.prompt_tokens_cached_by_source.labels(**labels, source=s) for s in CACHE_HIT_SOURCES
+        }
         self.generation_tokens = families.generation_tokens.labels(**labels)
-        self.time_to_first_token = families.time_to_first_token.labels(**labels)
-        self.inter_token_latency = families.inter_token_latency.labels(**labels)
-        self.e2e_request_latency = families.e2e_request_latency.labels(**labels)
-        self.request_queue_time = families.request_queue_time.labels(**labels)
-        self.request_success = families.request_success
-        for reason in FinishReason:
-            self.request_success.labels(**labels, finished_reason=str(reason))
-        self.labels = labels
+        self.request_success = {str(r): families.request_success.labels(**labels, finished_reason=str(r)) for r in FinishReason}
+        # NOTE: block residency is not sampled: those three histograms get no series.
+        histograms = (
+            "request_prompt_tokens", "request_generation_tokens", "request_max_num_generation_tokens",
+            "request_params_n", "request_params_max_tokens", "request_prefill_kv_computed_tokens",
+            "request_num_preemptions", "time_to_first_token", "inter_token_latency", "request_time_per_output_token",
+            "e2e_request_latency", "request_queue_time", "request_inference_time", "request_prefill_time",
+            "request_decode_time", "iteration_tokens",
+        )
+        self.histograms = {name: getattr(families, name).labels(**labels) for name in histograms}
         self.counted = SchedulerStats()
 
-
-class _Families:
-    """The metric families, registered in one registry."""
-
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        def gauge(name: str, documentation: str) -> Gauge:
-            # NOTE: across gateway processes, the value most recently set by any of them.
-            return Gauge(name, documentation, LABELS, registry=registry, multiprocess_mode="mostrecent")
-
-        def counter(name: str, documentation: str, extra: tuple[str, ...] = ()) -> Counter:
-            # NOTE: prometheus_client appends `_total` to a counter's name when it exposes it.
-            return Counter(name, documentation, LABELS + extra, registry=registry)
-
-        def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, documentation, LABELS, buckets=buckets, registry=registry)
-
-        self.num_requests_running = gauge("zeroserve:num_requests_running", "Requests in the running batch.")
-        self.num_requests_waiting = gauge("zeroserve:num_requests_waiting", "Requests waiting to be scheduled.")
-        self.kv_cache_usage = gauge("zeroserve:kv_cache_usage_perc", "KV cache usage; 1 means 100 percent.")
-        self.prefix_cache_queries = counter(
-            "zeroserve:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
-        )
-        self.prefix_cache_hits = counter("zeroserve:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
-        self.num_preemptions = counter("zeroserve:num_preemptions", "Requests preempted by the scheduler.")
-        self.spec_decode_draft_tokens = counter(
-            "zeroserve:spec_decode_num_draft_tokens", "Speculative decoding: draft tokens proposed."
-        )
-        self.spec_decode_accepted_tokens = counter(
-            "zeroserve:spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens the model accepted."
-        )
-        self.prompt_tokens = counter("zeroserve:prompt_tokens", "Prompt tokens processed.")
-        self.generation_tokens = counter("zeroserve:generation_tokens", "Tokens generated.")
-        self.request_success = counter(
-            "zeroserve:request_success", "Finished requests, by finish reason.", ("finished_reason",)
-        )
-        self.time_to_first_token = histogram(
-            "zeroserve:time_to_first_token_seconds", "Time to first token, from arrival.", TTFT_BUCKETS
-        )
-        self.inter_token_latency = histogram(
-            "zeroserve:inter_token_latency_seconds", "Time between a request's consecutive tokens.", ITL_BUCKETS
-        )
-        self.e2e_request_latency = histogram(
-            "zeroserve:e2e_request_latency_seconds", "Time from arrival to finish.", REQUEST_LATENCY_BUCKETS
-        )
-        self.request_queue_time = histogram(
-            "zeroserve:request_queue_time_seconds", "Time in the engine's waiting queue before first scheduled.",
-            REQUEST_LATENCY_BUCKETS,
-        )
+    def observe(self, name: str, value: float) -> None:
+        self.histograms[name].observe(value)
 
 
 class PrometheusStatLogger:
@@ -111,21 +253,33 @@ class PrometheusStatLogger:
     One of several gateway processes (`api_server_index` set) keeps its values in prometheus_client's
     files under PROMETHEUS_MULTIPROC_DIR (set by whoever started the processes, before they import
     prometheus_client), and its registry reads every process's files, so a scrape of any process
-    sees the sum. Every process sees the same engine totals, so only process 0 counts them."""
+    sees the sum. Every process sees the same engine totals, so only process 0 counts them.
+
+    `max_model_len` caps the token-count buckets, as vLLM's; `cache_info` labels cache_config_info."""
 
     def __init__(
-        self, model_name: str, engine_indexes: Sequence[int] = (0,), api_server_index: int | None = None
+        self,
+        model_name: str,
+        engine_indexes: Sequence[int] = (0,),
+        api_server_index: int | None = None,
+        max_model_len: int = 2048,
+        cache_info: Mapping[str, str] | None = None,
     ) -> None:
         self.model_name = model_name
+        self.cache_info = dict(cache_info or {})
         self.registry = CollectorRegistry()
         if api_server_index is None:
-            self._families = _Families(self.registry)
+            self._families = _Families(self.registry, max_model_len, tuple(self.cache_info))
         else:
             # NOTE: raises when PROMETHEUS_MULTIPROC_DIR is unset.
             MultiProcessCollector(self.registry)  # type: ignore[no-untyped-call]
-            self._families = _Families(None)
+            self._families = _Families(None, max_model_len, tuple(self.cache_info))
         self.counts_engine_totals = api_server_index in (None, 0)
         self._engines: dict[int, _EngineMetrics] = {}
+        self._admission_rejections = {
+            reason: self._families.admission_rejections.labels(model_name=model_name, reason=reason)
+            for reason in ADMISSION_REASONS
+        }
         for engine_index in engine_indexes:
             self._engine(engine_index)
 
@@ -138,6 +292,15 @@ class PrometheusStatLogger:
         if iteration_stats is not None:
             _record_iteration_stats(metrics, iteration_stats)
 
+    def record_admission_rejection(self, reason: str = "max_num_queued_reqs") -> None:
+        self._admission_rejections[reason].inc()
+
+    def record_sleep_state(self, level: int) -> None:
+        """0: awake; 1: weights offloaded (KV cache freed); 2: everything discarded."""
+        for metrics in self._engines.values():
+            for index, state in enumerate(SLEEP_STATES):
+                metrics.sleep_states[state].set(1 if index == level else 0)
+
     def log(self) -> None:
         """Nothing to do: Prometheus scrapes the registry."""
 
@@ -145,19 +308,24 @@ class PrometheusStatLogger:
         """An engine gone runs and holds nothing: its gauges go to 0 (its counters stay)."""
         for engine_index in set(self._engines) - set(engine_indices):
             metrics = self._engines.pop(engine_index)
-            for gauge in (metrics.num_requests_running, metrics.num_requests_waiting, metrics.kv_cache_usage):
+            for gauge in (metrics.num_requests_running, metrics.num_requests_waiting, metrics.kv_cache_usage,
+                          *metrics.waiting_by_reason.values()):
                 gauge.set(0)
 
     def _engine(self, engine_index: int) -> _EngineMetrics:
         metrics = self._engines.get(engine_index)
         if metrics is None:
-            metrics = self._engines[engine_index] = _EngineMetrics(self._families, self.model_name, str(engine_index))
+            metrics = self._engines[engine_index] = _EngineMetrics(
+                self._families, self.model_name, str(engine_index), self.cache_info
+            )
         return metrics
 
 
 def _record_scheduler_stats(metrics: _EngineMetrics, stats: SchedulerStats, counts_engine_totals: bool) -> None:
     metrics.num_requests_running.set(stats.num_running_reqs)
     metrics.num_requests_waiting.set(stats.num_waiting_reqs)
+    # NOTE: every waiting request here waits for room (nothing defers one, as LoRA or KV transfer would).
+    metrics.waiting_by_reason["capacity"].set(stats.num_waiting_reqs)
     metrics.kv_cache_usage.set(stats.kv_cache_usage)
     if not counts_engine_totals:
         return
@@ -173,16 +341,42 @@ def _record_scheduler_stats(metrics: _EngineMetrics, stats: SchedulerStats, coun
 
 
 def _record_iteration_stats(metrics: _EngineMetrics, stats: IterationStats) -> None:
+    cached = stats.num_cached_prompt_tokens
     metrics.prompt_tokens.inc(stats.num_prompt_tokens)
+    metrics.prompt_tokens_by_source["local_compute"].inc(stats.num_prompt_tokens - cached)
+    metrics.prompt_tokens_by_source["local_cache_hit"].inc(cached)
+    metrics.prompt_tokens_cached.inc(cached)
+    metrics.prompt_tokens_cached_by_source["device"].inc(cached)
     metrics.generation_tokens.inc(stats.num_generation_tokens)
+    if stats.num_prompt_tokens or stats.num_generation_tokens:
+        metrics.observe("iteration_tokens", stats.num_prompt_tokens + stats.num_generation_tokens)
     for ttft in stats.time_to_first_tokens:
-        metrics.time_to_first_token.observe(ttft)
+        metrics.observe("time_to_first_token", ttft)
     for latency in stats.inter_token_latencies:
-        metrics.inter_token_latency.observe(latency)
+        metrics.observe("inter_token_latency", latency)
     for finished in stats.finished_requests:
-        metrics.request_success.labels(**metrics.labels, finished_reason=finished.finish_reason).inc()
-        metrics.e2e_request_latency.observe(finished.e2e_latency)
-        metrics.request_queue_time.observe(finished.queued_time)
+        _record_finished(metrics, finished)
+
+
+def _record_finished(metrics: _EngineMetrics, finished: FinishedRequestStats) -> None:
+    metrics.request_success[finished.finish_reason].inc()
+    for name, value in (
+        ("e2e_request_latency", finished.e2e_latency), ("request_queue_time", finished.queued_time),
+        ("request_inference_time", finished.inference_time), ("request_prefill_time", finished.prefill_time),
+        ("request_decode_time", finished.decode_time), ("request_prompt_tokens", finished.num_prompt_tokens),
+        ("request_generation_tokens", finished.num_generation_tokens),
+        ("request_prefill_kv_computed_tokens", finished.num_prompt_tokens - finished.num_cached_tokens),
+        ("request_num_preemptions", finished.num_preemptions),
+    ):
+        metrics.observe(name, value)
+    if finished.num_generation_tokens > 1:
+        metrics.observe("request_time_per_output_token", finished.decode_time / (finished.num_generation_tokens - 1))
+    if finished.n:
+        # NOTE: once per prompt, as vLLM counts a parent request (its other samples have n 0); for
+        # n > 1 the most tokens is its first sample's, not yet the most over all its samples.
+        metrics.observe("request_params_n", finished.n)
+        metrics.observe("request_params_max_tokens", finished.max_tokens)
+        metrics.observe("request_max_num_generation_tokens", finished.num_generation_tokens)
 
 
 def _delta(total: int, counted: int) -> int:

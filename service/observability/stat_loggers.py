@@ -124,3 +124,10 @@ class StatLoggerManager:
     def keep_engines(self, engine_indices: Collection[int]) -> None:
         for stat_logger in self.loggers:
             stat_logger.keep_engines(engine_indices)
+
+    def record_sleep_state(self, level: int) -> None:
+        """0 awake, else the sleep level, for the loggers that show it (the metrics)."""
+        for stat_logger in self.loggers:
+            record = getattr(stat_logger, "record_sleep_state", None)
+            if record is not None:
+                record(level)

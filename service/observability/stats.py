@@ -23,6 +23,11 @@ class RequestStateStats:
     first_token_ts: float = 0.0
     last_token_ts: float = 0.0
     num_generation_tokens: int = 0
+    num_preemptions: int = 0
+    # NOTE: the request's parameters, as vLLM's histograms count them: n once per prompt (0 on
+    # the other samples of an n > 1 fan-out, which are not counted again).
+    max_tokens: int = 0
+    n: int = 0
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,9 @@ class FinishedRequestStats:
     prefill_time: float
     decode_time: float
     inference_time: float
+    num_preemptions: int = 0
+    max_tokens: int = 0
+    n: int = 0
 
 
 @dataclass
@@ -49,6 +57,7 @@ class IterationStats:
     engine_index: int = 0
     timestamp: float = field(default_factory=time.time)
     num_prompt_tokens: int = 0
+    num_cached_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
@@ -62,12 +71,15 @@ class IterationStats:
                 stats.queued_ts = event.timestamp
             elif event.type == EngineCoreEventType.SCHEDULED and not stats.scheduled_ts:
                 stats.scheduled_ts = event.timestamp
+            elif event.type == EngineCoreEventType.PREEMPTED:
+                stats.num_preemptions += 1
         num_new_tokens = len(output.new_token_ids)
         if not num_new_tokens:
             return
         self.num_generation_tokens += num_new_tokens
         if not stats.first_token_ts:
             self.num_prompt_tokens += num_prompt_tokens
+            self.num_cached_prompt_tokens += min(output.num_cached_tokens, num_prompt_tokens)
             self.time_to_first_tokens.append(max(0.0, engine_timestamp - stats.arrival_time))
             stats.first_token_ts = engine_timestamp
         else:
@@ -99,5 +111,8 @@ class IterationStats:
                 prefill_time=max(0.0, first - scheduled) if first and scheduled else 0.0,
                 decode_time=max(0.0, last - first) if first else 0.0,
                 inference_time=max(0.0, last - scheduled) if last and scheduled else 0.0,
+                num_preemptions=stats.num_preemptions,
+                max_tokens=stats.max_tokens,
+                n=stats.n,
             )
         )

@@ -259,6 +259,49 @@ RESPONSES: dict[str, dict[str, Row]] = {
 }
 
 
+_METRICS_MOVE = "tests/service/api/test_app_inproc.py::test_metrics_move_by_what_the_requests_did"
+_METRICS_PARITY = "tests/service/api/test_app_inproc.py::test_metrics_have_every_vllm_family_with_its_type_labels_and_buckets"
+_DROPPED = "tests/service/api/test_operations.py::test_closing_the_connections_of_streamed_and_whole_requests_aborts_them_all"
+_ENGINE_TOTALS = "tests/service/observability/test_metrics.py::test_engine_totals_become_counters_by_their_deltas"
+_NO_SERIES = "declared, with no series (as vLLM's with the feature off): "
+
+# vLLM's metric families (vllm:NAME), exported as zeroserve:NAME with the same type, labels and buckets.
+METRICS: dict[str, Row] = {
+    **{f"vllm:{name}": implemented(_METRICS_MOVE) for name in (
+        "generation_tokens prompt_tokens prompt_tokens_by_source prompt_tokens_cached iteration_tokens_total "
+        "request_success time_to_first_token_seconds inter_token_latency_seconds e2e_request_latency_seconds "
+        "request_queue_time_seconds request_inference_time_seconds request_prefill_time_seconds "
+        "request_decode_time_seconds request_time_per_output_token_seconds request_prompt_tokens "
+        "request_generation_tokens request_params_n request_params_max_tokens request_prefill_kv_computed_tokens "
+        "request_num_preemptions engine_sleep_state cache_config_info"
+    ).split()},
+    "vllm:num_requests_running": implemented(_DROPPED),
+    "vllm:num_requests_waiting": implemented("tests/service/observability/test_metrics.py::test_gauges_follow_the_latest_scheduler_stats"),
+    "vllm:num_requests_waiting_by_reason": implemented(_METRICS_PARITY, "every waiting request waits for capacity; none is deferred"),
+    "vllm:kv_cache_usage_perc": implemented("tests/service/observability/test_metrics.py::test_gauges_follow_the_latest_scheduler_stats"),
+    "vllm:prefix_cache_queries": implemented(_ENGINE_TOTALS),
+    "vllm:prefix_cache_hits": implemented(_ENGINE_TOTALS),
+    "vllm:num_preemptions": implemented(_ENGINE_TOTALS),
+    "vllm:prompt_tokens_cached_by_source": implemented(_METRICS_PARITY, "the one cache tier is the engine's own (device)"),
+    "vllm:request_max_num_generation_tokens": implemented(
+        _METRICS_MOVE, "for n > 1, the first sample's count (vLLM: the most over the samples)"
+    ),
+    "vllm:admission_rejections": implemented("tests/service/api/test_app_inproc.py::test_past_the_queue_cap_requests_get_429",
+                                             "max_num_queued_reqs: --max-num-in-flight's 429s"),
+    "vllm:num_requests_kv_fetch_by_stage": not_applicable(_NO_SERIES + _DISAGGREGATED),
+    "vllm:external_prefix_cache_queries": not_applicable(_NO_SERIES + "no external KV cache (KV connector)"),
+    "vllm:external_prefix_cache_hits": not_applicable(_NO_SERIES + "no external KV cache (KV connector)"),
+    "vllm:mm_cache_queries": not_applicable(_NO_SERIES + _MULTIMODAL),
+    "vllm:mm_cache_hits": not_applicable(_NO_SERIES + _MULTIMODAL),
+    "vllm:corrupted_requests": not_applicable(_NO_SERIES + "logits are not checked for NaNs (vLLM: only with VLLM_COMPUTE_NANS_IN_LOGITS)"),
+    "vllm:watermark_requests": not_applicable(_NO_SERIES + "output watermarking is not supported"),
+    "vllm:lora_requests_info": not_applicable(_NO_SERIES + "LoRA adapters are not served"),
+    "vllm:kv_block_lifetime_seconds": not_applicable(_NO_SERIES + "KV block residency is not sampled (vLLM: --kv-cache-metrics)"),
+    "vllm:kv_block_idle_before_evict_seconds": not_applicable(_NO_SERIES + "KV block residency is not sampled (vLLM: --kv-cache-metrics)"),
+    "vllm:kv_block_reuse_gap_seconds": not_applicable(_NO_SERIES + "KV block residency is not sampled (vLLM: --kv-cache-metrics)"),
+}
+
+
 @functools.cache
 def vllm_snapshot() -> dict[str, Any]:
     """vllm_fields.json: vLLM's models' fields (with defaults) and metric families."""
@@ -295,6 +338,9 @@ def markdown() -> str:
         lines += ["", f"## {model} (vLLM `{snapshot_class(model)}`)", "", "| field | status | note |", "|---|---|---|"]
         for name, row in rows.items():
             lines.append(f"| `{name}` | {row.status} | {row.note.replace('|', '/')} |")
+    lines += ["", "## metrics (`/metrics`: vLLM's `vllm:NAME` is `zeroserve:NAME`)", "", "| family | status | note |", "|---|---|---|"]
+    for name, row in METRICS.items():
+        lines.append(f"| `{name}` | {row.status} | {row.note.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -40,7 +40,7 @@ MODELS = {
     "model_card": "ModelCard",
     "usage": "UsageInfo",
 }
-_SOURCES = re.compile(r"vllm/(entrypoints/.*protocol\.py|v1/metrics/loggers\.py)$")
+_SOURCES = re.compile(r"vllm/(entrypoints/.*protocol\.py|v1/metrics/(loggers|buckets)\.py)$")
 _METRIC_KINDS = {"_gauge_cls": "gauge", "_counter_cls": "counter", "_histogram_cls": "histogram"}
 
 
@@ -58,7 +58,8 @@ def snapshot(sources: dict[str, str], version: str) -> dict[str, Any]:
                     classes.setdefault(node.name, node)
     models = {key: _fields(classes, class_name) for key, class_name in MODELS.items()}
     loggers = next(text for name, text in sources.items() if name.endswith("loggers.py"))
-    return {"vllm_version": version, "models": models, "metrics": _metrics(loggers)}
+    buckets = next(text for name, text in sources.items() if name.endswith("buckets.py"))
+    return {"vllm_version": version, "models": models, "metrics": _metrics(loggers), "buckets": _buckets(buckets)}
 
 
 def _fields(classes: dict[str, ast.ClassDef], class_name: str) -> dict[str, Any]:
@@ -102,34 +103,70 @@ def _metrics(loggers: str) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     tree = ast.parse(loggers)
     common_labels: list[str] = []
+    strings: dict[str, str] = {}  # NOTE: names given through a variable: `name = "vllm:..."`, `self.labelname_x = "x"`
+    bucket_families: dict[str, str] = {}  # `x_buckets = histogram_buckets("family", ...)`
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "labelnames":
             common_labels = ast.literal_eval(node.value)
+        elif (
+            isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and ast.unparse(node.value.func) == "histogram_buckets" and isinstance(node.value.args[0], ast.Constant)
+        ):
+            bucket_families[ast.unparse(node.targets[0])] = str(node.value.args[0].value)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            strings[ast.unparse(node.targets[0])] = node.value.value
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
         kind = _METRIC_KINDS.get(node.func.attr)
         keywords = {k.arg: k.value for k in node.keywords}
-        name = keywords.get("name")
-        if kind is None or not isinstance(name, ast.Constant) or not str(name.value).startswith("vllm:"):
+        name_node = keywords.get("name")
+        name = name_node.value if isinstance(name_node, ast.Constant) else strings.get(ast.unparse(name_node or ast.List([])))
+        if kind is None or not str(name).startswith("vllm:"):
             continue
-        family: dict[str, Any] = {"type": kind, "labels": _labels(keywords.get("labelnames"), common_labels)}
+        family: dict[str, Any] = {"type": kind, "labels": _labels(keywords.get("labelnames"), common_labels, strings)}
         if "buckets" in keywords:
-            family["buckets"] = ast.unparse(keywords["buckets"])
-        metrics[str(name.value)] = family
+            buckets = ast.unparse(keywords["buckets"])
+            family["buckets"] = bucket_families.get(buckets, buckets)
+        metrics[str(name)] = family
     return dict(sorted(metrics.items()))
 
 
-def _labels(labels: ast.expr | None, common_labels: list[str]) -> list[str]:
-    """A family's label names: a list, `labelnames` (the common ones), or `labelnames + [...]`."""
+def _buckets(source: str) -> dict[str, Any]:
+    """Each bucket family's bounds (`request_tokens`: its rule, a 1-2-5 series up to max_model_len)."""
+    tree = ast.parse(source)
+    constants: dict[str, Any] = {}
+    for node in tree.body:
+        target: ast.expr
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign):
+            target, value = node.targets[0], node.value
+        else:
+            continue
+        try:
+            constants[ast.unparse(target)] = list(ast.literal_eval(value))
+        except (ValueError, TypeError):
+            continue
+    families = {"request_tokens": "1-2-5 series up to max_model_len"}
+    for name, bounds in constants.items():
+        if name.endswith("_BUCKETS"):
+            families[name.removesuffix("_BUCKETS").lower()] = bounds
+    return families
+
+
+def _labels(labels: ast.expr | None, common_labels: list[str], strings: dict[str, str]) -> list[str]:
+    """A family's label names: a list, `labelnames` (the common ones), or `labelnames + [...]`
+    (a name given through a variable resolved; labels computed at run time as their source text)."""
     if labels is None:
         return []
     if isinstance(labels, ast.BinOp):
-        return _labels(labels.left, common_labels) + _labels(labels.right, common_labels)
+        return _labels(labels.left, common_labels, strings) + _labels(labels.right, common_labels, strings)
     if isinstance(labels, ast.Name) and labels.id == "labelnames":
         return list(common_labels)
     if isinstance(labels, ast.List | ast.Tuple):
-        return [str(e.value) if isinstance(e, ast.Constant) else ast.unparse(e) for e in labels.elts]
+        return [str(e.value) if isinstance(e, ast.Constant) else strings.get(ast.unparse(e), ast.unparse(e))
+                for e in labels.elts]
     return [ast.unparse(labels)]
 
 

@@ -20,7 +20,7 @@ from service.api.server_state import ServerState
 from service.config import GatewayConfig
 from service.frontend.async_llm import AsyncLLM
 from service.model_files.tokenizer import Tokenizer
-from service.observability.metrics import PrometheusStatLogger
+from service.observability.metrics import PrometheusStatLogger, cache_info
 from service.observability.request_log import RequestLogger
 from tests.server_process import ServerProcess, running_server
 from tests.service.api.fake_engine import FakeEngineClient
@@ -63,7 +63,10 @@ def serve(engine: FakeEngineClient, tokenizer: Tokenizer) -> Serve:
         admission = Admission(config.max_num_in_flight, config.request_timeout_s, config.max_header_bytes)
         app = create_app(None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, admission)
         names = list(config.served_model_names)
-        metrics = PrometheusStatLogger(names[0])
+        metrics = PrometheusStatLogger(
+            names[0], max_model_len=engine.ready.max_model_len, cache_info=cache_info(engine.ready, True)
+        )
+        admission.on_rejection = metrics.record_admission_rejection
         llm = AsyncLLM(engine, tokenizer, engine.ready, stat_loggers=[metrics, RequestLogger()], stats_log_interval_s=0)
         attach(app, ServerState(
             llm, names, {}, config.max_n, config.max_request_body_bytes,

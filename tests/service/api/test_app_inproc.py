@@ -13,7 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto.engine_config import EngineConfig
-from tests.service.api.fake_engine import FakeEngineClient
+from service.openai.conformance import vllm_snapshot
+from tests.service.api.fake_engine import MAX_MODEL_LEN, FakeEngineClient
 
 if TYPE_CHECKING:
     from tests.service.api.conftest import Serve, StreamEvents
@@ -86,6 +87,40 @@ async def test_metrics_move_by_what_the_requests_did(api: httpx.AsyncClient) -> 
     assert totals["zeroserve:inter_token_latency_seconds_count"] == num_requests * (max_tokens - 1)
     assert totals["zeroserve:e2e_request_latency_seconds_count"] == num_requests
     assert totals["zeroserve:request_queue_time_seconds_count"] == num_requests
+    for histogram in ("request_prompt_tokens", "request_generation_tokens", "request_params_n",
+                      "request_params_max_tokens", "request_prefill_time_seconds", "request_decode_time_seconds",
+                      "request_inference_time_seconds", "request_time_per_output_token_seconds",
+                      "request_num_preemptions", "request_prefill_kv_computed_tokens"):
+        assert totals[f"zeroserve:{histogram}_count"] == num_requests, histogram
+    assert totals["zeroserve:request_generation_tokens_sum"] == num_requests * max_tokens
+    assert totals["zeroserve:request_params_max_tokens_sum"] == num_requests * max_tokens
+    assert totals["zeroserve:request_params_n_sum"] == num_requests
+    assert totals["zeroserve:iteration_tokens_total_sum"] == totals["zeroserve:prompt_tokens_total"] + num_requests * max_tokens
+    assert totals["zeroserve:prompt_tokens_by_source_total"] == totals["zeroserve:prompt_tokens_total"]
+    assert totals["zeroserve:engine_sleep_state"] == 1 and totals["zeroserve:cache_config_info"] == 1
+
+
+async def test_metrics_have_every_vllm_family_with_its_type_labels_and_buckets(api: httpx.AsyncClient) -> None:
+    await api.post(COMPLETIONS, json={"prompt": "Metrics test", "max_tokens": 3})
+    families = {family.name: family for family in text_string_to_metric_families((await api.get("/metrics")).text)}
+    snapshot = vllm_snapshot()
+    missing = []
+    for vllm_name, vllm_family in snapshot["metrics"].items():
+        family = families.get(vllm_name.replace("vllm:", "zeroserve:"))
+        if family is None:
+            missing.append(vllm_name)
+            continue
+        assert family.type == vllm_family["type"], vllm_name
+        labels = {k for sample in family.samples for k in sample.labels} - {"le"}
+        if family.samples and vllm_name != "vllm:cache_config_info":
+            assert labels == set(vllm_family["labels"]), (vllm_name, labels)
+        if family.type == "histogram" and family.samples:
+            bounds = [float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"]
+            expected = snapshot["buckets"][vllm_family["buckets"]]
+            if vllm_family["buckets"] == "request_tokens":
+                expected = [b for b in (m * 10**e for e in range(8) for m in (1, 2, 5)) if b <= MAX_MODEL_LEN]
+            assert bounds[: len(expected)] == [float(b) for b in expected], vllm_name
+    assert not missing, f"vLLM {snapshot['vllm_version']} families /metrics lacks: {missing}"
 
 
 async def test_metrics_names_keep_their_colons_whatever_the_scraper_accepts(api: httpx.AsyncClient) -> None:
@@ -190,6 +225,8 @@ async def test_past_the_queue_cap_requests_get_429(serve: Serve, engine: FakeEng
         assert refused.headers["Retry-After"] == "1"
         assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
         assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        metrics = (await client.get("/metrics")).text
+        assert 'zeroserve:admission_rejections_total{model_name="fake",reason="max_num_queued_reqs"} 1.0' in metrics
         assert (await client.get("/health")).status_code == 200
         assert (await running).status_code == 200
         assert (await client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 1})).status_code == 200

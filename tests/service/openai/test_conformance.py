@@ -12,6 +12,7 @@ import pytest
 from service.openai.conformance import (
     IMPLEMENTED,
     MARKDOWN_PATH,
+    METRICS,
     NOT_APPLICABLE,
     REFUSED,
     REQUESTS,
@@ -23,7 +24,8 @@ from service.openai.conformance import (
 
 ROOT = Path(__file__).resolve().parents[3]
 TABLES: dict[str, dict[str, Row]] = {name: rows for name, (rows, _, _) in REQUESTS.items()} | RESPONSES
-ROWS = [pytest.param(model, name, row, id=f"{model}.{name}") for model, rows in TABLES.items() for name, row in rows.items()]
+ROWS = [pytest.param(model, name, row, id=f"{model}.{name}") for model, rows in (TABLES | {"metrics": METRICS}).items()
+        for name, row in rows.items()]
 
 
 @pytest.mark.parametrize("model", sorted(vllm_snapshot()["models"]))
@@ -33,6 +35,12 @@ def test_every_vllm_field_has_a_row_and_every_row_a_vllm_field(model: str) -> No
     rows = set(TABLES[model])
     assert not fields - rows, f"unknown: vLLM {version}'s {model} has {sorted(fields - rows)}; give each a row in conformance.py"
     assert not rows - fields, f"rows for fields vLLM {version}'s {model} does not have: {sorted(rows - fields)}"
+
+
+def test_every_vllm_metric_family_has_a_row() -> None:
+    families = set(vllm_snapshot()["metrics"])
+    assert not families - set(METRICS), f"unknown: vLLM's families {sorted(families - set(METRICS))}"
+    assert not set(METRICS) - families
 
 
 @pytest.mark.parametrize(("model", "name", "row"), ROWS)
