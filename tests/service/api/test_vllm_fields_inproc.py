@@ -265,3 +265,15 @@ async def test_responses_carry_vllms_fields(api: httpx.AsyncClient, stream_event
         keys = {key for body in seen[model] for key in body}
         missing = {name for name, row in rows.items() if row.status == "implemented"} - keys
         assert not missing, f"{model} lacks {sorted(missing)}"
+
+
+async def test_an_echoed_prompt_keeps_its_special_tokens_so_offsets_fit_the_text(
+    api: httpx.AsyncClient, tokenizer: Tokenizer
+) -> None:
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True))
+    choice = (await post(api, COMPLETIONS, prompt=prompt, echo=True, logprobs=0, max_tokens=3))["choices"][0]
+    logprobs = choice["logprobs"]
+    assert choice["text"].startswith("<|im_start|>system\n") and "<|im_start|>user\nName a colour.<|im_end|>" in choice["text"]
+    assert "".join(logprobs["tokens"]) == choice["text"]
+    assert all(choice["text"][offset:].startswith(token)
+               for offset, token in zip(logprobs["text_offset"], logprobs["tokens"], strict=True))
