@@ -13,12 +13,15 @@ from engine_proc.model_runner import ModelRunner, ModelRunnerOutput
 from engine_proc.ngram_proposer import NgramProposer
 from engine_proc.request import Request
 from engine_proc.scheduler import Scheduler, SchedulerConfig
+from engine_proc.structured_output import StructuredOutputManager
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, UtilityCall
 from proto.engine_output import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats, UtilityResult
 from proto.handshake import EngineReady
 
 logger = logging.getLogger(__name__)
+
+_COMPILE_POLL_S = 0.002
 
 
 class EngineCore:
@@ -48,6 +51,9 @@ class EngineCore:
             *_drafting(config),
         )
         self._rejected: list[EngineCoreOutput] = []
+        self._structured_output: StructuredOutputManager | None = None
+        # NOTE: waiting requests whose grammar still compiles, checked each step.
+        self._compiling: list[Request] = []
         self._utilities: dict[str, Callable[..., Any]] = {
             "ping": lambda: "pong",
             "get_stats": self.get_stats,
@@ -101,7 +107,36 @@ class EngineCore:
                 )
             )
             return
-        self.scheduler.add_request(Request(core_request, self.eos_token_ids))
+        request = Request(core_request, self.eos_token_ids)
+        spec = core_request.sampling_params.structured_output
+        if spec is not None:
+            request.grammar = self.structured_output.grammar_for(spec)
+            self._compiling.append(request)
+        self.scheduler.add_request(request)
+
+    @property
+    def structured_output(self) -> StructuredOutputManager:
+        """Made with the first constrained request (it reads the tokenizer on its first compile)."""
+        if self._structured_output is None:
+            self._structured_output = StructuredOutputManager(
+                self.config.model_path, self.model_runner.model_config.vocab_size, self.eos_token_ids
+            )
+            self.model_runner.structured_output = self._structured_output
+        return self._structured_output
+
+    def _check_compiled(self) -> None:
+        """Ends the requests whose grammar did not compile, with the reason."""
+        still_compiling = []
+        for request in self._compiling:
+            if not request.grammar.is_ready:
+                still_compiling.append(request)
+            elif request.grammar.error is not None and not request.is_finished:
+                logger.warning("request %s: %s", request.request_id, request.grammar.error)
+                self.scheduler.abort_requests([request.request_id])
+                self._rejected.append(
+                    EngineCoreOutput(request.request_id, [], FinishReason.ERROR, request.grammar.error)
+                )
+        self._compiling = still_compiling
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for request in self.scheduler.abort_requests(request_ids):
@@ -109,8 +144,12 @@ class EngineCore:
 
     def step(self) -> EngineCoreOutputs:
         """Schedule → run → update; returns this step's new tokens."""
+        if self._compiling:
+            self._check_compiled()
         outputs, self._rejected = self._rejected, []
         scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty and not outputs and self._compiling:
+            time.sleep(_COMPILE_POLL_S)  # NOTE: only grammars to wait for: no busy spin against their thread
         runner_output = ModelRunnerOutput([], {}, {})
         if not scheduler_output.is_empty:
             runner_output = self.model_runner.execute_model(scheduler_output)
@@ -183,6 +222,8 @@ class EngineCore:
     def shutdown(self) -> None:
         """Frees the weights and the KV cache (for an engine living in its caller's process)."""
         self.model_runner.sleep(2)
+        if self._structured_output is not None:
+            self._structured_output.shutdown()
 
     def get_stats(self) -> dict[str, Any]:
         scheduler = self.scheduler

@@ -18,6 +18,7 @@ from engine_proc.request import Request
 from engine_proc.sampler import Sampler, SamplerOutput
 from engine_proc.sampling_metadata import SamplingMetadata
 from engine_proc.scheduler import ScheduledRequest, SchedulerOutput
+from engine_proc.structured_output import StructuredOutputManager
 from proto.engine_config import EngineConfig
 from proto.engine_output import Logprobs
 
@@ -67,6 +68,8 @@ class ModelRunner:
             self.device,
         )
         self.sampler = Sampler()
+        # NOTE: set by the engine core with its first constrained request.
+        self.structured_output: StructuredOutputManager | None = None
         self._generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs = PromptLogprobs()
         self.token_counts = TokenCounts(self.model_config.vocab_size, self.device)
@@ -113,14 +116,18 @@ class ModelRunner:
             row_requests.extend([scheduled.request] * num_rows)
         sampled_hidden = hidden[torch.tensor(rows, device=self.device)]
         metadata = self._sampling_metadata(row_requests, self.model_config.vocab_size)
+        constrained_rows = [row for row, r in enumerate(row_requests) if r.grammar is not None]
         greedy_ids = (
             self.model.compute_greedy_ids(sampled_hidden)
-            if metadata.is_plain_greedy and metadata.banned is None else None
+            if metadata.is_plain_greedy and metadata.banned is None and not constrained_rows else None
         )
         if greedy_ids is not None:
             sampler_output = SamplerOutput(greedy_ids, None, None, None)
         else:
-            sampler_output = self.sampler(self.model.compute_raw_logits(sampled_hidden), metadata)
+            logits = self.model.compute_raw_logits(sampled_hidden)
+            if constrained_rows:
+                logits = self._masked(logits, row_requests, constrained_rows)
+            sampler_output = self.sampler(logits, metadata)
         token_ids = sampler_output.token_ids.tolist()
         sampled_token_ids, row = [], 0
         for scheduled in sampling_order:
@@ -139,6 +146,14 @@ class ModelRunner:
             _logprobs_by_request(row_requests, sampler_output),
             {request_id: lp for request_id, lp in prompt_logprobs.items() if lp is not None},
         )
+
+    def _masked(self, logits: torch.Tensor, row_requests: list[Request], constrained_rows: list[int]) -> torch.Tensor:
+        """The logits with each constrained row's disallowed tokens at -inf (its grammar's mask)."""
+        assert self.structured_output is not None
+        bitmask = self.structured_output.bitmask(len(row_requests))
+        for row in constrained_rows:
+            row_requests[row].grammar.fill_bitmask(bitmask, row)
+        return self.structured_output.apply_bitmask(logits, bitmask)
 
     def _sampling_metadata(self, requests: list[Request], vocab_size: int) -> SamplingMetadata:
         generators = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,9 @@ class Request:
         self.num_draft_slots = 0
         # NOTE: scheduling events not yet sent; they ride on the request's next output.
         self.events: list[EngineCoreEvent] = []
+        # NOTE: a constrained request's grammar (engine_proc/structured_output.py's RequestGrammar):
+        # it waits until compiled; each sampled token advances it.
+        self.grammar: Any = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -99,6 +103,12 @@ class Request:
             self._token_buffer[num_tokens] = token_id
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
+
+    @property
+    def is_waiting_for_grammar(self) -> bool:
+        return self.grammar is not None and not self.grammar.is_ready
 
     def check_stop(self, max_model_len: int) -> bool:
         """Sets the finish reason if the last token ends the request."""
@@ -108,6 +118,8 @@ class Request:
             self.finish_reason = FinishReason.STOP
         elif last in params.stop_token_ids:
             self.finish_reason, self.stop_reason = FinishReason.STOP, last
+        elif self.grammar is not None and self.grammar.is_terminated:
+            self.finish_reason = FinishReason.STOP
         elif self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_model_len:
             self.finish_reason = FinishReason.LENGTH
         return self.finish_reason is not None

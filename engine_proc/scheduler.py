@@ -174,12 +174,14 @@ class Scheduler:
             index += 1
         # 2) Waiting requests, in order, while the budget, the cap and the blocks allow.
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting.peek()
+            request = self._next_waiting()
+            if request is None:
+                break
             cached = self.kv_cache_manager.get_computed_blocks(request)
             num_new = min(request.num_tokens - cached.num_tokens, budget)
             if not self.kv_cache_manager.can_allocate(request, num_new, cached):
                 break
-            self.waiting.pop()
+            self._take_waiting(request)
             self.kv_cache_manager.allocate(request, num_new, cached)
             request.status = RequestStatus.RUNNING
             request.record_event(EngineCoreEventType.SCHEDULED)
@@ -234,6 +236,19 @@ class Scheduler:
             )
         return outputs
 
+    def _next_waiting(self) -> Request | None:
+        """The first waiting request in policy order that is not waiting for its grammar."""
+        request = self.waiting.peek()
+        if not request.is_waiting_for_grammar:
+            return request
+        return next((r for r in self.waiting if not r.is_waiting_for_grammar), None)
+
+    def _take_waiting(self, request: Request) -> None:
+        if request is self.waiting.peek():
+            self.waiting.pop()
+        else:
+            self.waiting.remove(request)
+
     def _drafts(self, request: Request, max_num_tokens: int) -> tuple[int, ...]:
         """Draft tokens for a request at its last token, if it samples greedily and plainly.
 
@@ -245,7 +260,7 @@ class Scheduler:
         assert self.proposer is not None
         if not (
             params.is_greedy and params.num_logprobs is None and params.num_prompt_logprobs is None
-            and not params.has_penalties and not params.logit_bias
+            and not params.has_penalties and not params.logit_bias and params.structured_output is None
             and request.num_output_tokens >= params.min_tokens
         ):
             return ()

@@ -21,6 +21,17 @@ class RequestType(bytes, enum.Enum):
 
 
 MAX_LOGPROBS = 20
+STRUCTURED_OUTPUT_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(slots=True)
+class StructuredOutput:
+    """What a request's output must match: a JSON schema (`spec`, as JSON text), any JSON object,
+    a regex, one of a JSON list of choices, or an EBNF grammar."""
+
+    kind: str
+    spec: str = ""
+
 _INT64 = 2**63
 
 
@@ -55,6 +66,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     num_logprobs: int | None = None
     num_prompt_logprobs: int | None = None
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         check_ranges(self, SAMPLING_RANGES)
@@ -99,6 +111,8 @@ SAMPLING_RANGES: Ranges = (
     ("num_logprobs", lambda p: _is_count(p.num_logprobs, MAX_LOGPROBS), f"in [0, {MAX_LOGPROBS}] or unset"),
     ("num_prompt_logprobs", lambda p: _is_count(p.num_prompt_logprobs, MAX_LOGPROBS),
      f"in [0, {MAX_LOGPROBS}] or unset"),
+    ("structured_output", lambda p: p.structured_output is None or p.structured_output.kind in STRUCTURED_OUTPUT_KINDS,
+     f"one of {STRUCTURED_OUTPUT_KINDS}"),
 )
 
 

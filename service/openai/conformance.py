@@ -51,7 +51,7 @@ _VLLM = "tests/service/api/test_vllm_fields_inproc.py"
 _TOKENIZE = "tests/service/api/test_tokenize.py"
 _MULTIMODAL = "the served models read text only (no images, audio or video)"
 _DISAGGREGATED = "disaggregated prefill/encoding (KV or encoder-cache transfer) is not supported"
-_STRUCTURED = "structured outputs are not supported yet (issue 19: the agents' API)"
+_TOOL_CALLS = "tool calls are not parsed or forced yet (issue 19: the agents' API)"
 
 # Fields chat and completions share, as vLLM declares them.
 _COMMON: dict[str, Row] = {
@@ -94,7 +94,10 @@ _COMMON: dict[str, Row] = {
     "allowed_token_ids": refused([1, 2], "allowed_token_ids is not supported: use logit_bias"),
     "bad_words": refused(["bad"], "bad_words is not supported: use logit_bias"),
     "add_special_tokens": implemented(f"{_VLLM}::test_add_special_tokens_adds_the_bos_token"),
-    "structured_outputs": refused({"regex": "[a-z]+"}, _STRUCTURED),
+    "structured_outputs": implemented(
+        f"{_VLLM}::test_structured_outputs_reach_the_engine_and_a_bad_one_is_a_400",
+        "json, regex, choice, grammar (EBNF) or json_object, with xgrammar; JSON is compact (vLLM's disable_any_whitespace)",
+    ),
     "priority": implemented(_SAMPLING),
     "request_id": implemented(f"{_VLLM}::test_request_id_names_the_response"),
     "session_id": not_applicable("vLLM hands it to KV connectors and routers, which zeroserve has not"),
@@ -121,12 +124,11 @@ CHAT: dict[str, Row] = {
     "top_logprobs": implemented(f"{_CHAT}::test_logprobs_with_top_logprobs_streamed_or_not"),
     "max_tokens": implemented(_SAMPLING),
     "max_completion_tokens": implemented(f"{_CHAT}::test_max_tokens_default_to_what_the_context_leaves"),
-    "response_format": refused(
-        {"type": "json_object"}, "{\"type\": \"text\"} is served; " + _STRUCTURED, accepted=({"type": "text"},)
-    ),
+    "response_format": implemented(f"{_VLLM}::test_structured_outputs_reach_the_engine_and_a_bad_one_is_a_400",
+                                   "text, json_object, json_schema"),
     "tools": implemented(f"{_CHAT}::test_roles_tools_and_text_response_format", "rendered by the chat template; calls are not parsed yet"),
     "tool_choice": refused(
-        "required", "'auto' and 'none' are served; forcing a call ('required', a named function) needs " + _STRUCTURED,
+        "required", "'auto' and 'none' are served; forcing a call ('required', a named function): " + _TOOL_CALLS,
         accepted=("auto", "none"),
     ),
     "reasoning_effort": implemented(
@@ -154,7 +156,8 @@ COMPLETIONS: dict[str, Row] = {
     "max_tokens": implemented(_SAMPLING),
     "suffix": refused("tail", "insertion (fill-in-the-middle) is not supported"),
     "prompt_embeds": refused("AAAA", "prompts are text or token ids, not embeddings"),
-    "response_format": refused({"type": "json_object"}, _STRUCTURED, accepted=({"type": "text"},)),
+    "response_format": implemented(f"{_VLLM}::test_structured_outputs_reach_the_engine_and_a_bad_one_is_a_400",
+                                   "text, json_object, json_schema"),
 }
 
 STREAM_OPTIONS: dict[str, Row] = {

@@ -8,7 +8,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from proto.engine_input import StructuredOutput
 from service.frontend.sampling_params import SamplingParams, generation_defaults_of
+from service.frontend.structured_output import StructuredOutputError, from_response_format, from_structured_outputs
 from service.openai.conformance import refused_fields
 from service.openai.errors import APIError
 
@@ -92,6 +94,8 @@ class SamplingRequest(OpenAIModel):
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     # The conformance table's name of this body's model (vllm_fields.json).
     CONFORMANCE_MODEL: ClassVar[str] = ""
@@ -157,7 +161,20 @@ class SamplingRequest(OpenAIModel):
             num_logprobs=self.num_logprobs,
             num_prompt_logprobs=self.num_prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens is not False,
+            structured_output=self.structured_output(),
         )
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The output constraint of `response_format` or `structured_outputs` (a 400 naming the
+        field for one that does not compile, or for both at once)."""
+        try:
+            from_format = from_response_format(self.response_format)
+            from_params = from_structured_outputs(self.structured_outputs)
+        except StructuredOutputError as exc:
+            raise APIError(str(exc), param=exc.param) from exc
+        if from_format is not None and from_params is not None:
+            raise APIError("Give 'response_format' or 'structured_outputs', not both.", param="structured_outputs")
+        return from_format or from_params
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -184,7 +201,6 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None

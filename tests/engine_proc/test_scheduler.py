@@ -184,3 +184,30 @@ def test_priority_policy_preempts_a_running_request_for_a_more_urgent_one() -> N
     outputs = run_with_model(scheduler, model)
     assert len(outputs["urgent"]) == 1 and len(outputs["background"]) == 9
     assert_no_block_leaked(scheduler)
+
+
+class _PendingGrammar:
+    """A grammar that compiles when the test says so; it records the tokens it is given."""
+
+    def __init__(self) -> None:
+        self.is_ready = False
+        self.is_terminated = False
+        self.accepted: list[int] = []
+
+    def accept(self, token_id: int) -> None:
+        self.accepted.append(token_id)
+
+
+def test_a_request_waits_for_its_grammar_while_the_others_run() -> None:
+    scheduler = make_scheduler()
+    constrained, free = make_request("constrained", 4), make_request("free", 4)
+    grammar = _PendingGrammar()
+    constrained.grammar = grammar
+    scheduler.add_request(constrained)
+    scheduler.add_request(free)
+    assert [s.request.request_id for s in scheduler.schedule().scheduled] == ["free"]
+    assert [s.request.request_id for s in scheduler.schedule().scheduled] == ["free"]
+    grammar.is_ready = True
+    assert "constrained" in [s.request.request_id for s in scheduler.schedule().scheduled]
+    constrained.append_output_token(7)
+    assert grammar.accepted == [7]

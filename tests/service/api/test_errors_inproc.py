@@ -54,7 +54,7 @@ BAD_REQUESTS: list[tuple[str, Any, int, str | None]] = [
      "stream_options.include_usage"),
     (CHAT, {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}],
             "tool_choice": "required"}, 400, "tool_choice"),
-    (CHAT, {"messages": MESSAGES, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CHAT, {"messages": MESSAGES, "response_format": {"type": "yaml"}}, 400, "response_format"),
     (CHAT, {"messages": MESSAGES, "response_format": {"type": "json_schema"}}, 400, "response_format"),
     (CHAT, {"messages": MESSAGES, "continue_final_message": True}, 400, "continue_final_message"),
     (CHAT, {"messages": MESSAGES, "continue_final_message": True, "add_generation_prompt": False}, 400,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -277,3 +278,42 @@ async def test_an_echoed_prompt_keeps_its_special_tokens_so_offsets_fit_the_text
     assert "".join(logprobs["tokens"]) == choice["text"]
     assert all(choice["text"][offset:].startswith(token)
                for offset, token in zip(logprobs["text_offset"], logprobs["tokens"], strict=True))
+
+
+async def test_structured_outputs_reach_the_engine_and_a_bad_one_is_a_400(
+    api: httpx.AsyncClient, engine: FakeEngineClient
+) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    asks: list[tuple[str, dict[str, Any], tuple[str, str]]] = [
+        (CHAT, {"response_format": {"type": "json_object"}}, ("json_object", "")),
+        (CHAT, {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}},
+         ("json", json.dumps(schema))),
+        (COMPLETIONS, {"structured_outputs": {"regex": "[a-c]+"}}, ("regex", "[a-c]+")),
+        (COMPLETIONS, {"structured_outputs": {"choice": ["yes", "no"]}}, ("choice", '["yes", "no"]')),
+        (CHAT, {"structured_outputs": {"grammar": 'root ::= "x"'}}, ("grammar", 'root ::= "x"')),
+        (CHAT, {"structured_outputs": {"json": schema}}, ("json", json.dumps(schema))),
+    ]
+    for path, body, (kind, spec) in asks:
+        await post(api, path, **body)
+        constraint = engine.requests[-1].sampling_params.structured_output
+        assert constraint is not None and (constraint.kind, constraint.spec) == (kind, spec), body
+    await post(api, CHAT, response_format={"type": "text"})
+    assert engine.requests[-1].sampling_params.structured_output is None
+    num_sent = len(engine.requests)
+    bad: list[tuple[dict[str, Any], str, str]] = [
+        ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs.regex", "Unclosed"),
+        ({"structured_outputs": {"json": {"type": "bogus"}}}, "structured_outputs.json", "bogus"),
+        ({"structured_outputs": {"grammar": "root ::= "}}, "structured_outputs.grammar", "compile"),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "non-empty"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "exactly one"),
+        ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag", "not supported"),
+        ({"response_format": {"type": "json_schema"}}, "response_format", "schema"),
+        ({"response_format": {"type": "yaml"}}, "response_format", "yaml"),
+        ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "structured_outputs", "not both"),
+    ]
+    for body, param, words in bad:
+        response = await api.post(CHAT, json={"messages": MESSAGES, **body})
+        assert response.status_code == 400, (body, response.text)
+        error = response.json()["error"]
+        assert error["param"] == param and words in error["message"], (body, error)
+    assert len(engine.requests) == num_sent

@@ -1,0 +1,153 @@
+"""Structured outputs: each constrained request's grammar (xgrammar), compiled off the busy loop
+in a worker thread with a cache by grammar, then a token mask per step and a matcher advanced by
+each sampled token."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from proto.engine_input import StructuredOutput
+from proto.gguf_header import read_gguf_metadata
+
+if TYPE_CHECKING:
+    import xgrammar
+
+logger = logging.getLogger(__name__)
+
+
+class RequestGrammar:
+    """One request's grammar: pending while it compiles, then a matcher over its output."""
+
+    def __init__(self, compiled: Future[Any]) -> None:
+        self._compiled = compiled
+        self._matcher: xgrammar.GrammarMatcher | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        return self._compiled.done()
+
+    @property
+    def error(self) -> str | None:
+        """Why the grammar did not compile (once ready), or None."""
+        if not self._compiled.done() or self._compiled.exception() is None:
+            return None
+        return f"the structured output's grammar did not compile: {self._compiled.exception()}"
+
+    @property
+    def matcher(self) -> xgrammar.GrammarMatcher:
+        if self._matcher is None:
+            import xgrammar
+
+            self._matcher = xgrammar.GrammarMatcher(self._compiled.result())
+        return self._matcher
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> None:
+        # NOTE: a token the mask allowed is always accepted; a stop token ends the matcher.
+        if not self.matcher.is_terminated() and not self.matcher.accept_token(token_id):
+            logger.warning("structured output: token %d does not match the grammar", token_id)
+
+    @property
+    def is_terminated(self) -> bool:
+        return self._matcher is not None and self._matcher.is_terminated()
+
+
+class StructuredOutputManager:
+    """Compiles grammars for an engine's model (its tokenizer read on the first compile)."""
+
+    def __init__(self, model_path: str, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+        self.model_path = model_path
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        self._compiler: xgrammar.GrammarCompiler | None = None
+        self._compiler_lock = threading.Lock()
+        self._bitmask: torch.Tensor | None = None
+
+    def grammar_for(self, spec: StructuredOutput) -> RequestGrammar:
+        """Starts compiling (a cache hit returns at once) and returns the pending grammar."""
+        return RequestGrammar(self._executor.submit(self._compile, spec))
+
+    def bitmask(self, num_rows: int) -> torch.Tensor:
+        """A reused [num_rows, vocab/32] int32 mask, every token allowed."""
+        import xgrammar
+
+        if self._bitmask is None or self._bitmask.shape[0] < num_rows:
+            self._bitmask = xgrammar.allocate_token_bitmask(max(num_rows, 16), self.vocab_size)
+        bitmask = self._bitmask[:num_rows]
+        bitmask.fill_(-1)
+        return bitmask
+
+    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+        """Masked float32 logits (the disallowed tokens at -inf)."""
+        import xgrammar
+
+        logits = logits.float().contiguous()
+        xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device))
+        return logits
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _compile(self, spec: StructuredOutput) -> Any:
+        compiler = self._get_compiler()
+        # NOTE: compact JSON (no free whitespace between tokens): a small model given the freedom
+        # loops on newlines and spaces until max_tokens (vLLM's --disable-any-whitespace).
+        if spec.kind == "json":
+            return compiler.compile_json_schema(spec.spec, any_whitespace=False)
+        if spec.kind == "json_object":
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+        if spec.kind == "regex":
+            return compiler.compile_regex(spec.spec)
+        if spec.kind == "choice":
+            import xgrammar
+
+            choices = json.loads(spec.spec)
+            return compiler.compile_grammar(xgrammar.Grammar.from_ebnf(choice_ebnf(choices)))
+        return compiler.compile_grammar(spec.spec)
+
+    def _get_compiler(self) -> xgrammar.GrammarCompiler:
+        with self._compiler_lock:
+            if self._compiler is None:
+                import xgrammar
+
+                info = _tokenizer_info(self.model_path, self.vocab_size, list(self.eos_token_ids))
+                # NOTE: xgrammar caches compiled grammars by their text, so a repeated schema is a hit.
+                self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+            return self._compiler
+
+
+def choice_ebnf(choices: list[str]) -> str:
+    """An EBNF grammar matching exactly one of `choices`."""
+    return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
+
+
+def _tokenizer_info(model_path: str, vocab_size: int, stop_token_ids: list[int]) -> xgrammar.TokenizerInfo:
+    """xgrammar's view of the model's vocabulary: a GGUF's tokens as stored (byte-level for its
+    "gpt2" tokenizers, SentencePiece byte fallback for "llama" ones), read in well under a second
+    (transformers takes ~13 s to convert the default model's); a Hugging Face folder's through
+    transformers' fast tokenizer."""
+    import xgrammar
+
+    path = Path(model_path)
+    if path.suffix == ".gguf":
+        metadata = read_gguf_metadata(path)
+        is_byte_level = metadata.get("tokenizer.ggml.model") == "gpt2"
+        return xgrammar.TokenizerInfo(
+            metadata["tokenizer.ggml.tokens"],
+            xgrammar.VocabType.BYTE_LEVEL if is_byte_level else xgrammar.VocabType.BYTE_FALLBACK,
+            vocab_size=vocab_size, stop_token_ids=stop_token_ids, add_prefix_space=not is_byte_level,
+        )
+    import transformers
+
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
+    return xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)

@@ -1,0 +1,101 @@
+"""A request's output constraint, checked before it reaches the engine: a schema, regex or grammar
+that does not parse is refused here (the engine compiles it for the model's vocabulary)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from proto.engine_input import StructuredOutput
+
+
+class StructuredOutputError(ValueError):
+    """A constraint that is malformed, or that xgrammar cannot parse; `param` names the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+# vLLM's StructuredOutputsParams: the constraint kinds, one of which a request may set.
+_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+# Its options that only tune the constraint; a value that asks for more than zeroserve does is refused.
+_OPTIONS = {"disable_fallback": None, "disable_any_whitespace": None, "disable_additional_properties": False,
+            "whitespace_pattern": None, "structural_tag": None}
+
+
+def from_response_format(response_format: dict[str, Any] | None) -> StructuredOutput | None:
+    """OpenAI's `response_format`: text (no constraint), json_object, or json_schema."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return checked(StructuredOutput("json_object"), "response_format")
+    if kind == "json_schema":
+        json_schema = response_format.get("json_schema")
+        schema = json_schema.get("schema") if isinstance(json_schema, dict) else None
+        if not isinstance(schema, dict):
+            raise StructuredOutputError("'response_format' json_schema needs 'json_schema': {'name', 'schema'}.",
+                                        "response_format")
+        return checked(StructuredOutput("json", json.dumps(schema)), "response_format")
+    raise StructuredOutputError(
+        f"'response_format' type must be 'text', 'json_object' or 'json_schema', got {kind!r}.", "response_format"
+    )
+
+
+def from_structured_outputs(params: dict[str, Any] | None) -> StructuredOutput | None:
+    """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar, json_object."""
+    if params is None:
+        return None
+    unknown = sorted(set(params) - set(_KINDS) - set(_OPTIONS))
+    if unknown:
+        raise StructuredOutputError(f"'structured_outputs' has unknown fields {unknown}.", "structured_outputs")
+    for option, accepted in _OPTIONS.items():
+        if params.get(option) not in (None, accepted, False):
+            raise StructuredOutputError(f"'structured_outputs.{option}' is not supported by this server.",
+                                        f"structured_outputs.{option}")
+    given = [kind for kind in _KINDS if params.get(kind) not in (None, False)]
+    if len(given) != 1:
+        raise StructuredOutputError(
+            f"'structured_outputs' needs exactly one of {list(_KINDS)}, got {given or 'none'}.", "structured_outputs"
+        )
+    return _spec_of(given[0], params[given[0]])
+
+
+def _spec_of(kind: str, value: Any) -> StructuredOutput:
+    param = f"structured_outputs.{kind}"
+    if kind == "json":
+        spec = value if isinstance(value, str) else json.dumps(value)
+        return checked(StructuredOutput("json", spec), param)
+    if kind == "json_object":
+        return checked(StructuredOutput("json_object"), param)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise StructuredOutputError("'structured_outputs.choice' must be a non-empty list of strings.", param)
+        return checked(StructuredOutput("choice", json.dumps(value)), param)
+    if not isinstance(value, str) or not value:
+        raise StructuredOutputError(f"'{param}' must be a non-empty string.", param)
+    return checked(StructuredOutput(kind, value), param)
+
+
+def checked(spec: StructuredOutput, param: str) -> StructuredOutput:
+    """`spec`, once xgrammar parses it (a schema, regex or EBNF grammar that does not is a
+    StructuredOutputError naming `param` and what is wrong)."""
+    import xgrammar
+
+    try:
+        if spec.kind == "json":
+            xgrammar.Grammar.from_json_schema(spec.spec, any_whitespace=False)
+        elif spec.kind == "regex":
+            xgrammar.Grammar.from_regex(spec.spec)
+        elif spec.kind == "grammar":
+            xgrammar.Grammar.from_ebnf(spec.spec)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        # NOTE: xgrammar's messages start "[time] source.cc:line: "; the rest says what is wrong.
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[0]) if lines else type(exc).__name__
+        raise StructuredOutputError(f"'{param}' does not compile: {reason}", param) from exc
+    return spec
