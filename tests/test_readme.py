@@ -60,6 +60,7 @@ EXPECTED_OUTPUT = {  # regular expressions
     "from openai import OpenAI": ["Tokyo", "Paris"],
     "curl -s http://127.0.0.1:8000/version": ['"version"', '"kernels"'],
     "from service import LLM, SamplingParams": ["The capital of France is → .*Paris", "Tokyo"],
+    "response_format=Answer": [r"city='Tokyo'"],
     "--result-json out.json": [r"Successful requests: +32\s"],
 }
 EXPECTED_FILES = {
