@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 from dataclasses import replace
@@ -112,8 +113,11 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
         engine_config, config.data_parallel_size, config.link, config.engine_addresses, config.log_format
     )
     try:
-        # NOTE: the tokenizer loads here while the engine loads its weights.
+        # NOTE: the tokenizer loads here while the engine loads its weights, and so does xgrammar
+        # (2 s of imports, torch's among them), which checks structured outputs: not on the
+        # event loop under the first constrained request.
         tokenizer = await asyncio.to_thread(Tokenizer.from_model, resolved.path)
+        await asyncio.to_thread(importlib.import_module, "xgrammar")
         ready = await client.wait_ready()
     except BaseException:
         client.shutdown()
