@@ -231,7 +231,7 @@ class Scheduler:
             outputs.append(
                 EngineCoreOutput(
                     request.request_id, new_token_ids, request.finish_reason, request.stop_reason,
-                    events=request.take_events(),
+                    events=request.take_events(), num_cached_tokens=request.num_cached_tokens,
                 )
             )
         return outputs

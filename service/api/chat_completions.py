@@ -52,12 +52,12 @@ async def _chunks(
     body: ChatCompletionRequest,
 ) -> AsyncIterator[dict[str, Any]]:
     header = {**header, "object": "chat.completion.chunk"}
-    num_tokens = 0
+    num_tokens = num_cached_tokens = 0
     as_ids = bool(body.return_tokens_as_token_ids)
 
     def chunk(choice: dict[str, Any]) -> dict[str, Any]:
         if body.continuous_usage_stats:
-            return {**header, "choices": [choice], "usage": usage(num_prompt_tokens, num_tokens)}
+            return {**header, "choices": [choice], "usage": usage(num_prompt_tokens, num_tokens, num_cached_tokens)}
         return {**header, "choices": [choice]}
 
     for index in range(body.n):
@@ -67,6 +67,7 @@ async def _chunks(
     async for index, output in outputs:
         completion = output.outputs[0]
         num_tokens += len(completion.token_ids)
+        num_cached_tokens = max(num_cached_tokens, output.num_cached_tokens)
         if (
             completion.text or completion.finish_reason is not None or completion.logprobs is not None
             or output.prompt_logprobs is not None or (body.return_token_ids and completion.token_ids)
@@ -81,7 +82,7 @@ async def _chunks(
                 out["prompt_logprobs"] = prompt_logprobs_list(tokenizer, output.prompt_logprobs)
             yield out
     if body.include_usage:
-        yield {**header, "choices": [], "usage": usage(num_prompt_tokens, num_tokens)}
+        yield {**header, "choices": [], "usage": usage(num_prompt_tokens, num_tokens, num_cached_tokens)}
 
 
 def _choice(

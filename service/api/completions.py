@@ -47,14 +47,17 @@ async def _chunks(
     text_offsets = [len(echoes[index // body.n]) for index in range(len(echoes) * body.n)]
     is_first = [True] * len(text_offsets)
 
+    num_cached_tokens = [0] * len(echoes)
+
     def chunk(choice: dict[str, Any]) -> dict[str, Any]:
         if body.continuous_usage_stats:
-            return {**header, "choices": [choice], "usage": usage(num_prompt_tokens, num_tokens)}
+            return {**header, "choices": [choice], "usage": usage(num_prompt_tokens, num_tokens, sum(num_cached_tokens))}
         return {**header, "choices": [choice]}
 
     async for index, output in outputs:
         completion = output.outputs[0]
         num_tokens += len(completion.token_ids)
+        num_cached_tokens[index // body.n] = max(num_cached_tokens[index // body.n], output.num_cached_tokens)
         if is_first[index] or completion.text or completion.finish_reason is not None or (
             body.return_token_ids and completion.token_ids
         ):
@@ -73,4 +76,4 @@ async def _chunks(
             is_first[index] = False
             yield chunk(choice)
     if body.include_usage:
-        yield {**header, "choices": [], "usage": usage(num_prompt_tokens, num_tokens)}
+        yield {**header, "choices": [], "usage": usage(num_prompt_tokens, num_tokens, sum(num_cached_tokens))}

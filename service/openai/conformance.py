@@ -254,10 +254,8 @@ RESPONSES: dict[str, dict[str, Row]] = {
         "id object created owned_by root parent max_model_len permission", {}
     ),
     "usage": _response(
-        "prompt_tokens total_tokens completion_tokens",
-        {"completion_tokens_details": "OpenAI's reasoning and prediction token counts; no reasoning runs here",
-         "prompt_tokens_details": "vLLM fills it only with --enable-prompt-tokens-details; zeroserve counts "
-         "cached prompt tokens in /metrics (prompt_tokens_cached)"},
+        "prompt_tokens total_tokens completion_tokens prompt_tokens_details",
+        {"completion_tokens_details": "OpenAI's reasoning and prediction token counts; no reasoning runs here"},
     ),
 }
 

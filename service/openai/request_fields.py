@@ -130,9 +130,13 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(num_prompt_tokens: int, num_completion_tokens: int) -> dict[str, Any]:
-    return {
+def usage(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; with `num_cached_tokens`, the prompt tokens found in the prefix cache too."""
+    fields: dict[str, Any] = {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_completion_tokens,
         "total_tokens": num_prompt_tokens + num_completion_tokens,
     }
+    if num_cached_tokens is not None:
+        fields["prompt_tokens_details"] = {"cached_tokens": num_cached_tokens}
+    return fields

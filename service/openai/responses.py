@@ -47,7 +47,9 @@ def chat_completion_body(
         **header,
         "object": "chat.completion",
         "choices": choices,
-        "usage": usage(len(output.prompt_token_ids), sum(len(c.token_ids) for c in output.outputs)),
+        "usage": usage(
+            len(output.prompt_token_ids), sum(len(c.token_ids) for c in output.outputs), output.num_cached_tokens
+        ),
         "prompt_logprobs": prompt_logprobs,
     }
     if body.return_token_ids:
@@ -122,4 +124,8 @@ def completion_body(
             choices.append(fields)
     num_prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     num_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    return {**header, "object": "text_completion", "choices": choices, "usage": usage(num_prompt_tokens, num_tokens)}
+    num_cached_tokens = sum(o.num_cached_tokens for o in outputs)
+    return {
+        **header, "object": "text_completion", "choices": choices,
+        "usage": usage(num_prompt_tokens, num_tokens, num_cached_tokens),
+    }

@@ -57,7 +57,7 @@ async def test_a_whole_response_has_openai_shape(api: httpx.AsyncClient, engine:
     }]
     num_prompt_tokens = len(engine.requests[0].prompt_token_ids)
     assert body["usage"] == {"prompt_tokens": num_prompt_tokens, "completion_tokens": 5,
-                             "total_tokens": num_prompt_tokens + 5}
+                             "total_tokens": num_prompt_tokens + 5, "prompt_tokens_details": {"cached_tokens": 0}}
     assert body["prompt_logprobs"] is None
     assert (await chat(api, model=None))["model"] == "fake"
 
@@ -82,7 +82,8 @@ async def test_a_stream_is_a_role_chunk_then_deltas_then_usage_then_done(
     num_prompt_tokens = len(engine.requests[0].prompt_token_ids)
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"] == {"prompt_tokens": num_prompt_tokens, "completion_tokens": 12,
-                                   "total_tokens": num_prompt_tokens + 12}
+                                   "total_tokens": num_prompt_tokens + 12,
+                                   "prompt_tokens_details": {"cached_tokens": 0}}
     assert all("usage" not in c for c in chunks[:-1])
 
 

@@ -154,3 +154,21 @@ def test_prompt_logprobs_and_echo_with_logprobs(sdk: openai.OpenAI, tiny_model_d
     assert [p[str(t)]["logprob"] for p, t in zip(positions[1:], ids[1:], strict=True)] == pytest.approx(expected, abs=1e-3)
     echoed = complete(sdk, prompt=ids, temperature=0, max_tokens=2, echo=True, logprobs=2)
     assert echoed.choices[0].logprobs.token_logprobs[1 : len(ids)] == pytest.approx(expected, abs=1e-3)
+
+
+def test_a_repeated_long_prompt_reports_its_cached_tokens_streamed_or_not(sdk: openai.OpenAI) -> None:
+    prompt = "Caching test: " + " ".join(f"word{i}" for i in range(60))
+    first = sdk.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    assert first.usage is not None and first.usage.prompt_tokens_details is not None
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    again = sdk.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    # NOTE: whole 16-token blocks, short of the last token (recomputed for its logits).
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached is not None and 16 <= cached < again.usage.prompt_tokens and cached % 16 == 0
+    sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=2)
+    again_chat = sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}],
+                                             max_tokens=2, stream=True, stream_options={"include_usage": True})
+    *_, last = list(again_chat)
+    assert last.usage is not None and last.usage.prompt_tokens_details is not None
+    assert (last.usage.prompt_tokens_details.cached_tokens or 0) >= 16

@@ -53,7 +53,7 @@ async def test_a_whole_response_has_openai_shape(api: httpx.AsyncClient, engine:
                                  "finish_reason": "length", "stop_reason": None, "prompt_logprobs": None}]
     num_prompt_tokens = len(engine.requests[0].prompt_token_ids)
     assert whole["usage"] == {"prompt_tokens": num_prompt_tokens, "completion_tokens": 8,
-                              "total_tokens": num_prompt_tokens + 8}
+                              "total_tokens": num_prompt_tokens + 8, "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 @pytest.mark.parametrize("num_tokens_per_step", [1, 3])
