@@ -134,9 +134,6 @@ class _Families:
             (*LABELS, "source"),
         )
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
-        self.iteration_tokens = histogram(
-            "iteration_tokens_total", "Tokens (prompt and generated) per batch of engine outputs.", ITERATION_TOKENS_BUCKETS
-        )
         # Finished requests.
         self.request_success = counter(
             "request_success", "Finished requests, by finish reason.", (*LABELS, "finished_reason")
@@ -148,57 +145,46 @@ class _Families:
             "watermark_requests", "Finished requests by watermark status (watermarking is off: no series).",
             (*LABELS, "status"),
         )
-        self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per request.", tokens)
-        self.request_generation_tokens = histogram("request_generation_tokens", "Generated tokens per request.", tokens)
-        self.request_max_num_generation_tokens = histogram(
-            "request_max_num_generation_tokens", "The most tokens any sample of a request generated.", tokens
-        )
-        self.request_params_n = histogram("request_params_n", "The n parameter of requests.", REQUEST_PARAMS_N_BUCKETS)
-        self.request_params_max_tokens = histogram(
-            "request_params_max_tokens", "The max_tokens parameter of requests.", tokens
-        )
-        self.request_prefill_kv_computed_tokens = histogram(
-            "request_prefill_kv_computed_tokens", "Prompt tokens a request computed (not found in the prefix cache).", tokens
-        )
-        self.request_num_preemptions = histogram(
-            "request_num_preemptions", "Times a request was preempted.", REQUEST_NUM_PREEMPTIONS_BUCKETS
-        )
-        # Latencies.
-        self.time_to_first_token = histogram(
-            "time_to_first_token_seconds", "Time to first token, from arrival.", TTFT_BUCKETS
-        )
-        self.inter_token_latency = histogram(
-            "inter_token_latency_seconds", "Time between a request's consecutive tokens.", ITL_BUCKETS
-        )
-        self.request_time_per_output_token = histogram(
-            "request_time_per_output_token_seconds", "A request's decode time per token after its first.", ITL_BUCKETS
-        )
-        self.e2e_request_latency = histogram("e2e_request_latency_seconds", "Time from arrival to finish.", REQUEST_LATENCY_BUCKETS)
-        self.request_queue_time = histogram(
-            "request_queue_time_seconds", "Time in the engine's waiting queue before first scheduled.",
-            REQUEST_LATENCY_BUCKETS,
-        )
-        self.request_inference_time = histogram(
-            "request_inference_time_seconds", "Time from first scheduled to the last token.", REQUEST_LATENCY_BUCKETS
-        )
-        self.request_prefill_time = histogram(
-            "request_prefill_time_seconds", "Time from first scheduled to the first token.", REQUEST_LATENCY_BUCKETS
-        )
-        self.request_decode_time = histogram(
-            "request_decode_time_seconds", "Time from the first token to the last.", REQUEST_LATENCY_BUCKETS
-        )
-        self.kv_block_lifetime = histogram(
-            "kv_block_lifetime_seconds", "KV block lifetime (block residency is not sampled here: empty).",
-            KV_CACHE_RESIDENCY_BUCKETS,
-        )
-        self.kv_block_idle_before_evict = histogram(
-            "kv_block_idle_before_evict_seconds", "KV block idle time before eviction (not sampled here: empty).",
-            KV_CACHE_RESIDENCY_BUCKETS,
-        )
-        self.kv_block_reuse_gap = histogram(
-            "kv_block_reuse_gap_seconds", "Time between a KV block's reuses (not sampled here: empty).",
-            KV_CACHE_RESIDENCY_BUCKETS,
-        )
+        self.histograms = {
+            key: histogram(name, documentation, tokens if buckets is None else buckets)
+            for key, name, documentation, buckets in _HISTOGRAMS
+        }
+
+
+# The histograms: key, name, help and buckets (None: the token counts', up to max_model_len).
+_HISTOGRAMS: tuple[tuple[str, str, str, Sequence[float] | None], ...] = (
+    ("iteration_tokens", "iteration_tokens_total", "Tokens (prompt and generated) per batch of engine outputs.",
+     ITERATION_TOKENS_BUCKETS),
+    ("request_prompt_tokens", "request_prompt_tokens", "Prompt tokens per request.", None),
+    ("request_generation_tokens", "request_generation_tokens", "Generated tokens per request.", None),
+    ("request_max_num_generation_tokens", "request_max_num_generation_tokens",
+     "The most tokens any sample of a request generated.", None),
+    ("request_params_n", "request_params_n", "The n parameter of requests.", REQUEST_PARAMS_N_BUCKETS),
+    ("request_params_max_tokens", "request_params_max_tokens", "The max_tokens parameter of requests.", None),
+    ("request_prefill_kv_computed_tokens", "request_prefill_kv_computed_tokens",
+     "Prompt tokens a request computed (not found in the prefix cache).", None),
+    ("request_num_preemptions", "request_num_preemptions", "Times a request was preempted.", REQUEST_NUM_PREEMPTIONS_BUCKETS),
+    ("time_to_first_token", "time_to_first_token_seconds", "Time to first token, from arrival.", TTFT_BUCKETS),
+    ("inter_token_latency", "inter_token_latency_seconds", "Time between a request's consecutive tokens.", ITL_BUCKETS),
+    ("request_time_per_output_token", "request_time_per_output_token_seconds",
+     "A request's decode time per token after its first.", ITL_BUCKETS),
+    ("e2e_request_latency", "e2e_request_latency_seconds", "Time from arrival to finish.", REQUEST_LATENCY_BUCKETS),
+    ("request_queue_time", "request_queue_time_seconds", "Time in the engine's waiting queue before first scheduled.",
+     REQUEST_LATENCY_BUCKETS),
+    ("request_inference_time", "request_inference_time_seconds", "Time from first scheduled to the last token.",
+     REQUEST_LATENCY_BUCKETS),
+    ("request_prefill_time", "request_prefill_time_seconds", "Time from first scheduled to the first token.",
+     REQUEST_LATENCY_BUCKETS),
+    ("request_decode_time", "request_decode_time_seconds", "Time from the first token to the last.", REQUEST_LATENCY_BUCKETS),
+    # NOTE: block residency is not sampled: these three get no series.
+    ("kv_block_lifetime", "kv_block_lifetime_seconds", "KV block lifetime (not sampled here: no series).",
+     KV_CACHE_RESIDENCY_BUCKETS),
+    ("kv_block_idle_before_evict", "kv_block_idle_before_evict_seconds",
+     "KV block idle time before eviction (not sampled here: no series).", KV_CACHE_RESIDENCY_BUCKETS),
+    ("kv_block_reuse_gap", "kv_block_reuse_gap_seconds", "Time between a KV block's reuses (not sampled here: no series).",
+     KV_CACHE_RESIDENCY_BUCKETS),
+)
+_UNSAMPLED_HISTOGRAMS = frozenset({"kv_block_lifetime", "kv_block_idle_before_evict", "kv_block_reuse_gap"})
 
 
 class _EngineMetrics:
@@ -229,15 +215,9 @@ class _EngineMetrics:
         }
         self.generation_tokens = families.generation_tokens.labels(**labels)
         self.request_success = {str(r): families.request_success.labels(**labels, finished_reason=str(r)) for r in FinishReason}
-        # NOTE: block residency is not sampled: those three histograms get no series.
-        histograms = (
-            "request_prompt_tokens", "request_generation_tokens", "request_max_num_generation_tokens",
-            "request_params_n", "request_params_max_tokens", "request_prefill_kv_computed_tokens",
-            "request_num_preemptions", "time_to_first_token", "inter_token_latency", "request_time_per_output_token",
-            "e2e_request_latency", "request_queue_time", "request_inference_time", "request_prefill_time",
-            "request_decode_time", "iteration_tokens",
-        )
-        self.histograms = {name: getattr(families, name).labels(**labels) for name in histograms}
+        self.histograms = {
+            key: family.labels(**labels) for key, family in families.histograms.items() if key not in _UNSAMPLED_HISTOGRAMS
+        }
         self.counted = SchedulerStats()
 
     def observe(self, name: str, value: float) -> None:

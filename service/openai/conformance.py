@@ -182,8 +182,8 @@ TOKENIZE_CHAT: dict[str, Row] = {
     "chat_template": CHAT["chat_template"],
     "chat_template_kwargs": implemented(f"{_TOKENIZE}::test_tokenize_chat_follows_the_template_flags"),
     "response_format": not_applicable("only a generation is constrained; tokenizing renders the messages alone"),
-    "media_io_kwargs": refused({"image": {}}, _MULTIMODAL),
-    "mm_processor_kwargs": refused({"x": 1}, _MULTIMODAL),
+    "media_io_kwargs": CHAT["media_io_kwargs"],
+    "mm_processor_kwargs": CHAT["mm_processor_kwargs"],
     "tools": implemented(f"{_TOKENIZE}::test_tokenize_chat_renders_the_tools"),
 }
 
@@ -215,36 +215,26 @@ _NO_TRANSFER = _DISAGGREGATED
 _NO_EXPERTS = "the served models are dense (no experts to route)"
 _NO_VERSIONS = "weights are not updated in place, so there are no versions"
 
+# Response fields vLLM fills for features zeroserve has not, by kind of body.
+_WHOLE_NOT_APPLICABLE = {"service_tier": _NO_TIER, "system_fingerprint": _NO_FINGERPRINT, "kv_transfer_params": _NO_TRANSFER,
+                         "ec_transfer_params": _NO_TRANSFER, "metrics": _NO_METRICS}
+_CHUNK_NOT_APPLICABLE = {"system_fingerprint": _NO_FINGERPRINT, "metrics": _NO_METRICS, "kv_transfer_params": _NO_TRANSFER}
+_CHOICE_NOT_APPLICABLE = {"routed_experts": _NO_EXPERTS, "weight_versions": _NO_VERSIONS}
+
 RESPONSES: dict[str, dict[str, Row]] = {
     "chat_response": _response(
-        "id object created model choices usage prompt_logprobs prompt_token_ids prompt_text",
-        {"service_tier": _NO_TIER, "system_fingerprint": _NO_FINGERPRINT, "kv_transfer_params": _NO_TRANSFER,
-         "ec_transfer_params": _NO_TRANSFER, "metrics": _NO_METRICS},
+        "id object created model choices usage prompt_logprobs prompt_token_ids prompt_text", _WHOLE_NOT_APPLICABLE
     ),
-    "chat_response_choice": _response(
-        "index message logprobs finish_reason stop_reason token_ids",
-        {"routed_experts": _NO_EXPERTS, "weight_versions": _NO_VERSIONS},
-    ),
-    "chat_chunk": _response(
-        "id object created model choices usage prompt_token_ids prompt_text",
-        {"system_fingerprint": _NO_FINGERPRINT, "metrics": _NO_METRICS, "kv_transfer_params": _NO_TRANSFER},
-    ),
+    "chat_response_choice": _response("index message logprobs finish_reason stop_reason token_ids", _CHOICE_NOT_APPLICABLE),
+    "chat_chunk": _response("id object created model choices usage prompt_token_ids prompt_text", _CHUNK_NOT_APPLICABLE),
     "chat_chunk_choice": _response(
         "index delta logprobs finish_reason stop_reason token_ids", {"weight_versions": _NO_VERSIONS}
     ),
-    "completions_response": _response(
-        "id object created model choices usage",
-        {"service_tier": _NO_TIER, "system_fingerprint": _NO_FINGERPRINT, "kv_transfer_params": _NO_TRANSFER,
-         "ec_transfer_params": _NO_TRANSFER, "metrics": _NO_METRICS},
-    ),
+    "completions_response": _response("id object created model choices usage", _WHOLE_NOT_APPLICABLE),
     "completions_response_choice": _response(
-        "index text logprobs finish_reason stop_reason token_ids prompt_logprobs prompt_token_ids",
-        {"routed_experts": _NO_EXPERTS, "weight_versions": _NO_VERSIONS},
+        "index text logprobs finish_reason stop_reason token_ids prompt_logprobs prompt_token_ids", _CHOICE_NOT_APPLICABLE
     ),
-    "completions_chunk": _response(
-        "id object created model choices usage",
-        {"system_fingerprint": _NO_FINGERPRINT, "metrics": _NO_METRICS, "kv_transfer_params": _NO_TRANSFER},
-    ),
+    "completions_chunk": _response("id object created model choices usage", _CHUNK_NOT_APPLICABLE),
     "completions_chunk_choice": _response(
         "index text logprobs finish_reason stop_reason prompt_token_ids token_ids", {"weight_versions": _NO_VERSIONS}
     ),
