@@ -71,6 +71,11 @@ class GatewayConfig:
         metavar="ADDRESS",
     )
     max_n: int = setting(16, "most choices one request may ask for", check=at_least(1))
+    tool_call_parser: str = setting(
+        "none", "parse the model's own tool calls (tool_choice auto) from its output in this format: hermes "
+        "(<tool_call> JSON, as Qwen2/Qwen3 and Hermes models write them); none: leave them in the content",
+        choices=("none", "hermes"),
+    )
     max_request_body_bytes: int = setting(
         8 * 2**20, "larger request bodies get 413 before parsing", check=at_least(1)
     )

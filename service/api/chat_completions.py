@@ -18,6 +18,7 @@ from service.openai.logprobs_format import chat_logprobs, prompt_logprobs_list
 from service.openai.protocol import ChatCompletionRequest
 from service.openai.request_fields import chat_prompt, now, request_ids, usage
 from service.openai.responses import chat_completion_body, choice_end
+from service.openai.tool_calls import ChoiceTools, tool_mode
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -38,9 +39,11 @@ async def create_chat_completion(request: Request) -> Response:
     if body.return_prompt_text:
         prompt_fields["prompt_text"] = prompt.text
     if body.stream:
-        return sse_response(_chunks(outputs, header, tokenizer, len(prompt.token_ids), prompt_fields, body))
+        tools = [ChoiceTools(tool_mode(body.tools, body.tool_choice, state.tool_call_parser), body.tool_choice)
+                 for _ in range(body.n)]
+        return sse_response(_chunks(outputs, header, tokenizer, len(prompt.token_ids), prompt_fields, body, tools))
     (output,) = await unless_disconnected(request, collect(outputs, 1, body.n))
-    return JSONResponse(chat_completion_body(header, output, tokenizer, body) | prompt_fields)
+    return JSONResponse(chat_completion_body(header, output, tokenizer, body, state.tool_call_parser) | prompt_fields)
 
 
 async def _chunks(
@@ -50,6 +53,7 @@ async def _chunks(
     num_prompt_tokens: int,
     prompt_fields: dict[str, Any],
     body: ChatCompletionRequest,
+    tools: list[ChoiceTools],
 ) -> AsyncIterator[dict[str, Any]]:
     header = {**header, "object": "chat.completion.chunk"}
     num_tokens = num_cached_tokens = 0
@@ -60,10 +64,8 @@ async def _chunks(
             return {**header, "choices": [choice], "usage": usage(num_prompt_tokens, num_tokens, num_cached_tokens)}
         return {**header, "choices": [choice]}
 
-    for index in range(body.n):
-        yield chunk(_choice(index, {"role": "assistant", "content": ""})) | (prompt_fields if index == 0 else {})
-        if body.echoed_text:
-            yield chunk(_choice(index, {"content": body.echoed_text}))
+    for opening in _openings(body):
+        yield chunk(opening) | (prompt_fields if opening["index"] == 0 and "role" in opening["delta"] else {})
     async for index, output in outputs:
         completion = output.outputs[0]
         num_tokens += len(completion.token_ids)
@@ -72,9 +74,13 @@ async def _chunks(
             completion.text or completion.finish_reason is not None or completion.logprobs is not None
             or output.prompt_logprobs is not None or (body.return_token_ids and completion.token_ids)
         ):
-            delta = {"content": completion.text} if completion.text else {}
+            deltas, finish_reason = _deltas(tools[index], completion.text, completion.finish_reason)
+            # NOTE: a step's text may give several deltas (content, then a call); the step's
+            # logprobs, token ids and finish ride on the last.
+            for delta in deltas[:-1]:
+                yield chunk(_choice(index, delta))
             logprobs = chat_logprobs(tokenizer, completion.logprobs, as_ids)
-            choice = _choice(index, delta, logprobs, completion.finish_reason, completion.stop_reason)
+            choice = _choice(index, deltas[-1] if deltas else {}, logprobs, finish_reason, completion.stop_reason)
             if body.return_token_ids:
                 choice["token_ids"] = completion.token_ids
             out = chunk(choice)
@@ -83,6 +89,25 @@ async def _chunks(
             yield out
     if body.include_usage:
         yield {**header, "choices": [], "usage": usage(num_prompt_tokens, num_tokens, num_cached_tokens)}
+
+
+def _openings(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Each choice's first chunk (the role), then the echoed text if any."""
+    openings = []
+    for index in range(body.n):
+        openings.append(_choice(index, {"role": "assistant", "content": ""}))
+        if body.echoed_text:
+            openings.append(_choice(index, {"content": body.echoed_text}))
+    return openings
+
+
+def _deltas(tools: ChoiceTools, text: str, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    """A step's deltas of one choice (content, tool-call pieces) and its finish reason."""
+    deltas = tools.delta(text)
+    if finish_reason is not None:
+        last_deltas, finish_reason = tools.finish(finish_reason)
+        deltas += last_deltas
+    return deltas, finish_reason
 
 
 def _choice(

@@ -131,7 +131,7 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
     generation_defaults = {**resolved.generation_defaults, **dict(config.generation_config)}
     attach(app, ServerState(
         llm, names, generation_defaults, config.max_n, config.max_request_body_bytes,
-        metrics_registry=metrics.registry, admission=app.state.admission,
+        metrics_registry=metrics.registry, admission=app.state.admission, tool_call_parser=config.tool_call_parser,
     ))
     logger.info("serving %s on http://%s:%d", names[0], config.host, config.port)
     return llm

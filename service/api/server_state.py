@@ -31,6 +31,7 @@ class ServerState:
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
         metrics_registry: CollectorRegistry | None = None,
         admission: Admission | None = None,
+        tool_call_parser: str = "none",
     ) -> None:
         self.llm = llm
         self.served_model_names = served_model_names
@@ -39,6 +40,7 @@ class ServerState:
         self.max_request_body_bytes = max_request_body_bytes
         self.metrics_registry = metrics_registry
         self.admission = admission or Admission()
+        self.tool_call_parser = None if tool_call_parser == "none" else tool_call_parser
 
     def model_name(self, model: str | None) -> str:
         """The served name the request asks for (the first one when it names none)."""

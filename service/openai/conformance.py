@@ -51,7 +51,6 @@ _VLLM = "tests/service/api/test_vllm_fields_inproc.py"
 _TOKENIZE = "tests/service/api/test_tokenize.py"
 _MULTIMODAL = "the served models read text only (no images, audio or video)"
 _DISAGGREGATED = "disaggregated prefill/encoding (KV or encoder-cache transfer) is not supported"
-_TOOL_CALLS = "tool calls are not parsed or forced yet (issue 19: the agents' API)"
 
 # Fields chat and completions share, as vLLM declares them.
 _COMMON: dict[str, Row] = {
@@ -126,17 +125,21 @@ CHAT: dict[str, Row] = {
     "max_completion_tokens": implemented(f"{_CHAT}::test_max_tokens_default_to_what_the_context_leaves"),
     "response_format": implemented(f"{_VLLM}::test_structured_outputs_reach_the_engine_and_a_bad_one_is_a_400",
                                    "text, json_object, json_schema"),
-    "tools": implemented(f"{_CHAT}::test_roles_tools_and_text_response_format", "rendered by the chat template; calls are not parsed yet"),
-    "tool_choice": refused(
-        "required", "'auto' and 'none' are served; forcing a call ('required', a named function): " + _TOOL_CALLS,
-        accepted=("auto", "none"),
+    "tools": implemented(f"{_VLLM}::test_the_hermes_parser_splits_calls_from_content_streamed_or_not",
+                         "rendered by the chat template; calls forced or parsed (see tool_choice)"),
+    "tool_choice": implemented(
+        f"{_VLLM}::test_forced_tool_calls_are_generated_under_their_schema_and_returned_as_calls",
+        "required and a named function are forced under a JSON schema; auto is parsed with --tool-call-parser",
     ),
     "reasoning_effort": implemented(
         f"{_VLLM}::test_reasoning_effort_and_documents_reach_the_chat_template",
         "passed to the chat template, with enable_thinking, as vLLM does",
     ),
     "include_reasoning": not_applicable("no reasoning parser runs, so no answer has a reasoning part to leave out"),
-    "parallel_tool_calls": not_applicable("tool calls are not parsed yet, so there is none to limit"),
+    "parallel_tool_calls": implemented(
+        f"{_VLLM}::test_forced_tool_calls_are_generated_under_their_schema_and_returned_as_calls",
+        "false: a forced 'required' call is one call",
+    ),
     "echo": implemented(f"{_VLLM}::test_chat_echo_prepends_the_last_assistant_message"),
     "add_generation_prompt": implemented(f"{_CHAT}::test_continue_final_message_extends_the_assistant_turn"),
     "continue_final_message": implemented(f"{_CHAT}::test_continue_final_message_extends_the_assistant_turn"),

@@ -4,15 +4,22 @@ knows are ignored, as vLLM does."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proto.engine_input import StructuredOutput
 from service.frontend.sampling_params import SamplingParams, generation_defaults_of
-from service.frontend.structured_output import StructuredOutputError, from_response_format, from_structured_outputs
+from service.frontend.structured_output import (
+    StructuredOutputError,
+    checked,
+    from_response_format,
+    from_structured_outputs,
+)
 from service.openai.conformance import refused_fields
 from service.openai.errors import APIError
+from service.openai.tool_calls import forced_schema, function_of, tool_mode
 
 
 class OpenAIModel(BaseModel):
@@ -201,6 +208,7 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -227,6 +235,7 @@ class ChatCompletionRequest(SamplingRequest):
 
     def check_supported(self) -> None:
         super().check_supported()
+        self._check_tools()
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError("'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
         if self.continue_final_message and self.add_generation_prompt:
@@ -239,6 +248,38 @@ class ChatCompletionRequest(SamplingRequest):
                 "'continue_final_message' needs the last message to be the assistant's.",
                 param="continue_final_message",
             )
+
+    def _check_tools(self) -> None:
+        for index, tool in enumerate(self.tools or []):
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if tool.get("type", "function") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise APIError("Each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}.", param=f"tools.{index}")
+        choice = self.tool_choice
+        if choice is None or choice in ("auto", "none"):
+            return
+        if not self.tools:
+            raise APIError("'tool_choice' needs 'tools'.", param="tool_choice")
+        if choice == "required":
+            return
+        name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        if not isinstance(name, str) or function_of(self.tools, name) is None:
+            raise APIError(f"'tool_choice' must be 'auto', 'none', 'required' or a function of 'tools', got {choice!r}.",
+                           param="tool_choice")
+
+    def structured_output(self) -> StructuredOutput | None:
+        """A forced tool call's schema (tool_choice "required" or a named function), else the answer's."""
+        constraint = super().structured_output()
+        if tool_mode(self.tools, self.tool_choice, None) not in ("named", "required"):
+            return constraint
+        if constraint is not None:
+            raise APIError("A forced 'tool_choice' cannot be combined with 'response_format' or 'structured_outputs'.",
+                           param="tool_choice")
+        assert self.tools is not None and self.tool_choice is not None
+        schema = forced_schema(self.tools, self.tool_choice, self.parallel_tool_calls)
+        try:
+            return checked(StructuredOutput("json", json.dumps(schema)), "tools")
+        except StructuredOutputError as exc:
+            raise APIError(str(exc), param=exc.param) from exc
 
     @property
     def num_logprobs(self) -> int | None:

@@ -18,6 +18,7 @@ from service.openai.logprobs_format import (
 )
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
 from service.openai.request_fields import usage
+from service.openai.tool_calls import ChoiceTools, tool_mode
 
 
 def choice_end(finish_reason: str | None, stop_reason: int | str | None) -> dict[str, Any]:
@@ -25,7 +26,8 @@ def choice_end(finish_reason: str | None, stop_reason: int | str | None) -> dict
 
 
 def chat_completion_body(
-    header: dict[str, Any], output: RequestOutput, tokenizer: Tokenizer, body: ChatCompletionRequest
+    header: dict[str, Any], output: RequestOutput, tokenizer: Tokenizer, body: ChatCompletionRequest,
+    tool_call_parser: str | None = None,
 ) -> dict[str, Any]:
     """`chat.completion`: the prompt's n choices, whole."""
     prompt_logprobs = None
@@ -33,12 +35,16 @@ def chat_completion_body(
         prompt_logprobs = prompt_logprobs_list(tokenizer, output.prompt_logprobs)
     as_ids = bool(body.return_tokens_as_token_ids)
     choices = []
+    mode = tool_mode(body.tools, body.tool_choice, tool_call_parser)
     for choice in output.outputs:
+        message, finish_reason = ChoiceTools(mode, body.tool_choice).whole(choice.text, choice.finish_reason)
+        if message.get("content") is not None:
+            message["content"] = body.echoed_text + message["content"]
         fields = {
             "index": choice.index,
-            "message": {"role": "assistant", "content": body.echoed_text + choice.text},
+            "message": {"role": "assistant", **message},
             "logprobs": chat_logprobs(tokenizer, choice.logprobs, as_ids),
-            **choice_end(choice.finish_reason, choice.stop_reason),
+            **choice_end(finish_reason, choice.stop_reason),
         }
         if body.return_token_ids:
             fields["token_ids"] = choice.token_ids

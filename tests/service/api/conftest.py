@@ -70,7 +70,7 @@ def serve(engine: FakeEngineClient, tokenizer: Tokenizer) -> Serve:
         llm = AsyncLLM(engine, tokenizer, engine.ready, stat_loggers=[metrics, RequestLogger()], stats_log_interval_s=0)
         attach(app, ServerState(
             llm, names, {}, config.max_n, config.max_request_body_bytes,
-            metrics_registry=metrics.registry, admission=admission,
+            metrics_registry=metrics.registry, admission=admission, tool_call_parser=config.tool_call_parser,
         ))
         # NOTE: hypercorn answers an exception the app re-raises with the 500 already sent; so does this.
         transport = _TimedASGITransport(app, raise_app_exceptions=False)

@@ -317,3 +317,62 @@ async def test_structured_outputs_reach_the_engine_and_a_bad_one_is_a_400(
         error = response.json()["error"]
         assert error["param"] == param and words in error["message"], (body, error)
     assert len(engine.requests) == num_sent
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+
+
+async def test_forced_tool_calls_are_generated_under_their_schema_and_returned_as_calls(
+    api: httpx.AsyncClient, engine: FakeEngineClient, tokenizer: Tokenizer, stream_events: StreamEvents
+) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    engine.token_ids = [*tokenizer.encode('{"city": "Tokyo"}'), engine.eos_token_id]
+    whole = await post(api, CHAT, tools=[WEATHER, TIME], tool_choice=named, ignore_eos=False)
+    constraint = engine.requests[-1].sampling_params.structured_output
+    assert constraint is not None and json.loads(constraint.spec) == WEATHER["function"]["parameters"]
+    (choice,) = whole["choices"]
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "stop"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Tokyo"}'}
+    chunks = await events(api, stream_events, CHAT, tools=[WEATHER, TIME], tool_choice=named, ignore_eos=False)
+    pieces = [c["delta"]["tool_calls"][0] for chunk in chunks for c in chunk["choices"] if "tool_calls" in c["delta"]]
+    assert pieces[0]["function"]["name"] == "get_weather" and pieces[0]["id"].startswith("call_")
+    assert "".join(p["function"]["arguments"] for p in pieces) == '{"city": "Tokyo"}'
+    assert not any(c["delta"].get("content") for chunk in chunks for c in chunk["choices"])
+
+    engine.token_ids = [*tokenizer.encode('[{"name": "get_time", "parameters": {}}]'), engine.eos_token_id]
+    required = await post(api, CHAT, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False,
+                          ignore_eos=False, max_tokens=50)
+    schema = json.loads(engine.requests[-1].sampling_params.structured_output.spec)  # type: ignore[union-attr]
+    assert schema["maxItems"] == 1 and len(schema["items"]["anyOf"]) == 2
+    assert required["choices"][0]["finish_reason"] == "tool_calls"
+    assert required["choices"][0]["message"]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": "{}"}
+    for body, param in (({"tool_choice": "required"}, "tool_choice"),
+                        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+                        ({"tools": [{"type": "function"}]}, "tools.0"),
+                        ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice")):
+        response = await api.post(CHAT, json={"messages": MESSAGES, **body})
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, (body, response.text)
+
+
+async def test_the_hermes_parser_splits_calls_from_content_streamed_or_not(
+    serve: Any, engine: FakeEngineClient, tokenizer: Tokenizer, stream_events: StreamEvents
+) -> None:
+    text = 'Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n</tool_call>'
+    engine.token_ids = [*tokenizer.encode(text), engine.eos_token_id]
+    async with serve(tool_call_parser="hermes") as api:
+        whole = await post(api, CHAT, tools=[WEATHER], ignore_eos=False, max_tokens=200)
+        (choice,) = whole["choices"]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me look. "
+        assert choice["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Tokyo"}'}
+        chunks = await events(api, stream_events, CHAT, tools=[WEATHER], ignore_eos=False, max_tokens=200)
+        deltas = [c["delta"] for chunk in chunks for c in chunk["choices"]]
+        assert "".join(d.get("content") or "" for d in deltas) == "Let me look. "
+        (call,) = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+        assert call["function"] == choice["message"]["tool_calls"][0]["function"] and call["index"] == 0
+        assert [c["finish_reason"] for chunk in chunks for c in chunk["choices"] if c["finish_reason"]] == ["tool_calls"]
+        plain = await post(api, CHAT, ignore_eos=False, max_tokens=200)
+        assert plain["choices"][0]["message"]["content"] == text and "tool_calls" not in plain["choices"][0]["message"]
