@@ -76,6 +76,11 @@ class GatewayConfig:
         "(<tool_call> JSON, as Qwen2/Qwen3 and Hermes models write them); none: leave them in the content",
         choices=("none", "hermes"),
     )
+    reasoning_parser: str = setting(
+        "none", "split the model's <think> reasoning out of the answer into reasoning_content: qwen3 (answers "
+        "that open with <think>), deepseek_r1 (answers that start reasoning); none: leave it in the content",
+        choices=("none", "qwen3", "deepseek_r1"),
+    )
     max_request_body_bytes: int = setting(
         8 * 2**20, "larger request bodies get 413 before parsing", check=at_least(1)
     )

@@ -14,11 +14,11 @@ from service.api.server_state import ServerState
 from service.api.sse import sse_response
 from service.frontend.outputs import RequestOutput, collect
 from service.model_files.tokenizer import Tokenizer
+from service.openai.answer import ChoiceAnswer
 from service.openai.logprobs_format import chat_logprobs, prompt_logprobs_list
 from service.openai.protocol import ChatCompletionRequest
 from service.openai.request_fields import chat_prompt, now, request_ids, usage
 from service.openai.responses import chat_completion_body, choice_end
-from service.openai.tool_calls import ChoiceTools, tool_mode
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -39,11 +39,12 @@ async def create_chat_completion(request: Request) -> Response:
     if body.return_prompt_text:
         prompt_fields["prompt_text"] = prompt.text
     if body.stream:
-        tools = [ChoiceTools(tool_mode(body.tools, body.tool_choice, state.tool_call_parser), body.tool_choice)
-                 for _ in range(body.n)]
+        tools = [ChoiceAnswer(body, state.tool_call_parser, state.reasoning_parser) for _ in range(body.n)]
         return sse_response(_chunks(outputs, header, tokenizer, len(prompt.token_ids), prompt_fields, body, tools))
     (output,) = await unless_disconnected(request, collect(outputs, 1, body.n))
-    return JSONResponse(chat_completion_body(header, output, tokenizer, body, state.tool_call_parser) | prompt_fields)
+    return JSONResponse(chat_completion_body(
+        header, output, tokenizer, body, state.tool_call_parser, state.reasoning_parser
+    ) | prompt_fields)
 
 
 async def _chunks(
@@ -53,7 +54,7 @@ async def _chunks(
     num_prompt_tokens: int,
     prompt_fields: dict[str, Any],
     body: ChatCompletionRequest,
-    tools: list[ChoiceTools],
+    tools: list[ChoiceAnswer],
 ) -> AsyncIterator[dict[str, Any]]:
     header = {**header, "object": "chat.completion.chunk"}
     num_tokens = num_cached_tokens = 0
@@ -101,7 +102,7 @@ def _openings(body: ChatCompletionRequest) -> list[dict[str, Any]]:
     return openings
 
 
-def _deltas(tools: ChoiceTools, text: str, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+def _deltas(tools: ChoiceAnswer, text: str, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
     """A step's deltas of one choice (content, tool-call pieces) and its finish reason."""
     deltas = tools.delta(text)
     if finish_reason is not None:

@@ -132,6 +132,7 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
     attach(app, ServerState(
         llm, names, generation_defaults, config.max_n, config.max_request_body_bytes,
         metrics_registry=metrics.registry, admission=app.state.admission, tool_call_parser=config.tool_call_parser,
+        reasoning_parser=config.reasoning_parser,
     ))
     logger.info("serving %s on http://%s:%d", names[0], config.host, config.port)
     return llm

@@ -32,6 +32,7 @@ class ServerState:
         metrics_registry: CollectorRegistry | None = None,
         admission: Admission | None = None,
         tool_call_parser: str = "none",
+        reasoning_parser: str = "none",
     ) -> None:
         self.llm = llm
         self.served_model_names = served_model_names
@@ -41,6 +42,7 @@ class ServerState:
         self.metrics_registry = metrics_registry
         self.admission = admission or Admission()
         self.tool_call_parser = None if tool_call_parser == "none" else tool_call_parser
+        self.reasoning_parser = None if reasoning_parser == "none" else reasoning_parser
 
     def model_name(self, model: str | None) -> str:
         """The served name the request asks for (the first one when it names none)."""

@@ -135,7 +135,8 @@ CHAT: dict[str, Row] = {
         f"{_VLLM}::test_reasoning_effort_and_documents_reach_the_chat_template",
         "passed to the chat template, with enable_thinking, as vLLM does",
     ),
-    "include_reasoning": not_applicable("no reasoning parser runs, so no answer has a reasoning part to leave out"),
+    "include_reasoning": implemented(f"{_VLLM}::test_a_reasoning_parser_splits_the_thinking_out_streamed_or_not",
+                                     "false leaves the reasoning out (with --reasoning-parser)"),
     "parallel_tool_calls": implemented(
         f"{_VLLM}::test_forced_tool_calls_are_generated_under_their_schema_and_returned_as_calls",
         "false: a forced 'required' call is one call",

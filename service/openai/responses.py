@@ -9,6 +9,7 @@ from proto.engine_output import Logprobs
 from service.frontend.input_processor import Prompt
 from service.frontend.outputs import RequestOutput
 from service.model_files.tokenizer import Tokenizer
+from service.openai.answer import ChoiceAnswer
 from service.openai.logprobs_format import (
     chat_logprobs,
     completion_logprobs,
@@ -18,7 +19,6 @@ from service.openai.logprobs_format import (
 )
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
 from service.openai.request_fields import usage
-from service.openai.tool_calls import ChoiceTools, tool_mode
 
 
 def choice_end(finish_reason: str | None, stop_reason: int | str | None) -> dict[str, Any]:
@@ -27,7 +27,7 @@ def choice_end(finish_reason: str | None, stop_reason: int | str | None) -> dict
 
 def chat_completion_body(
     header: dict[str, Any], output: RequestOutput, tokenizer: Tokenizer, body: ChatCompletionRequest,
-    tool_call_parser: str | None = None,
+    tool_call_parser: str | None = None, reasoning_parser: str | None = None,
 ) -> dict[str, Any]:
     """`chat.completion`: the prompt's n choices, whole."""
     prompt_logprobs = None
@@ -35,9 +35,9 @@ def chat_completion_body(
         prompt_logprobs = prompt_logprobs_list(tokenizer, output.prompt_logprobs)
     as_ids = bool(body.return_tokens_as_token_ids)
     choices = []
-    mode = tool_mode(body.tools, body.tool_choice, tool_call_parser)
     for choice in output.outputs:
-        message, finish_reason = ChoiceTools(mode, body.tool_choice).whole(choice.text, choice.finish_reason)
+        answer = ChoiceAnswer(body, tool_call_parser, reasoning_parser)
+        message, finish_reason = answer.whole(choice.text, choice.finish_reason)
         if message.get("content") is not None:
             message["content"] = body.echoed_text + message["content"]
         fields = {

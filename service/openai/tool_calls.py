@@ -108,7 +108,7 @@ class HermesStream:
         while self._pending:
             start = self._pending.find(HERMES_START)
             if start == -1:
-                keep = _partial_prefix(self._pending, HERMES_START)
+                keep = partial_prefix(self._pending, HERMES_START)
                 content.append(self._pending[: len(self._pending) - keep])
                 self._pending = self._pending[len(self._pending) - keep:]
                 break
@@ -133,7 +133,7 @@ class HermesStream:
         return rest
 
 
-def _partial_prefix(text: str, tag: str) -> int:
+def partial_prefix(text: str, tag: str) -> int:
     """The length of the longest end of `text` that is a start of `tag`."""
     for size in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-size:]):

@@ -71,6 +71,7 @@ def serve(engine: FakeEngineClient, tokenizer: Tokenizer) -> Serve:
         attach(app, ServerState(
             llm, names, {}, config.max_n, config.max_request_body_bytes,
             metrics_registry=metrics.registry, admission=admission, tool_call_parser=config.tool_call_parser,
+            reasoning_parser=config.reasoning_parser,
         ))
         # NOTE: hypercorn answers an exception the app re-raises with the 500 already sent; so does this.
         transport = _TimedASGITransport(app, raise_app_exceptions=False)

@@ -53,7 +53,7 @@ BAD_REQUESTS: list[tuple[str, Any, int, str | None]] = [
     (CHAT, {"messages": MESSAGES, "stream_options": {"include_usage": "maybe"}}, 400,
      "stream_options.include_usage"),
     (CHAT, {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}],
-            "tool_choice": "required"}, 400, "tool_choice"),
+            "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
     (CHAT, {"messages": MESSAGES, "response_format": {"type": "yaml"}}, 400, "response_format"),
     (CHAT, {"messages": MESSAGES, "response_format": {"type": "json_schema"}}, 400, "response_format"),
     (CHAT, {"messages": MESSAGES, "continue_final_message": True}, 400, "continue_final_message"),

@@ -376,3 +376,22 @@ async def test_the_hermes_parser_splits_calls_from_content_streamed_or_not(
         assert [c["finish_reason"] for chunk in chunks for c in chunk["choices"] if c["finish_reason"]] == ["tool_calls"]
         plain = await post(api, CHAT, ignore_eos=False, max_tokens=200)
         assert plain["choices"][0]["message"]["content"] == text and "tool_calls" not in plain["choices"][0]["message"]
+
+
+async def test_a_reasoning_parser_splits_the_thinking_out_streamed_or_not(
+    serve: Any, engine: FakeEngineClient, tokenizer: Tokenizer, stream_events: StreamEvents
+) -> None:
+    text = ('<think>The user wants the weather; I call the tool.</think>'
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Tokyo"}}</tool_call>')
+    engine.token_ids = [*tokenizer.encode(text), engine.eos_token_id]
+    async with serve(reasoning_parser="qwen3", tool_call_parser="hermes") as api:
+        message = (await post(api, CHAT, tools=[WEATHER], ignore_eos=False, max_tokens=200))["choices"][0]["message"]
+        assert message["reasoning_content"] == message["reasoning"] == "The user wants the weather; I call the tool."
+        assert message["content"] is None and message["tool_calls"][0]["function"]["name"] == "get_weather"
+        chunks = await events(api, stream_events, CHAT, tools=[WEATHER], ignore_eos=False, max_tokens=200)
+        deltas = [c["delta"] for chunk in chunks for c in chunk["choices"]]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+        assert not any(d.get("content") for d in deltas)
+        assert [d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d] == [message["tool_calls"][0]["function"]]
+        hidden = (await post(api, CHAT, tools=[WEATHER], ignore_eos=False, max_tokens=200, include_reasoning=False))
+        assert "reasoning_content" not in hidden["choices"][0]["message"]
