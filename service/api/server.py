@@ -114,10 +114,10 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
     )
     try:
         # NOTE: the tokenizer loads here while the engine loads its weights, and so does xgrammar
-        # (2 s of imports, torch's among them), which checks structured outputs: not on the
-        # event loop under the first constrained request.
+        # (2 s of imports, torch's among them), which checks structured outputs: in a thread, not
+        # on the event loop under the first constrained request, and not delaying readiness.
+        app.state.xgrammar_import = asyncio.create_task(asyncio.to_thread(importlib.import_module, "xgrammar"))
         tokenizer = await asyncio.to_thread(Tokenizer.from_model, resolved.path)
-        await asyncio.to_thread(importlib.import_module, "xgrammar")
         ready = await client.wait_ready()
     except BaseException:
         client.shutdown()
