@@ -159,15 +159,13 @@ class EngineCore:
                 self.model_runner.free_request(output.request_id)
             output.new_logprobs = runner_output.logprobs.get(output.request_id)
             output.prompt_logprobs = runner_output.prompt_logprobs.get(output.request_id)
-        return EngineCoreOutputs(
-            engine_index=self.engine_index, outputs=outputs, timestamp=time.time(),
-            scheduler_stats=self.scheduler_stats(),
-        )
+        return self.idle_outputs(outputs)
 
-    def idle_outputs(self) -> EngineCoreOutputs:
-        """No outputs, and the scheduler's stats: what an engine left idle (by aborts) reports."""
+    def idle_outputs(self, outputs: list[EngineCoreOutput] | None = None) -> EngineCoreOutputs:
+        """`outputs` (none: what an engine left idle by aborts reports) and the scheduler's stats."""
         return EngineCoreOutputs(
-            engine_index=self.engine_index, outputs=[], timestamp=time.time(), scheduler_stats=self.scheduler_stats()
+            engine_index=self.engine_index, outputs=outputs or [], timestamp=time.time(),
+            scheduler_stats=self.scheduler_stats(),
         )
 
     def call_utility(self, call: UtilityCall) -> UtilityResult:
