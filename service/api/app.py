@@ -21,6 +21,7 @@ from service.api.completions import create_completion
 from service.api.disconnect import ClientDisconnected
 from service.api.errors import error_response
 from service.api.metrics_route import metrics
+from service.api.responses import create_response
 from service.api.server_state import ServerState
 from service.api.sse import DEFAULT_SSE_KEEPALIVE_S
 from service.api.tokenize import detokenize, tokenize
@@ -151,6 +152,7 @@ def create_app(
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
             Route("/v1/completions", create_completion, methods=["POST"]),
+            Route("/v1/responses", create_response, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],

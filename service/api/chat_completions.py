@@ -40,14 +40,14 @@ async def create_chat_completion(request: Request) -> Response:
         prompt_fields["prompt_text"] = prompt.text
     if body.stream:
         tools = [ChoiceAnswer(body, state.tool_call_parser, state.reasoning_parser) for _ in range(body.n)]
-        return sse_response(_chunks(outputs, header, tokenizer, len(prompt.token_ids), prompt_fields, body, tools))
+        return sse_response(chat_chunks(outputs, header, tokenizer, len(prompt.token_ids), prompt_fields, body, tools))
     (output,) = await unless_disconnected(request, collect(outputs, 1, body.n))
     return JSONResponse(chat_completion_body(
         header, output, tokenizer, body, state.tool_call_parser, state.reasoning_parser
     ) | prompt_fields)
 
 
-async def _chunks(
+async def chat_chunks(
     outputs: AsyncIterator[tuple[int, RequestOutput]],
     header: dict[str, Any],
     tokenizer: Tokenizer,
@@ -56,6 +56,7 @@ async def _chunks(
     body: ChatCompletionRequest,
     tools: list[ChoiceAnswer],
 ) -> AsyncIterator[dict[str, Any]]:
+    """The chunks of a streamed chat answer (and of a streamed Responses answer, made from them)."""
     header = {**header, "object": "chat.completion.chunk"}
     num_tokens = num_cached_tokens = 0
     as_ids = bool(body.return_tokens_as_token_ids)

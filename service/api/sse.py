@@ -18,21 +18,28 @@ logger = logging.getLogger(__name__)
 DEFAULT_SSE_KEEPALIVE_S = 15.0
 
 
-async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def _events(chunks: AsyncIterator[dict[str, Any]], is_named: bool) -> AsyncIterator[bytes]:
     try:
         async for chunk in chunks:
-            yield _event(chunk)
+            yield _event(chunk, chunk["type"] if is_named else None)
     except APIError as error:
-        yield _event(error.to_dict())
+        yield _error_event(error, is_named)
     except Exception as error:  # noqa: BLE001 - a stream must end with an error, never hang
         logger.warning("stream ended by error: %s", error)
-        yield _event(APIError(str(error), 503, error_type="server_error").to_dict())
-    yield _DONE
+        yield _error_event(APIError(str(error), 503, error_type="server_error"), is_named)
+    if not is_named:
+        yield _DONE
 
 
-def _event(data: dict[str, Any]) -> bytes:
-    """One `data:` event, encoded once: orjson writes compact UTF-8 JSON (no line breaks)."""
-    return b"data: " + orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
+def _event(data: dict[str, Any], name: str | None = None) -> bytes:
+    """One `data:` event (named by an `event:` line if `name`), encoded once: orjson writes compact
+    UTF-8 JSON (no line breaks)."""
+    named = b"" if name is None else b"event: " + name.encode() + b"\n"
+    return named + b"data: " + orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
+
+
+def _error_event(error: APIError, is_named: bool) -> bytes:
+    return _event({"type": "error", **error.to_dict()}, "error") if is_named else _event(error.to_dict())
 
 
 _DONE = b"data: [DONE]\n\n"
@@ -59,7 +66,8 @@ class _EventStream(EventSourceResponse):
             await super()._send_with_timeout(send, message)
 
 
-def sse_response(chunks: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
+def sse_response(chunks: AsyncIterator[dict[str, Any]], is_named: bool = False) -> EventSourceResponse:
     """Streams `chunks` as `data:` events, ending with `data: [DONE]`; `: ping` comments keep
-    the connection alive while they wait."""
-    return _EventStream(_events(chunks), sep="\n", ping_message_factory=_keepalive)
+    the connection alive while they wait. With `is_named` (the Responses API) each event is also
+    named by its "type" and the stream ends with its last event, as OpenAI's does."""
+    return _EventStream(_events(chunks, is_named), sep="\n", ping_message_factory=_keepalive)

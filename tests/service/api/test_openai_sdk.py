@@ -30,8 +30,10 @@ def server(default_model_path: object) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+def client(server: ServerProcess) -> Iterator[openai.OpenAI]:
+    # NOTE: closed after each test: a client left to the garbage collector leaves its sockets open.
+    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def test_models_list(client: openai.OpenAI) -> None:
@@ -130,6 +132,52 @@ def test_a_forced_tool_call_has_arguments_that_follow_the_schema(client: openai.
     pieces = [d for chunk in stream for choice in chunk.choices for d in choice.delta.tool_calls or []]
     assert pieces[0].function.name == "get_weather"  # type: ignore[union-attr]
     assert json.loads("".join(p.function.arguments or "" for p in pieces)) == arguments  # type: ignore[union-attr]
+
+
+def test_responses_create_and_stream_give_the_chat_answer(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(model=DEFAULT_MODEL, messages=QUESTION, max_tokens=32)
+    response = client.responses.create(model=DEFAULT_MODEL, input=QUESTION[0]["content"], max_output_tokens=32)
+    assert response.status == "completed" and response.output_text == chat.choices[0].message.content
+    assert "Tokyo" in response.output_text
+    assert response.usage is not None and response.usage.output_tokens == chat.usage.completion_tokens  # type: ignore[union-attr]
+    with client.responses.stream(model=DEFAULT_MODEL, input=QUESTION[0]["content"], max_output_tokens=32) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == response.output_text
+
+
+RESPONSES_WEATHER_TOOL = {"type": "function", **WEATHER_TOOL["function"]}  # type: ignore[dict-item]
+
+
+def test_responses_tool_call_round_trip(client: openai.OpenAI) -> None:
+    question = "What is the weather like in Paris today?"
+    response = client.responses.create(
+        model=DEFAULT_MODEL, input=question, tools=[RESPONSES_WEATHER_TOOL], tool_choice="required",  # type: ignore[list-item]
+        max_output_tokens=60,
+    )
+    (call,) = response.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    arguments = json.loads(call.arguments)
+    assert set(arguments) == {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")
+    answer = client.responses.create(
+        model=DEFAULT_MODEL, tools=[RESPONSES_WEATHER_TOOL], max_output_tokens=40,  # type: ignore[list-item]
+        input=[
+            {"role": "user", "content": question},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 degrees."},
+        ],
+    )
+    (message,) = answer.output
+    assert message.type == "message" and answer.output_text.strip()
+
+
+@pytest.mark.parametrize(("text", "age"), PEOPLE[:2])
+def test_responses_parse_returns_the_pydantic_object(client: openai.OpenAI, text: str, age: int) -> None:
+    parsed = client.responses.parse(
+        model=DEFAULT_MODEL, input=f"Extract the person: {text}", text_format=Person, max_output_tokens=300
+    )
+    person = parsed.output_parsed
+    assert isinstance(person, Person) and parsed.status == "completed" and person.age == age
 
 
 def test_sdk_errors(client: openai.OpenAI) -> None:
