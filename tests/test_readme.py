@@ -61,6 +61,7 @@ EXPECTED_OUTPUT = {  # regular expressions
     "curl -s http://127.0.0.1:8000/version": ['"version"', '"kernels"'],
     "from service import LLM, SamplingParams": ["The capital of France is → .*Paris", "Tokyo"],
     "response_format=Answer": [r"city='Tokyo'"],
+    "client.responses.create(": ["The capital of Japan is Tokyo"],
     "--result-json out.json": [r"Successful requests: +32\s"],
 }
 EXPECTED_FILES = {
