@@ -119,15 +119,17 @@ class EngineCore:
         """Made with the first constrained request (it reads the tokenizer on its first compile)."""
         if self._structured_output is None:
             self._structured_output = StructuredOutputManager(
-                self.config.model_path, self.model_runner.model_config.vocab_size, self.eos_token_ids
+                self.config.model_path, self.model_runner.model_config.vocab_size, self.eos_token_ids,
+                self.config.structured_outputs.compile_timeout_s,
             )
             self.model_runner.structured_output = self._structured_output
         return self._structured_output
 
     def _check_compiled(self) -> None:
-        """Ends the requests whose grammar did not compile, with the reason."""
+        """Ends the requests whose grammar did not compile (in time), with the reason."""
         still_compiling = []
         for request in self._compiling:
+            request.grammar.check_deadline()
             if not request.grammar.is_ready:
                 still_compiling.append(request)
             elif request.grammar.error is not None and not request.is_finished:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,17 +27,29 @@ logger = logging.getLogger(__name__)
 class RequestGrammar:
     """One request's grammar: pending while it compiles, then a matcher over its output."""
 
-    def __init__(self, compiled: Future[Any]) -> None:
+    def __init__(self, compiled: Future[Any], timeout_s: float = math.inf) -> None:
         self._compiled = compiled
+        self._deadline = time.monotonic() + timeout_s
+        self._timeout_s = timeout_s
+        self._is_timed_out = False
         self._matcher: xgrammar.GrammarMatcher | None = None
 
     @property
     def is_ready(self) -> bool:
-        return self._compiled.done()
+        """Compiled, failed, or past its time (then `error` says so)."""
+        return self._is_timed_out or self._compiled.done()
+
+    def check_deadline(self) -> None:
+        """Gives up on a grammar still compiling past its time (the compile itself runs on)."""
+        if not self._compiled.done() and time.monotonic() > self._deadline:
+            self._is_timed_out = True
 
     @property
     def error(self) -> str | None:
-        """Why the grammar did not compile (once ready), or None."""
+        """Why the grammar cannot be used (once ready), or None."""
+        if self._is_timed_out:
+            return (f"the structured output's grammar did not compile within {self._timeout_s:g} s "
+                    "(--structured-outputs-config compile_timeout_s)")
         if not self._compiled.done() or self._compiled.exception() is None:
             return None
         return f"the structured output's grammar did not compile: {self._compiled.exception()}"
@@ -64,8 +78,11 @@ class RequestGrammar:
 class StructuredOutputManager:
     """Compiles grammars for an engine's model (its tokenizer read on the first compile)."""
 
-    def __init__(self, model_path: str, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self, model_path: str, vocab_size: int, eos_token_ids: tuple[int, ...], compile_timeout_s: float = math.inf
+    ) -> None:
         self.model_path = model_path
+        self.compile_timeout_s = compile_timeout_s
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
@@ -75,7 +92,7 @@ class StructuredOutputManager:
 
     def grammar_for(self, spec: StructuredOutput) -> RequestGrammar:
         """Starts compiling (a cache hit returns at once) and returns the pending grammar."""
-        return RequestGrammar(self._executor.submit(self._compile, spec))
+        return RequestGrammar(self._executor.submit(self._compile, spec), self.compile_timeout_s)
 
     def bitmask(self, num_rows: int) -> torch.Tensor:
         """A reused [num_rows, vocab/32] int32 mask, every token allowed."""

@@ -77,6 +77,40 @@ def _check_speculative_config(text: str) -> None:
         SpeculativeConfig.from_json(text)
 
 
+STRUCTURED_OUTPUT_BACKENDS = ("auto", "xgrammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """Structured outputs, vLLM's `--structured-outputs-config` keys, and how long a grammar may compile."""
+
+    backend: str = "auto"  # auto: xgrammar
+    # NOTE: a request whose grammar is still compiling after this long gets a 400 naming its
+    # constraint (a typical schema compiles in tens of milliseconds; a pathological one can take
+    # minutes, and the compile thread cannot be stopped, so later grammars wait behind it).
+    compile_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in STRUCTURED_OUTPUT_BACKENDS:
+            raise ValueError(f"backend {self.backend!r} is not supported; supported: {', '.join(STRUCTURED_OUTPUT_BACKENDS)}")
+        timeout = self.compile_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"compile_timeout_s must be a positive number of seconds, got {timeout!r}")
+
+    @staticmethod
+    def from_json(text: str) -> StructuredOutputsConfig:
+        fields = _json_object(text)
+        known = [config_field.name for config_field in dataclasses.fields(StructuredOutputsConfig)]
+        if unknown := [key for key in fields if key not in known]:
+            raise ValueError(f"unknown key {unknown[0]!r}; known: {', '.join(known)}")
+        return StructuredOutputsConfig(**fields)
+
+
+def _check_structured_outputs_config(text: str) -> None:
+    if text:
+        StructuredOutputsConfig.from_json(text)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything an engine needs to load its model and serve; the same in every engine process."""
@@ -103,6 +137,11 @@ class EngineConfig:
         'repeats): n-gram drafts from the context, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
         '"prompt_lookup_max": 4}\'; other keys: prompt_lookup_min, disable_by_batch_size (default: off)',
         check=_check_speculative_config, is_json=True,
+    )
+    structured_outputs_config: str = setting(
+        "", 'structured outputs: the grammar backend and how long one may compile before its request '
+        'gets a 400, e.g. \'{"backend": "xgrammar", "compile_timeout_s": 10}\' (default: xgrammar, 10 s)',
+        check=_check_structured_outputs_config, is_json=True,
     )
     device: str = setting("auto", "torch device of the engine: auto (CUDA when present), cpu, cuda, cuda:N")
     block_size: int = setting(16, "tokens per KV cache block", check=at_least(1))
@@ -136,6 +175,12 @@ class EngineConfig:
     @property
     def speculative(self) -> SpeculativeConfig | None:
         return SpeculativeConfig.from_json(self.speculative_config) if self.speculative_config else None
+
+    @property
+    def structured_outputs(self) -> StructuredOutputsConfig:
+        if not self.structured_outputs_config:
+            return StructuredOutputsConfig()
+        return StructuredOutputsConfig.from_json(self.structured_outputs_config)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

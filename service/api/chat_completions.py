@@ -29,7 +29,7 @@ async def create_chat_completion(request: Request) -> Response:
     prompt = chat_prompt(body, state.llm.input_processor)
     params = state.sampling_params(body, [prompt])
     response_id, request_id = request_ids("chatcmpl", body)
-    outputs = state.generate(request_id, [prompt], params, body)
+    outputs = await state.generate(request_id, [prompt], params, body)
     header = {"id": response_id, "created": now(), "model": model}
     tokenizer = state.llm.tokenizer
     # NOTE: vLLM's extras about the prompt: on the whole answer, or on a stream's first chunk.

@@ -26,7 +26,7 @@ async def create_completion(request: Request) -> Response:
     prompts = completion_prompts(body, state.llm.input_processor)
     params = state.sampling_params(body, prompts)
     response_id, request_id = request_ids("cmpl", body)
-    outputs = state.generate(request_id, prompts, params, body)
+    outputs = await state.generate(request_id, prompts, params, body)
     header = {"id": response_id, "created": now(), "model": model}
     formatter = CompletionLogprobs(state.llm.tokenizer, body, prompts)
     num_prompt_tokens = sum(len(p.token_ids) for p in prompts)

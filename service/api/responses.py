@@ -33,7 +33,7 @@ async def create_response(request: Request) -> Response:
         params = state.sampling_params(chat, [prompt])
         response_id = new_item_id("resp") if body.request_id is None else f"resp_{body.request_id}"
         # NOTE: engine request ids stay unique when two bodies name the same request_id.
-        outputs = state.generate(new_item_id(response_id), [prompt], params, chat)
+        outputs = await state.generate(new_item_id(response_id), [prompt], params, chat)
     created_at = now()
     base = response_base(body, response_id, model, created_at)
     tokenizer = state.llm.tokenizer

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -60,7 +60,7 @@ class ServerState:
     def sampling_params(self, body: SamplingRequest, prompts: list[Prompt]) -> SamplingParams:
         return build_sampling_params(body, self.llm.input_processor, prompts, self.generation_defaults, self.max_n)
 
-    def generate(
+    async def generate(
         self,
         request_id: str,
         prompts: Sequence[Prompt],
@@ -68,8 +68,22 @@ class ServerState:
         body: SamplingRequest,
     ) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Checks every sample now (a 400 before any streaming), then streams their outputs as
-        (choice index, delta); choice `i * n + j` is sample j of prompt i. A timeout or the end of
-        a drain ends every unfinished choice with finish_reason "abort", then raises."""
+        (choice index, delta); choice `i * n + j` is sample j of prompt i. A constrained request
+        waits for its first output: a grammar the engine could not compile (in time) is a 400
+        naming the constraint. A timeout or the end of a drain ends every unfinished choice with
+        finish_reason "abort", then raises."""
+        outputs = self._generate(request_id, prompts, params, body)
+        if params.structured_output is None:
+            return outputs
+        return await _checked_first(outputs, body.constraint_param)
+
+    def _generate(
+        self,
+        request_id: str,
+        prompts: Sequence[Prompt],
+        params: SamplingParams,
+        body: SamplingRequest,
+    ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         rank = body.data_parallel_rank
         if rank is not None and not self.llm.engine_client.is_serving_rank(rank):
             raise APIError(f"'data_parallel_rank' {rank} is not a serving engine.", param="data_parallel_rank")
@@ -78,3 +92,30 @@ class ServerState:
             parent_id = request_id if len(prompts) == 1 else f"{request_id}-p{prompt_index}"
             requests += engine_requests(body, self.llm.input_processor, parent_id, prompt, params)
         return self.admission.guard(self.llm.generate(requests, params), len(requests))
+
+
+async def _checked_first(
+    outputs: AsyncGenerator[tuple[int, RequestOutput], None], param: str
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """`outputs`, once the first has come; a first output that is the engine's error (its grammar
+    did not compile) is a 400 naming `param` instead."""
+    try:
+        first = await anext(outputs)
+    except StopAsyncIteration:
+        return outputs
+    completion = first[1].outputs[0] if first[1].outputs else None
+    if completion is not None and completion.finish_reason == "error" and not completion.token_ids:
+        await outputs.aclose()
+        raise APIError(f"'{param}' could not be used: {completion.stop_reason}.", param=param)
+    return _chained(first, outputs)
+
+
+async def _chained(
+    first: tuple[int, RequestOutput], outputs: AsyncGenerator[tuple[int, RequestOutput], None]
+) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    try:
+        yield first
+        async for item in outputs:
+            yield item
+    finally:
+        await outputs.aclose()

@@ -184,6 +184,11 @@ class SamplingRequest(OpenAIModel):
         return from_format or from_params
 
     @property
+    def constraint_param(self) -> str:
+        """The field the request's output constraint came from (for errors about it)."""
+        return "structured_outputs" if self.structured_outputs is not None else "response_format"
+
+    @property
     def requested_max_tokens(self) -> int | None:
         """The number of tokens asked for; None: what the context leaves."""
         return None
@@ -281,6 +286,12 @@ class ChatCompletionRequest(SamplingRequest):
             return checked(StructuredOutput("json", json.dumps(schema)), "tools")
         except StructuredOutputError as exc:
             raise APIError(str(exc), param=exc.param) from exc
+
+    @property
+    def constraint_param(self) -> str:
+        if tool_mode(self.tools, self.tool_choice, None) in ("named", "required"):
+            return "tool_choice"
+        return super().constraint_param
 
     @property
     def num_logprobs(self) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,36 @@ def test_a_constraint_that_does_not_compile_ends_only_its_request(core: EngineCo
     assert tokens == [] and finish_reason is FinishReason.ERROR and "did not compile" in str(reason)
     assert len(results["good"][0]) == 5
     assert core.scheduler.kv_cache_manager.num_free_blocks == core.scheduler.kv_cache_manager.num_blocks
+
+
+def test_a_grammar_still_compiling_past_its_time_ends_its_request_while_others_step(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05,
+                          structured_outputs_config='{"compile_timeout_s": 0.2}')
+    core = EngineCore(config)
+    compile_grammar = core.structured_output._compile
+    slow = StructuredOutput("regex", "[a-z]{1,30}")
+    num_compiles = []
+
+    def slow_compile(spec: StructuredOutput) -> object:
+        # NOTE: stands in for a grammar whose first compile takes long (the test is about the bound).
+        if spec == slow and not num_compiles:
+            num_compiles.append(1)
+            time.sleep(1.0)
+        return compile_grammar(spec)
+
+    monkeypatch.setattr(core.structured_output, "_compile", slow_compile)
+    started = time.monotonic()
+    results = run(core, [
+        EngineCoreRequest("slow", [100, 101], params(slow)),
+        EngineCoreRequest("free", [100, 101], params(max_tokens=5, ignore_eos=True)),
+    ])
+    tokens, finish_reason, reason = results["slow"]
+    assert tokens == [] and finish_reason is FinishReason.ERROR and "within 0.2 s" in str(reason)
+    assert len(results["free"][0]) == 5 and time.monotonic() - started < 1.0
+    assert core.scheduler.kv_cache_manager.num_free_blocks == core.scheduler.kv_cache_manager.num_blocks
+    # The grammar compiles on, and once cached it is used at once.
+    time.sleep(1.0)
+    tokens, finish_reason, _ = run(core, [EngineCoreRequest("again", [100, 101], params(slow))])["again"]
+    assert finish_reason is FinishReason.STOP and tokens

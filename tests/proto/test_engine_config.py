@@ -26,6 +26,7 @@ OTHER_VALUES: dict[str, Any] = {
     "load_format": "dummy",
     "hf_overrides": '{"num_hidden_layers": 1}',
     "speculative_config": '{"method": "ngram", "num_speculative_tokens": 2}',
+    "structured_outputs_config": '{"backend": "xgrammar", "compile_timeout_s": 2.5}',
     "device": "cpu",
     "block_size": 32,
     "kv_cache_memory_gib": 0.5,
@@ -107,6 +108,9 @@ def test_an_unknown_setting_is_named_with_the_known_ones() -> None:
         ({"enable_prefix_caching": 1}, "enable_prefix_caching must be bool"),
         ({"hf_overrides": "[1]"}, "hf_overrides: must be a JSON object"),
         ({"speculative_config": '{"prompt_lookup_min": 5}'}, "need prompt_lookup_min <= prompt_lookup_max"),
+        ({"structured_outputs_config": '{"backend": "outlines"}'}, "backend 'outlines' is not supported"),
+        ({"structured_outputs_config": '{"compile_timeout_s": 0}'}, "compile_timeout_s must be a positive"),
+        ({"structured_outputs_config": '{"timeout": 1}'}, "unknown key 'timeout'"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_setting(values: dict[str, Any], named: str) -> None:

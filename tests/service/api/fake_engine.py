@@ -63,6 +63,9 @@ class FakeEngineClient(EngineCoreClient):
         self._running: dict[str, _Running] = {}
         self._has_work = asyncio.Event()
         self._is_dead = False
+        # NOTE: set, constrained requests end at once with this error, as the engine's do when their
+        # grammar does not compile (in time).
+        self.grammar_error: str | None = None
         self._num_steps_to_failure: int | None = None
         self._is_failure_lost = False
 
@@ -138,6 +141,9 @@ class FakeEngineClient(EngineCoreClient):
     def _advance(self, running: _Running, now: float) -> EngineCoreOutput:
         request, params = running.request, running.request.sampling_params
         output = EngineCoreOutput(request.request_id, [])
+        if self.grammar_error is not None and params.structured_output is not None:
+            del self._running[request.request_id]
+            return EngineCoreOutput(request.request_id, [], FinishReason.ERROR, self.grammar_error)
         if params.num_logprobs is not None:
             output.new_logprobs = Logprobs()
         if running.is_new:

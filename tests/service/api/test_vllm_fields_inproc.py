@@ -395,3 +395,23 @@ async def test_a_reasoning_parser_splits_the_thinking_out_streamed_or_not(
         assert [d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d] == [message["tool_calls"][0]["function"]]
         hidden = (await post(api, CHAT, tools=[WEATHER], ignore_eos=False, max_tokens=200, include_reasoning=False))
         assert "reasoning_content" not in hidden["choices"][0]["message"]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    (CHAT, {"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"messages": MESSAGES, "structured_outputs": {"regex": "[a-z]+"}, "stream": True}, "structured_outputs"),
+    (CHAT, {"messages": MESSAGES, "tools": [WEATHER], "tool_choice": "required", "stream": True}, "tool_choice"),
+    ("/v1/completions", {"prompt": "Hi", "structured_outputs": {"choice": ["a", "b"]}, "n": 2}, "structured_outputs"),
+    ("/v1/responses", {"input": "Hi", "text": {"format": {"type": "json_object"}}, "stream": True}, "text.format"),
+])
+async def test_a_grammar_the_engine_could_not_compile_in_time_is_a_400_before_any_answer(
+    api: httpx.AsyncClient, engine: FakeEngineClient, path: str, body: dict[str, Any], param: str
+) -> None:
+    engine.grammar_error = "the structured output's grammar did not compile within 10 s"
+    response = await api.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and "did not compile within 10 s" in error["message"], error
+    assert engine.running_ids == []
+    engine.grammar_error = None
+    assert (await api.post(path, json=body)).status_code == 200
