@@ -116,7 +116,7 @@ class ModelRunner:
             row_requests.extend([scheduled.request] * num_rows)
         sampled_hidden = hidden[torch.tensor(rows, device=self.device)]
         metadata = self._sampling_metadata(row_requests, self.model_config.vocab_size)
-        constrained_rows = [row for row, r in enumerate(row_requests) if r.grammar is not None]
+        constrained_rows = [row for row, r in enumerate(row_requests) if r.grammar is not None and r.grammar.is_constraining]
         greedy_ids = (
             self.model.compute_greedy_ids(sampled_hidden)
             if metadata.is_plain_greedy and metadata.banned is None and not constrained_rows else None

@@ -25,10 +25,23 @@ logger = logging.getLogger(__name__)
 
 
 class RequestGrammar:
-    """One request's grammar: pending while it compiles, then a matcher over its output."""
+    """One request's grammar: pending while it compiles, then a matcher over its output (over what
+    follows its reasoning, for a reasoning model's request)."""
 
-    def __init__(self, compiled: Future[Any], timeout_s: float = math.inf) -> None:
+    def __init__(
+        self, compiled: Future[Any], timeout_s: float = math.inf, spec: StructuredOutput | None = None
+    ) -> None:
         self._compiled = compiled
+        # NOTE: "open": the first token may open reasoning (or starts the constrained output);
+        # "reasoning": unconstrained until the end tag; "constrained": every token matches.
+        self._start_ids = [] if spec is None else list(spec.reasoning_start_ids)
+        self._end_ids = [] if spec is None else list(spec.reasoning_end_ids)
+        self._phase = "constrained"
+        if self._end_ids:
+            self._phase = "reasoning" if spec is not None and spec.is_reasoning else "open"
+            if self._phase == "open" and len(self._start_ids) != 1:
+                self._phase = "constrained"
+        self._reasoning_tail: list[int] = []
         self._deadline = time.monotonic() + timeout_s
         self._timeout_s = timeout_s
         self._is_timed_out = False
@@ -62,17 +75,33 @@ class RequestGrammar:
             self._matcher = xgrammar.GrammarMatcher(self._compiled.result())
         return self._matcher
 
+    @property
+    def is_constraining(self) -> bool:
+        """Whether the next token is masked (not while reasoning)."""
+        return self._phase != "reasoning"
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
+        if self._phase == "open":
+            (start,) = self._start_ids
+            word = int(bitmask[row, start // 32]) | (1 << (start % 32))
+            bitmask[row, start // 32] = word - (1 << 32) if word >= 1 << 31 else word
 
     def accept(self, token_id: int) -> None:
+        if self._phase == "open":
+            self._phase = "reasoning" if token_id == self._start_ids[0] else "constrained"
+        if self._phase == "reasoning":
+            self._reasoning_tail = (self._reasoning_tail + [token_id])[-len(self._end_ids):]
+            if self._reasoning_tail == self._end_ids:
+                self._phase = "constrained"
+            return
         # NOTE: a token the mask allowed is always accepted; a stop token ends the matcher.
         if not self.matcher.is_terminated() and not self.matcher.accept_token(token_id):
             logger.warning("structured output: token %d does not match the grammar", token_id)
 
     @property
     def is_terminated(self) -> bool:
-        return self._matcher is not None and self._matcher.is_terminated()
+        return self._phase == "constrained" and self._matcher is not None and self._matcher.is_terminated()
 
 
 class StructuredOutputManager:
@@ -92,7 +121,7 @@ class StructuredOutputManager:
 
     def grammar_for(self, spec: StructuredOutput) -> RequestGrammar:
         """Starts compiling (a cache hit returns at once) and returns the pending grammar."""
-        return RequestGrammar(self._executor.submit(self._compile, spec), self.compile_timeout_s)
+        return RequestGrammar(self._executor.submit(self._compile, spec), self.compile_timeout_s, spec)
 
     def bitmask(self, num_rows: int) -> torch.Tensor:
         """A reused [num_rows, vocab/32] int32 mask, every token allowed."""

@@ -27,10 +27,17 @@ STRUCTURED_OUTPUT_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 @dataclass(slots=True)
 class StructuredOutput:
     """What a request's output must match: a JSON schema (`spec`, as JSON text), any JSON object,
-    a regex, one of a JSON list of choices, or an EBNF grammar."""
+    a regex, one of a JSON list of choices, or an EBNF grammar; with `reasoning_end_ids`, only
+    what follows the reasoning (which ends with those tokens) must match."""
 
     kind: str
     spec: str = ""
+    # NOTE: a reasoning model's tags as token ids. Without an end, the constraint holds from the
+    # first token. With one: `is_reasoning` outputs reason first; others may open reasoning with
+    # their first token (a one-token start tag), else the constraint holds from the first token.
+    reasoning_start_ids: list[int] = field(default_factory=list)
+    reasoning_end_ids: list[int] = field(default_factory=list)
+    is_reasoning: bool = False
 
 _INT64 = 2**63
 

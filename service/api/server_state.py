@@ -12,7 +12,8 @@ from service.frontend.input_processor import Prompt
 from service.frontend.outputs import RequestOutput
 from service.frontend.sampling_params import SamplingParams
 from service.openai.errors import APIError
-from service.openai.protocol import SamplingRequest
+from service.openai.protocol import ChatCompletionRequest, SamplingRequest
+from service.openai.reasoning import constraint_after_reasoning
 from service.openai.request_fields import build_sampling_params, engine_requests
 
 DEFAULT_MAX_N = 16
@@ -58,7 +59,16 @@ class ServerState:
         return model
 
     def sampling_params(self, body: SamplingRequest, prompts: list[Prompt]) -> SamplingParams:
-        return build_sampling_params(body, self.llm.input_processor, prompts, self.generation_defaults, self.max_n)
+        """The body's SamplingParams; a chat answer's constraint holds after its reasoning, with a
+        reasoning parser."""
+        params = build_sampling_params(body, self.llm.input_processor, prompts, self.generation_defaults, self.max_n)
+        spec = params.structured_output
+        if spec is not None and self.reasoning_parser is not None and isinstance(body, ChatCompletionRequest):
+            (prompt,) = prompts
+            params.structured_output = constraint_after_reasoning(
+                spec, self.reasoning_parser, self.llm.tokenizer, prompt.token_ids
+            )
+        return params
 
     async def generate(
         self,

@@ -8,6 +8,10 @@ deepseek_r1: its template opens `<think>` in the prompt, so an answer reasons fr
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from proto.engine_input import StructuredOutput
+from service.model_files.tokenizer import Tokenizer
 from service.openai.tool_calls import partial_prefix
 
 REASONING_PARSERS = ("qwen3", "deepseek_r1")
@@ -21,6 +25,28 @@ def parse_reasoning(parser: str, text: str) -> tuple[str | None, str]:
     rest_reasoning, rest_content = stream.finish()
     reasoning += rest_reasoning
     return (reasoning if stream.has_reasoned else None), content + rest_content
+
+
+def constraint_after_reasoning(
+    spec: StructuredOutput, parser: str, tokenizer: Tokenizer, prompt_token_ids: list[int]
+) -> StructuredOutput:
+    """`spec` for a reasoning model's answer: it holds once the reasoning has ended (the engine
+    watches for `</think>`), or from the first token when the prompt already ended it (thinking
+    turned off by the template). The answer reasons from its start when the prompt opened
+    `<think>` or the parser says it always does (deepseek_r1); else (qwen3) it may open it."""
+    start_ids = tokenizer.encode(THINK_START)
+    end_ids = tokenizer.encode(THINK_END)
+    last_start, last_end = _last_index(prompt_token_ids, start_ids), _last_index(prompt_token_ids, end_ids)
+    if last_end > last_start:
+        return spec
+    is_reasoning = last_start >= 0 or parser == "deepseek_r1"
+    return replace(spec, reasoning_start_ids=start_ids, reasoning_end_ids=end_ids, is_reasoning=is_reasoning)
+
+
+def _last_index(token_ids: list[int], pattern: list[int]) -> int:
+    """Where `pattern` last starts in `token_ids`, or -1."""
+    size = len(pattern)
+    return next((i for i in range(len(token_ids) - size, -1, -1) if token_ids[i : i + size] == pattern), -1)
 
 
 class ReasoningStream:

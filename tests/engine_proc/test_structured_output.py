@@ -1,12 +1,14 @@
 """Structured outputs in the engine on a tiny random model: whatever the weights, each constrained
-request's text matches its regex, choice, grammar or schema; a constraint that does not compile
-ends only its own request; free requests in the same batch get the tokens they get alone."""
+request's text matches its regex, choice, grammar or schema (after its reasoning, for a reasoning
+model's); a constraint that does not compile (in time) ends only its own request; free requests in
+the same batch get the tokens they get alone."""
 
 from __future__ import annotations
 
 import json
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,27 @@ def test_a_grammar_still_compiling_past_its_time_ends_its_request_while_others_s
     time.sleep(1.0)
     tokens, finish_reason, _ = run(core, [EngineCoreRequest("again", [100, 101], params(slow))])["again"]
     assert finish_reason is FinishReason.STOP and tokens
+
+
+# NOTE: tags of an imagined reasoning model, as tokens the tiny model is steered to by logit_bias
+# (" comm" and " them" in its vocabulary: neither is a digit, so the constraint below never allows them).
+START, END = 600, 601
+DIGITS = "[0-9]{3}"
+
+
+def test_a_reasoning_models_output_is_constrained_only_after_its_reasoning(core: EngineCore, tiny_model_dir: Path) -> None:
+    tokenizer = Tokenizer.from_model(tiny_model_dir)
+    reasoning = StructuredOutput("regex", DIGITS, reasoning_start_ids=[START], reasoning_end_ids=[END], is_reasoning=True)
+
+    def tokens(spec: StructuredOutput, bias: list[tuple[int, float]], **changes: object) -> list[int]:
+        return run(core, [EngineCoreRequest("r", [100, 101], params(spec, logit_bias=bias, **changes))])["r"][0]
+
+    # Reasoning from the first token (deepseek_r1): free until the end tag, constrained after it.
+    ended = tokens(reasoning, [(END, 100.0)])
+    assert ended[0] == END and re.fullmatch(DIGITS, tokenizer.decode(ended[1:])), ended
+    # A model that may open reasoning (qwen3) and does: free while it reasons.
+    assert tokens(replace(reasoning, is_reasoning=False), [(START, 100.0)], max_tokens=6) == [START] * 6
+    # ... and one that does not: constrained from its first token, as is any without an end tag.
+    for spec in (replace(reasoning, is_reasoning=False), StructuredOutput("regex", DIGITS)):
+        text = tokenizer.decode(tokens(spec, [(END, 100.0), (START, -100.0)]))
+        assert re.fullmatch(DIGITS, text), (spec, text)

@@ -415,3 +415,29 @@ async def test_a_grammar_the_engine_could_not_compile_in_time_is_a_400_before_an
     assert engine.running_ids == []
     engine.grammar_error = None
     assert (await api.post(path, json=body)).status_code == 200
+
+
+@pytest.mark.parametrize(("parser", "answer_so_far", "is_reasoning"), [
+    ("qwen3", None, False),  # the answer may open <think> itself
+    ("qwen3", "<think>", True),  # the prompt opened it: the answer reasons first
+    ("qwen3", "<think>\n\n</think>\n\n", None),  # thinking turned off: constrained from the first token
+    ("deepseek_r1", None, True),  # reasons from its first token
+    (None, None, None),  # no reasoning parser: constrained from the first token
+])
+async def test_with_a_reasoning_parser_a_constraint_holds_after_the_reasoning(
+    serve: Any, engine: FakeEngineClient, tokenizer: Tokenizer, parser: str | None, answer_so_far: str | None,
+    is_reasoning: bool | None,
+) -> None:
+    body: dict[str, Any] = {"response_format": {"type": "json_object"}}
+    if answer_so_far is not None:
+        body |= {"messages": [*MESSAGES, {"role": "assistant", "content": answer_so_far}],
+                 "add_generation_prompt": False, "continue_final_message": True}
+    async with serve(reasoning_parser=parser or "none") as api:
+        await post(api, CHAT, **body)
+    spec = engine.requests[-1].sampling_params.structured_output
+    assert spec is not None and spec.kind == "json_object"
+    if is_reasoning is None:
+        assert spec.reasoning_end_ids == [] and not spec.is_reasoning
+    else:
+        assert spec.reasoning_start_ids == tokenizer.encode("<think>")
+        assert spec.reasoning_end_ids == tokenizer.encode("</think>") and spec.is_reasoning is is_reasoning
