@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -54,27 +55,30 @@ def params(spec: StructuredOutput | None = None, **changes: object) -> SamplingP
 
 def test_constrained_text_matches_whatever_the_model(core: EngineCore, tiny_model_dir: Path) -> None:
     tokenizer = Tokenizer.from_model(tiny_model_dir)
-    for seed, prompt in enumerate([[100, 101, 102], [7, 8, 9, 10, 11]]):
-        requests = [EngineCoreRequest(f"{index}-{seed}", prompt, params(spec, temperature=1.0, seed=seed))
-                    for index, (spec, _) in enumerate(CASES)]
-        results = run(core, requests)
+    # NOTE: 20 requests of each kind, sampled (seeds and prompts differ), all in one batch.
+    requests = [
+        EngineCoreRequest(f"{index}-{seed}", [100 + seed, 7 * seed + 3, 500], params(spec, temperature=1.0, seed=seed))
+        for seed in range(20) for index, (spec, _) in enumerate(CASES)
+    ]
+    results = run(core, requests)
+    for seed in range(20):
         for index, (spec, matches) in enumerate(CASES):
             tokens, finish_reason, _ = results[f"{index}-{seed}"]
             text = tokenizer.decode(tokens)
             assert finish_reason is FinishReason.STOP and matches(text), (spec, text)
 
 
-def test_free_requests_beside_constrained_ones_get_their_tokens_alone(core: EngineCore) -> None:
-    prompts = [[100 + i, 101 + i, 102 + i] for i in range(3)]
-    alone = run(core, [EngineCoreRequest(f"free{i}", p, params(ignore_eos=True)) for i, p in enumerate(prompts)])
-    mixed = run(core, [
-        *(EngineCoreRequest(f"free{i}", p, params(ignore_eos=True)) for i, p in enumerate(prompts)),
-        *(EngineCoreRequest(f"c{i}", p, params(spec)) for i, (p, (spec, _)) in enumerate(zip(prompts, CASES, strict=False))),
-    ])
-    assert [mixed[f"free{i}"][0] for i in range(3)] == [alone[f"free{i}"][0] for i in range(3)]
-    # NOTE: greedy constrained requests give the same tokens alone and in a batch too.
-    for i, (spec, _) in enumerate(CASES[:3]):
-        assert run(core, [EngineCoreRequest(f"c{i}", prompts[i], params(spec))])[f"c{i}"][0] == mixed[f"c{i}"][0]
+def test_sixteen_mixed_requests_get_the_tokens_each_gets_alone(core: EngineCore) -> None:
+    prompts = [[100 + i, 101 + i, 102 + i] for i in range(16)]
+    specs: list[StructuredOutput | None] = [None if i % 2 else CASES[i // 2 % len(CASES)][0] for i in range(16)]
+    requests = [
+        EngineCoreRequest(str(i), prompt, params(spec, ignore_eos=spec is None))
+        for i, (prompt, spec) in enumerate(zip(prompts, specs, strict=True))
+    ]
+    mixed = run(core, requests)
+    for request in requests:
+        alone = run(core, [request])[request.request_id]
+        assert alone[0] == mixed[request.request_id][0], request
 
 
 def test_a_constraint_that_does_not_compile_ends_only_its_request(core: EngineCore) -> None:
@@ -96,27 +100,28 @@ def test_a_grammar_still_compiling_past_its_time_ends_its_request_while_others_s
     core = EngineCore(config)
     compile_grammar = core.structured_output._compile
     slow = StructuredOutput("regex", "[a-z]{1,30}")
-    num_compiles = []
+    compiled = threading.Event()
 
     def slow_compile(spec: StructuredOutput) -> object:
         # NOTE: stands in for a grammar whose first compile takes long (the test is about the bound).
-        if spec == slow and not num_compiles:
-            num_compiles.append(1)
-            time.sleep(1.0)
+        if spec == slow and not compiled.is_set():
+            time.sleep(3.0)
+            grammar = compile_grammar(spec)
+            compiled.set()
+            return grammar
         return compile_grammar(spec)
 
     monkeypatch.setattr(core.structured_output, "_compile", slow_compile)
-    started = time.monotonic()
     results = run(core, [
         EngineCoreRequest("slow", [100, 101], params(slow)),
         EngineCoreRequest("free", [100, 101], params(max_tokens=5, ignore_eos=True)),
     ])
     tokens, finish_reason, reason = results["slow"]
     assert tokens == [] and finish_reason is FinishReason.ERROR and "within 0.2 s" in str(reason)
-    assert len(results["free"][0]) == 5 and time.monotonic() - started < 1.0
+    assert len(results["free"][0]) == 5 and not compiled.is_set()  # NOTE: ended while its grammar still compiled
     assert core.scheduler.kv_cache_manager.num_free_blocks == core.scheduler.kv_cache_manager.num_blocks
     # The grammar compiles on, and once cached it is used at once.
-    time.sleep(1.0)
+    assert compiled.wait(timeout=30)
     tokens, finish_reason, _ = run(core, [EngineCoreRequest("again", [100, 101], params(slow))])["again"]
     assert finish_reason is FinishReason.STOP and tokens
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
+import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
@@ -178,6 +181,140 @@ def test_responses_parse_returns_the_pydantic_object(client: openai.OpenAI, text
     )
     person = parsed.output_parsed
     assert isinstance(person, Person) and parsed.status == "completed" and person.age == age
+
+
+# Twenty extraction prompts (the issue's bar: every one parsed, through chat and Responses, streamed or not).
+EXTRACTIONS = [
+    "Maria is a 34 year old nurse from Lisbon, Portugal, who loves surfing and reading.",
+    "Tom, 19, studies physics in Boston, USA, and plays chess.",
+    "Akira is 70 and retired in Kyoto, Japan; he enjoys gardening.",
+    "Ingrid Larsen, 45, works as an engineer in Oslo, Norway. She skis and bakes bread.",
+    "Carlos is a 22-year-old student in Madrid, Spain, who plays guitar.",
+    "Fatima, aged 61, is a retired teacher living in Casablanca, Morocco; she paints.",
+    "Liam O'Brien is 38, a carpenter from Dublin, Ireland, into fishing and hiking.",
+    "Mei is 27 and works at a bank in Shanghai, China. Hobbies: running, photography.",
+    "Pierre, 83, retired in Lyon, France, still loves cooking and chess.",
+    "Ana Souza, 30, is a doctor in Recife, Brazil, and dances samba on weekends.",
+    "Jonas is a 16 year old pupil in Berlin, Germany, who codes and plays football.",
+    "Priya, 41, works as an architect in Pune, India; she gardens and reads novels.",
+    "Olga is 67, retired, and lives in Kraków, Poland, where she knits.",
+    "Sam Taylor, 25, a barista in Melbourne, Australia, surfs every morning.",
+    "Kofi is a 52-year-old farmer from Kumasi, Ghana, who sings in a choir.",
+    "Elena, 19, studies law in Rome, Italy, and likes cycling.",
+    "Hiro is 35 and works as a chef in Osaka, Japan; he collects records.",
+    "Sofia Andersson, 72, retired nurse in Gothenburg, Sweden, walks her dog daily.",
+    "Diego is a 29 year old taxi driver in Lima, Peru, who plays football.",
+    "Amara, 48, an accountant from Nairobi, Kenya, enjoys swimming and chess.",
+]
+
+
+def test_twenty_extractions_parse_through_chat_and_responses_streamed_or_not(server: ServerProcess) -> None:
+    async def parse_all() -> list[object]:
+        async with openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0) as client:
+            async def streamed_chat(messages: list[dict[str, str]]) -> object:
+                async with client.chat.completions.stream(
+                    model=DEFAULT_MODEL, messages=messages, response_format=Person, max_tokens=300,  # type: ignore[arg-type]
+                ) as stream:
+                    return (await stream.get_final_completion()).choices[0].message.parsed
+
+            async def whole_chat(messages: list[dict[str, str]]) -> object:
+                completion = await client.chat.completions.parse(
+                    model=DEFAULT_MODEL, messages=messages, response_format=Person, max_tokens=300,  # type: ignore[arg-type]
+                )
+                return completion.choices[0].message.parsed
+
+            async def streamed_response(text: str) -> object:
+                async with client.responses.stream(
+                    model=DEFAULT_MODEL, input=text, text_format=Person, max_output_tokens=300
+                ) as stream:
+                    return (await stream.get_final_response()).output_parsed
+
+            async def whole_response(text: str) -> object:
+                return (await client.responses.parse(
+                    model=DEFAULT_MODEL, input=text, text_format=Person, max_output_tokens=300
+                )).output_parsed
+
+            calls = []
+            for text in EXTRACTIONS:
+                prompt = f"Extract the person: {text}"
+                messages = [{"role": "user", "content": prompt}]
+                calls += [whole_chat(messages), streamed_chat(messages), whole_response(prompt), streamed_response(prompt)]
+            return list(await asyncio.gather(*calls))
+
+    parsed = asyncio.run(parse_all())
+    assert all(isinstance(person, Person) for person in parsed), [p for p in parsed if not isinstance(p, Person)]
+
+
+# The default model under a regex, a choice and a small EBNF grammar (bounded: unbounded text runs on).
+CONSTRAINTS = [
+    ({"regex": "(0|[1-9][0-9]?) years"}, r"(0|[1-9][0-9]?) years"),
+    ({"choice": ["child", "adult", "senior"]}, r"child|adult|senior"),
+    ({"grammar": 'root ::= "age: " [0-9] [0-9]? ", city: " [A-Za-z]{1,20} "."'}, r"age: [0-9]{1,2}, city: [A-Za-z]{1,20}\."),
+]
+
+
+def test_twenty_requests_under_each_constraint_match_it(server: ServerProcess) -> None:
+    async def ask_all() -> list[tuple[str, str | None, str]]:
+        async with openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0) as client:
+            async def ask(text: str, constraint: dict[str, object], pattern: str) -> tuple[str, str | None, str]:
+                completion = await client.chat.completions.create(
+                    model=DEFAULT_MODEL, messages=[{"role": "user", "content": f"How old is this person? {text}"}],
+                    max_tokens=100, extra_body={"structured_outputs": constraint},
+                )
+                choice = completion.choices[0]
+                return pattern, choice.finish_reason, choice.message.content or ""
+
+            return list(await asyncio.gather(*(ask(text, c, p) for text in EXTRACTIONS for c, p in CONSTRAINTS)))
+
+    answers = asyncio.run(ask_all())
+    assert len(answers) == 60
+    for pattern, finish_reason, text in answers:
+        assert finish_reason == "stop" and re.fullmatch(pattern, text), (pattern, finish_reason, text)
+
+
+# NOTE: the city bounded, as Person's strings are: unbounded, the 135M model runs on inside 5 of
+# these 20 cities' names ("Cairo, Egypt, today is a typical day...") until max_tokens.
+BOUNDED_WEATHER_TOOL = {"type": "function", "function": {**WEATHER_TOOL["function"], "parameters": {  # type: ignore[dict-item]
+    **WEATHER_TOOL["function"]["parameters"],  # type: ignore[index]
+    "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+TOOL_PROMPTS = [f"What is the weather like in {city} today?" for city in (
+    "Paris", "Tokyo", "Lagos", "Lima", "Oslo", "Cairo", "Seoul", "Quito", "Perth", "Dakar",
+    "Hanoi", "Milan", "Doha", "Riga", "Cusco", "Bern", "Accra", "Kyiv", "Porto", "Nice",
+)]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_twenty_forced_calls_validate_against_the_schema_streamed_or_not(server: ServerProcess, tool_choice: object) -> None:
+    async def call_all() -> list[list[tuple[str, str]]]:
+        async with openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0) as client:
+            async def whole(prompt: str) -> list[tuple[str, str]]:
+                completion = await client.chat.completions.create(
+                    model=DEFAULT_MODEL, messages=[{"role": "user", "content": prompt}], tools=[BOUNDED_WEATHER_TOOL],  # type: ignore[list-item]
+                    tool_choice=tool_choice, max_tokens=200,  # type: ignore[arg-type]
+                )
+                calls = completion.choices[0].message.tool_calls or []
+                return [(call.function.name, call.function.arguments) for call in calls]  # type: ignore[union-attr]
+
+            async def streamed(prompt: str) -> list[tuple[str, str]]:
+                stream = await client.chat.completions.create(
+                    model=DEFAULT_MODEL, messages=[{"role": "user", "content": prompt}], tools=[BOUNDED_WEATHER_TOOL],  # type: ignore[list-item]
+                    tool_choice=tool_choice, max_tokens=200, stream=True,  # type: ignore[arg-type]
+                )
+                pieces = [d async for chunk in stream for choice in chunk.choices for d in choice.delta.tool_calls or []]
+                calls: dict[int, list[str]] = {}
+                for piece in pieces:
+                    calls.setdefault(piece.index, ["", ""])
+                    calls[piece.index][0] += piece.function.name or ""  # type: ignore[union-attr]
+                    calls[piece.index][1] += piece.function.arguments or ""  # type: ignore[union-attr]
+                return [(name, arguments) for name, arguments in calls.values()]
+
+            return list(await asyncio.gather(*(f(prompt) for prompt in TOOL_PROMPTS for f in (whole, streamed))))
+
+    answers = asyncio.run(call_all())
+    assert len(answers) == 40 and all(answers), answers
+    for name, arguments in (call for calls in answers for call in calls):
+        assert name == "get_weather"
+        jsonschema.validate(json.loads(arguments), BOUNDED_WEATHER_TOOL["function"]["parameters"])  # type: ignore[index]
 
 
 def test_sdk_errors(client: openai.OpenAI) -> None:

@@ -1,0 +1,165 @@
+"""What structured outputs cost: 16 concurrent JSON-schema streams against 16 free ones, and a
+schema's compile time.
+
+    .venv/bin/python -m benchmarks.structured_outputs
+    .venv/bin/python -m benchmarks.structured_outputs --rounds 3 --result-json so.json
+
+(a) In process, the engine's grammar compiler for the default model (xgrammar over the GGUF's
+vocabulary): an extraction schema compiled once and then again (a cache hit), and the first
+compile of each of a few more schemas. (b) `zeroserve serve` with default flags, driven by
+`zeroserve bench serve` with streamed chat requests of natural text (service/bench/chat_prompts.py),
+`--num-prompts` at `--concurrency` at a time, greedy: once free (EOS ignored, `--max-tokens`
+each), once each asking for the same text summarised under a JSON schema (response_format
+json_schema: a constrained answer ends when its JSON closes, usually before `--max-tokens`).
+Reports each run's output tokens per second and decode pace (1 / TPOT), and the constrained
+runs' share of the free ones' (the goal: at least 0.7). Rounds alternate free and constrained,
+each figure a median over rounds. The result names the CPU and the engine's choices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engine_proc.structured_output import StructuredOutputManager
+from proto.engine_input import StructuredOutput
+from proto.gguf_header import read_gguf_metadata
+from service.bench.chat_prompts import chat_prompts
+from service.bench.local_server import local_server
+from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
+from service.model_files.tokenizer import Tokenizer
+
+SUMMARY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "topic": {"type": "string", "maxLength": 80},
+        "asker": {"type": "string", "maxLength": 40},
+        "questions": {"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 3},
+        "tone": {"enum": ["friendly", "neutral", "worried", "urgent"]},
+        "needs_reply_within_days": {"type": "integer", "minimum": 0, "maximum": 30},
+    },
+    "required": ["topic", "asker", "questions", "tone", "needs_reply_within_days"],
+    "additionalProperties": False,
+}
+# More shapes of schema, each compiled once (their first compile is what a new client pays).
+OTHER_SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]},
+    {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object", "properties": {
+        "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"}, "quantity": {"type": "integer", "minimum": 1},
+        "price": {"type": "number"}}, "required": ["sku", "quantity", "price"]}}, "currency": {"enum": ["EUR", "USD"]}},
+     "required": ["items", "currency"]},
+    {"type": "object", "properties": {"date": {"type": "string", "format": "date"}, "tags": {
+        "type": "array", "items": {"type": "string"}, "uniqueItems": True}, "notes": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+     "required": ["date", "tags"]},
+]
+
+
+def compile_times(model: str) -> dict[str, Any]:
+    """Milliseconds to compile the summary schema (first, then cached) and each other schema once."""
+    path = resolve_model(model).path
+    metadata = read_gguf_metadata(path)
+    vocab_size = len(metadata["tokenizer.ggml.tokens"])
+    eos = int(metadata.get("tokenizer.ggml.eos_token_id", 0))
+    manager = StructuredOutputManager(str(path), vocab_size, (eos,))
+    _compiled(manager, StructuredOutput("json_object"))  # NOTE: reads the vocabulary, not timed
+
+    def timed(schema: dict[str, Any]) -> float:
+        started = time.perf_counter()
+        _compiled(manager, StructuredOutput("json", json.dumps(schema)))
+        return 1000 * (time.perf_counter() - started)
+
+    first, second = timed(SUMMARY_SCHEMA), timed(SUMMARY_SCHEMA)
+    others = [timed(schema) for schema in OTHER_SCHEMAS]
+    manager.shutdown()
+    return {"summary_schema_first_ms": first, "summary_schema_cached_ms": second, "other_schemas_first_ms": others}
+
+
+def _compiled(manager: StructuredOutputManager, spec: StructuredOutput) -> None:
+    """Waits for `spec`'s grammar (its matcher is made from the compiled grammar)."""
+    assert manager.grammar_for(spec).matcher is not None
+
+
+def request_bodies(args: argparse.Namespace, is_constrained: bool, seed: int) -> list[dict[str, Any]]:
+    tokenizer = Tokenizer.from_model(resolve_model(args.model).path)
+    bodies = []
+    for text in chat_prompts(tokenizer, args.num_prompts, args.input_len, seed):
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": text}], "max_tokens": args.max_tokens}
+        if is_constrained:
+            body["messages"].append({"role": "user", "content": "Summarise my message as JSON."})
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "summary", "schema": SUMMARY_SCHEMA}}
+        else:
+            body["ignore_eos"] = True
+        bodies.append(body)
+    return bodies
+
+
+def run_load(args: argparse.Namespace, base_url: str, tmp: Path, bodies: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    dataset, result = tmp / f"{name}.jsonl", tmp / f"{name}.json"
+    dataset.write_text("".join(json.dumps(body) + "\n" for body in bodies))
+    subprocess.run([
+        sys.executable, "-m", "service", "bench", "serve", "--base-url", base_url, "--endpoint", "chat",
+        "--dataset-path", str(dataset), "--num-prompts", str(len(bodies)), "--max-concurrency", str(args.concurrency),
+        "--result-json", str(result), "--disable-tqdm",
+    ], check=True, stdout=subprocess.DEVNULL)
+    figures: dict[str, Any] = json.loads(result.read_text())
+    if figures["completed"] != len(bodies):
+        raise RuntimeError(f"{name}: {figures['completed']} of {len(bodies)} requests completed: {figures.get('errors')}")
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=230)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--result-json", type=Path, default=Path("structured_outputs.json"))
+    args = parser.parse_args()
+
+    compiled = compile_times(args.model)
+    print(f"compile: summary schema {compiled['summary_schema_first_ms']:.1f} ms first, "
+          f"{compiled['summary_schema_cached_ms']:.2f} ms cached; others first: "
+          + ", ".join(f"{ms:.1f} ms" for ms in compiled["other_schemas_first_ms"]))
+    rounds: list[dict[str, dict[str, Any]]] = []
+    with tempfile.TemporaryDirectory() as tmp_name, local_server([args.model]) as server:
+        version = httpx.get(f"{server.base_url}/version", timeout=10).json()
+        print(f"CPU: {version['cpu']}; engine: {version['kernels']}")
+        for round_index in range(args.rounds):
+            # NOTE: new prompts each round and run: nothing is served from the prefix cache.
+            free = run_load(args, server.base_url, Path(tmp_name), request_bodies(args, False, 2 * round_index), "free")
+            constrained = run_load(
+                args, server.base_url, Path(tmp_name), request_bodies(args, True, 2 * round_index + 1), "json_schema"
+            )
+            rounds.append({"free": free, "json_schema": constrained})
+            print(f"round {round_index + 1}: free {free['output_throughput']:.1f} tok/s, "
+                  f"json_schema {constrained['output_throughput']:.1f} tok/s")
+    summary = {
+        name: {key: statistics.median(r[name][key] for r in rounds)
+               for key in ("output_throughput", "median_tpot_ms", "median_ttft_ms", "total_output_tokens")}
+        for name in ("free", "json_schema")
+    }
+    throughput_share = summary["json_schema"]["output_throughput"] / summary["free"]["output_throughput"]
+    pace_share = summary["free"]["median_tpot_ms"] / summary["json_schema"]["median_tpot_ms"]
+    print(f"{args.concurrency} streams: free {summary['free']['output_throughput']:.1f} tok/s "
+          f"(TPOT {summary['free']['median_tpot_ms']:.1f} ms), json_schema "
+          f"{summary['json_schema']['output_throughput']:.1f} tok/s (TPOT {summary['json_schema']['median_tpot_ms']:.1f} ms)")
+    print(f"json_schema / free: output tok/s {throughput_share:.2f}, decode pace {pace_share:.2f} (goal >= 0.7)")
+    args.result_json.write_text(json.dumps({
+        "machine": {"cpu": version["cpu"], "kernels": version["kernels"]}, "compile": compiled, "rounds": rounds,
+        "summary": summary, "throughput_share": throughput_share, "pace_share": pace_share,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
