@@ -80,6 +80,7 @@ class EngineCore:
             host=socket.gethostname(),
             cpu=self.model_runner.device_description,
             kernel_choices=self.model_runner.kernel_choices,
+            structured_output_backend="guidance" if self.config.structured_outputs.backend == "guidance" else "xgrammar",
         )
 
     def set_engine_index(self, engine_index: int) -> None:
@@ -120,7 +121,7 @@ class EngineCore:
         if self._structured_output is None:
             self._structured_output = StructuredOutputManager(
                 self.config.model_path, self.model_runner.model_config.vocab_size, self.eos_token_ids,
-                self.config.structured_outputs.compile_timeout_s,
+                self.config.structured_outputs.compile_timeout_s, self.config.structured_outputs.backend,
             )
             self.model_runner.structured_output = self._structured_output
         return self._structured_output

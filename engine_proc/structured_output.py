@@ -1,25 +1,21 @@
-"""Structured outputs: each constrained request's grammar (xgrammar), compiled off the busy loop
-in a worker thread with a cache by grammar, then a token mask per step and a matcher advanced by
-each sampled token."""
+"""Structured outputs: each constrained request's grammar (xgrammar or llguidance: see
+grammar_backends.py), compiled off the busy loop in a worker thread with a cache by grammar, then
+a token mask per step and a matcher advanced by each sampled token."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from engine_proc.grammar_backends import GrammarBackend, Matcher, make_backend
 from proto.engine_input import StructuredOutput
-from proto.gguf_header import read_gguf_metadata
-
-if TYPE_CHECKING:
-    import xgrammar
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +25,11 @@ class RequestGrammar:
     follows its reasoning, for a reasoning model's request)."""
 
     def __init__(
-        self, compiled: Future[Any], timeout_s: float = math.inf, spec: StructuredOutput | None = None
+        self, compiled: Future[Any], make_matcher: Callable[[Any], Matcher], timeout_s: float = math.inf,
+        spec: StructuredOutput | None = None,
     ) -> None:
         self._compiled = compiled
+        self._make_matcher = make_matcher
         # NOTE: "open": the first token may open reasoning (or starts the constrained output);
         # "reasoning": unconstrained until the end tag; "constrained": every token matches.
         self._start_ids = [] if spec is None else list(spec.reasoning_start_ids)
@@ -45,7 +43,7 @@ class RequestGrammar:
         self._deadline = time.monotonic() + timeout_s
         self._timeout_s = timeout_s
         self._is_timed_out = False
-        self._matcher: xgrammar.GrammarMatcher | None = None
+        self._matcher: Matcher | None = None
 
     @property
     def is_ready(self) -> bool:
@@ -68,11 +66,9 @@ class RequestGrammar:
         return f"the structured output's grammar did not compile: {self._compiled.exception()}"
 
     @property
-    def matcher(self) -> xgrammar.GrammarMatcher:
+    def matcher(self) -> Matcher:
         if self._matcher is None:
-            import xgrammar
-
-            self._matcher = xgrammar.GrammarMatcher(self._compiled.result())
+            self._matcher = self._make_matcher(self._compiled.result())
         return self._matcher
 
     @property
@@ -81,7 +77,7 @@ class RequestGrammar:
         return self._phase != "reasoning"
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        self.matcher.fill_next_token_bitmask(bitmask, row)
+        self.matcher.fill_bitmask(bitmask, row)
         if self._phase == "open":
             (start,) = self._start_ids
             word = int(bitmask[row, start // 32]) | (1 << (start % 32))
@@ -96,7 +92,7 @@ class RequestGrammar:
                 self._phase = "constrained"
             return
         # NOTE: a token the mask allowed is always accepted; a stop token ends the matcher.
-        if not self.matcher.is_terminated() and not self.matcher.accept_token(token_id):
+        if not self.matcher.is_terminated() and not self.matcher.accept(token_id):
             logger.warning("structured output: token %d does not match the grammar", token_id)
 
     @property
@@ -105,23 +101,25 @@ class RequestGrammar:
 
 
 class StructuredOutputManager:
-    """Compiles grammars for an engine's model (its tokenizer read on the first compile)."""
+    """Compiles grammars for an engine's model with its backend (the vocabulary read on the first compile)."""
 
     def __init__(
-        self, model_path: str, vocab_size: int, eos_token_ids: tuple[int, ...], compile_timeout_s: float = math.inf
+        self, model_path: str, vocab_size: int, eos_token_ids: tuple[int, ...], compile_timeout_s: float = math.inf,
+        backend: str = "auto",
     ) -> None:
         self.model_path = model_path
+        self.backend_name = backend
         self.compile_timeout_s = compile_timeout_s
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
-        self._compiler: xgrammar.GrammarCompiler | None = None
-        self._compiler_lock = threading.Lock()
+        self._backend: GrammarBackend | None = None
+        self._backend_lock = threading.Lock()
         self._bitmask: torch.Tensor | None = None
 
     def grammar_for(self, spec: StructuredOutput) -> RequestGrammar:
         """Starts compiling (a cache hit returns at once) and returns the pending grammar."""
-        return RequestGrammar(self._executor.submit(self._compile, spec), self.compile_timeout_s, spec)
+        return RequestGrammar(self._executor.submit(self._compile, spec), self._matcher, self.compile_timeout_s, spec)
 
     def bitmask(self, num_rows: int) -> torch.Tensor:
         """A reused [num_rows, vocab/32] int32 mask, every token allowed."""
@@ -145,55 +143,15 @@ class StructuredOutputManager:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _compile(self, spec: StructuredOutput) -> Any:
-        compiler = self._get_compiler()
-        # NOTE: compact JSON (no free whitespace between tokens): a small model given the freedom
-        # loops on newlines and spaces until max_tokens (vLLM's --disable-any-whitespace).
-        if spec.kind == "json":
-            return compiler.compile_json_schema(spec.spec, any_whitespace=False)
-        if spec.kind == "json_object":
-            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
-        if spec.kind == "regex":
-            return compiler.compile_regex(spec.spec)
-        if spec.kind == "choice":
-            import xgrammar
+        return self._get_backend().compile(spec)
 
-            choices = json.loads(spec.spec)
-            return compiler.compile_grammar(xgrammar.Grammar.from_ebnf(choice_ebnf(choices)))
-        return compiler.compile_grammar(spec.spec)
+    def _matcher(self, compiled: Any) -> Matcher:
+        return self._get_backend().matcher(compiled)
 
-    def _get_compiler(self) -> xgrammar.GrammarCompiler:
-        with self._compiler_lock:
-            if self._compiler is None:
-                import xgrammar
-
-                info = _tokenizer_info(self.model_path, self.vocab_size, list(self.eos_token_ids))
-                # NOTE: xgrammar caches compiled grammars by their text, so a repeated schema is a hit.
-                self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
-            return self._compiler
-
-
-def choice_ebnf(choices: list[str]) -> str:
-    """An EBNF grammar matching exactly one of `choices`."""
-    return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
-
-
-def _tokenizer_info(model_path: str, vocab_size: int, stop_token_ids: list[int]) -> xgrammar.TokenizerInfo:
-    """xgrammar's view of the model's vocabulary: a GGUF's tokens as stored (byte-level for its
-    "gpt2" tokenizers, SentencePiece byte fallback for "llama" ones), read in well under a second
-    (transformers takes ~13 s to convert the default model's); a Hugging Face folder's through
-    transformers' fast tokenizer."""
-    import xgrammar
-
-    path = Path(model_path)
-    if path.suffix == ".gguf":
-        metadata = read_gguf_metadata(path)
-        is_byte_level = metadata.get("tokenizer.ggml.model") == "gpt2"
-        return xgrammar.TokenizerInfo(
-            metadata["tokenizer.ggml.tokens"],
-            xgrammar.VocabType.BYTE_LEVEL if is_byte_level else xgrammar.VocabType.BYTE_FALLBACK,
-            vocab_size=vocab_size, stop_token_ids=stop_token_ids, add_prefix_space=not is_byte_level,
-        )
-    import transformers
-
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
-    return xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+    def _get_backend(self) -> GrammarBackend:
+        with self._backend_lock:
+            if self._backend is None:
+                self._backend = make_backend(
+                    self.backend_name, self.model_path, self.vocab_size, list(self.eos_token_ids)
+                )
+            return self._backend

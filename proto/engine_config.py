@@ -77,14 +77,14 @@ def _check_speculative_config(text: str) -> None:
         SpeculativeConfig.from_json(text)
 
 
-STRUCTURED_OUTPUT_BACKENDS = ("auto", "xgrammar")
+STRUCTURED_OUTPUT_BACKENDS = ("auto", "xgrammar", "guidance")
 
 
 @dataclass(frozen=True)
 class StructuredOutputsConfig:
     """Structured outputs, vLLM's `--structured-outputs-config` keys, and how long a grammar may compile."""
 
-    backend: str = "auto"  # auto: xgrammar
+    backend: str = "auto"  # auto: xgrammar; guidance: llguidance (vLLM's name for it)
     # NOTE: a request whose grammar is still compiling after this long gets a 400 naming its
     # constraint (a typical schema compiles in tens of milliseconds; a pathological one can take
     # minutes, and the compile thread cannot be stopped, so later grammars wait behind it).
@@ -140,7 +140,8 @@ class EngineConfig:
     )
     structured_outputs_config: str = setting(
         "", 'structured outputs: the grammar backend and how long one may compile before its request '
-        'gets a 400, e.g. \'{"backend": "xgrammar", "compile_timeout_s": 10}\' (default: xgrammar, 10 s)',
+        'gets a 400, e.g. \'{"backend": "guidance", "compile_timeout_s": 10}\' (backends: xgrammar, '
+        'guidance (llguidance); default: xgrammar, 10 s)',
         check=_check_structured_outputs_config, is_json=True,
     )
     device: str = setting("auto", "torch device of the engine: auto (CUDA when present), cpu, cuda, cuda:N")

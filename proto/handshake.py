@@ -39,6 +39,7 @@ class EngineReady:
     host: str = ""
     cpu: str = ""  # the CPU (or device) and what torch can run on it
     kernel_choices: dict[str, str] = field(default_factory=dict)  # what runs each piece of a step
+    structured_output_backend: str = "xgrammar"  # the grammar library its constraints compile with
 
     @property
     def num_kv_tokens(self) -> int:

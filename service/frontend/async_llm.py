@@ -47,7 +47,9 @@ class AsyncLLM:
         self.tokenizer = tokenizer
         self.ready = ready
         self.model_name = ready.model_name
-        self.input_processor = InputProcessor(tokenizer, ready.max_model_len, ready.vocab_size)
+        self.input_processor = InputProcessor(
+            tokenizer, ready.max_model_len, ready.vocab_size, ready.structured_output_backend
+        )
         self.output_processor = OutputProcessor(tokenizer)
         interval = envs.stats_log_interval() if stats_log_interval_s is None else stats_log_interval_s
         loggers = list(stat_loggers) + ([LoggingStatLogger(interval)] if interval > 0 else [])

@@ -25,10 +25,13 @@ class Prompt(NamedTuple):
 class InputProcessor:
     """Renders and tokenizes prompts, checks them against the engine's limits, fans out `n`."""
 
-    def __init__(self, tokenizer: Tokenizer, max_model_len: int, vocab_size: int) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, max_model_len: int, vocab_size: int, grammar_backend: str = "xgrammar"
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.grammar_backend = grammar_backend  # the engine's: output constraints are checked with it
 
     def chat_prompt(
         self,

@@ -46,7 +46,9 @@ class LLMEngine:
         self._finalizer = weakref.finalize(self, self.engine_core.shutdown)
         ready = self.engine_core.ready
         self.model_name = ready.model_name
-        self.input_processor = InputProcessor(tokenizer, ready.max_model_len, ready.vocab_size)
+        self.input_processor = InputProcessor(
+            tokenizer, ready.max_model_len, ready.vocab_size, ready.structured_output_backend
+        )
         self.output_processor = OutputProcessor(tokenizer)
         interval = envs.stats_log_interval() if stats_log_interval_s is None else stats_log_interval_s
         self.stat_logger = LoggingStatLogger(interval) if interval > 0 else None

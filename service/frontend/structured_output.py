@@ -1,17 +1,18 @@
 """A request's output constraint, checked before it reaches the engine: a schema, regex or grammar
-that does not parse is refused here (the engine compiles it for the model's vocabulary)."""
+that the engine's grammar library (xgrammar, or llguidance) does not parse is refused here (the
+engine compiles it for the model's vocabulary)."""
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 from proto.engine_input import StructuredOutput
 
 
 class StructuredOutputError(ValueError):
-    """A constraint that is malformed, or that xgrammar cannot parse; `param` names the field."""
+    """A constraint that is malformed, or that the grammar library cannot parse; `param` names the field."""
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
@@ -25,7 +26,7 @@ _OPTIONS = {"disable_fallback": None, "disable_any_whitespace": None, "disable_a
             "whitespace_pattern": None, "structural_tag": None}
 
 
-def from_response_format(response_format: dict[str, Any] | None) -> StructuredOutput | None:
+def from_response_format(response_format: dict[str, Any] | None, backend: str = "xgrammar") -> StructuredOutput | None:
     """OpenAI's `response_format`: text (no constraint), json_object, or json_schema."""
     if response_format is None:
         return None
@@ -33,20 +34,20 @@ def from_response_format(response_format: dict[str, Any] | None) -> StructuredOu
     if kind == "text":
         return None
     if kind == "json_object":
-        return checked(StructuredOutput("json_object"), "response_format")
+        return checked(StructuredOutput("json_object"), "response_format", backend)
     if kind == "json_schema":
         json_schema = response_format.get("json_schema")
         schema = json_schema.get("schema") if isinstance(json_schema, dict) else None
         if not isinstance(schema, dict):
             raise StructuredOutputError("'response_format' json_schema needs 'json_schema': {'name', 'schema'}.",
                                         "response_format")
-        return checked(StructuredOutput("json", json.dumps(schema)), "response_format")
+        return checked(StructuredOutput("json", json.dumps(schema)), "response_format", backend)
     raise StructuredOutputError(
         f"'response_format' type must be 'text', 'json_object' or 'json_schema', got {kind!r}.", "response_format"
     )
 
 
-def from_structured_outputs(params: dict[str, Any] | None) -> StructuredOutput | None:
+def from_structured_outputs(params: dict[str, Any] | None, backend: str = "xgrammar") -> StructuredOutput | None:
     """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar, json_object."""
     if params is None:
         return None
@@ -62,28 +63,29 @@ def from_structured_outputs(params: dict[str, Any] | None) -> StructuredOutput |
         raise StructuredOutputError(
             f"'structured_outputs' needs exactly one of {list(_KINDS)}, got {given or 'none'}.", "structured_outputs"
         )
-    return _spec_of(given[0], params[given[0]])
+    return checked(_spec_of(given[0], params[given[0]]), f"structured_outputs.{given[0]}", backend)
 
 
 def _spec_of(kind: str, value: Any) -> StructuredOutput:
     param = f"structured_outputs.{kind}"
     if kind == "json":
-        spec = value if isinstance(value, str) else json.dumps(value)
-        return checked(StructuredOutput("json", spec), param)
+        return StructuredOutput("json", value if isinstance(value, str) else json.dumps(value))
     if kind == "json_object":
-        return checked(StructuredOutput("json_object"), param)
+        return StructuredOutput("json_object")
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
             raise StructuredOutputError("'structured_outputs.choice' must be a non-empty list of strings.", param)
-        return checked(StructuredOutput("choice", json.dumps(value)), param)
+        return StructuredOutput("choice", json.dumps(value))
     if not isinstance(value, str) or not value:
         raise StructuredOutputError(f"'{param}' must be a non-empty string.", param)
-    return checked(StructuredOutput(kind, value), param)
+    return StructuredOutput(kind, value)
 
 
-def checked(spec: StructuredOutput, param: str) -> StructuredOutput:
-    """`spec`, once xgrammar parses it (a schema, regex or EBNF grammar that does not is a
+def checked(spec: StructuredOutput, param: str, backend: str = "xgrammar") -> StructuredOutput:
+    """`spec`, once the backend's library parses it (a schema, regex or grammar that does not is a
     StructuredOutputError naming `param` and what is wrong)."""
+    if backend == "guidance":
+        return _checked_by_guidance(spec, param)
     import xgrammar
 
     try:
@@ -98,4 +100,28 @@ def checked(spec: StructuredOutput, param: str) -> StructuredOutput:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[0]) if lines else type(exc).__name__
         raise StructuredOutputError(f"'{param}' does not compile: {reason}", param) from exc
+    return spec
+
+
+# llguidance's names of the constraint kinds (a json_object is any JSON object: always valid).
+_GUIDANCE_FORMATS: dict[str, Literal["json_schema", "regex", "choice", "grammar"]] = {
+    "json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
+}
+
+
+def _checked_by_guidance(spec: StructuredOutput, param: str) -> StructuredOutput:
+    """`spec`, once llguidance parses it (its grammars are Lark or GBNF; its regexes Rust's)."""
+    import llguidance
+
+    if spec.kind not in _GUIDANCE_FORMATS:
+        return spec
+    try:
+        error = llguidance.LLMatcher.validate_grammar(llguidance.grammar_from(_GUIDANCE_FORMATS[spec.kind], spec.spec))
+    except ValueError as exc:
+        error = str(exc)
+    if error:
+        # NOTE: llguidance says where on its first line and what on an "error: ..." line, when it has one.
+        lines = [line.strip() for line in error.splitlines() if line.strip()]
+        reason = " ".join([lines[0], *(line for line in lines[1:] if line.startswith("error:"))][:2])
+        raise StructuredOutputError(f"'{param}' does not compile: {reason}", param)
     return spec

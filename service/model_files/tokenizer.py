@@ -14,7 +14,7 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import processors
 
 from proto.gguf_header import read_gguf_metadata
-from service.model_files.gguf_tokenizer import build_gguf_backend
+from proto.gguf_tokenizer import build_gguf_backend
 
 _TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 

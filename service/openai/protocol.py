@@ -144,9 +144,12 @@ class SamplingRequest(OpenAIModel):
         """The body's name of a SamplingParams field."""
         return self.PARAM_NAMES.get(name, name)
 
-    def to_sampling_params(self, max_tokens: int, generation_config: dict[str, float]) -> SamplingParams:
+    def to_sampling_params(
+        self, max_tokens: int, generation_config: dict[str, float], grammar_backend: str = "xgrammar"
+    ) -> SamplingParams:
         """The request's values, else the model's generation defaults, else OpenAI's; raises
-        SamplingParamsError for a value out of range."""
+        SamplingParamsError for a value out of range (and checks the output constraint with
+        `grammar_backend`'s parser)."""
         given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
         sampling = generation_defaults_of(generation_config) | {k: v for k, v in given.items() if v is not None}
         if sampling["top_k"] in (-1, 0):
@@ -168,15 +171,15 @@ class SamplingRequest(OpenAIModel):
             num_logprobs=self.num_logprobs,
             num_prompt_logprobs=self.num_prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens is not False,
-            structured_output=self.structured_output(),
+            structured_output=self.structured_output(grammar_backend),
         )
 
-    def structured_output(self) -> StructuredOutput | None:
+    def structured_output(self, grammar_backend: str = "xgrammar") -> StructuredOutput | None:
         """The output constraint of `response_format` or `structured_outputs` (a 400 naming the
         field for one that does not compile, or for both at once)."""
         try:
-            from_format = from_response_format(self.response_format)
-            from_params = from_structured_outputs(self.structured_outputs)
+            from_format = from_response_format(self.response_format, grammar_backend)
+            from_params = from_structured_outputs(self.structured_outputs, grammar_backend)
         except StructuredOutputError as exc:
             raise APIError(str(exc), param=exc.param) from exc
         if from_format is not None and from_params is not None:
@@ -272,9 +275,9 @@ class ChatCompletionRequest(SamplingRequest):
             raise APIError(f"'tool_choice' must be 'auto', 'none', 'required' or a function of 'tools', got {choice!r}.",
                            param="tool_choice")
 
-    def structured_output(self) -> StructuredOutput | None:
+    def structured_output(self, grammar_backend: str = "xgrammar") -> StructuredOutput | None:
         """A forced tool call's schema (tool_choice "required" or a named function), else the answer's."""
-        constraint = super().structured_output()
+        constraint = super().structured_output(grammar_backend)
         if tool_mode(self.tools, self.tool_choice, None) not in ("named", "required"):
             return constraint
         if constraint is not None:
@@ -283,7 +286,7 @@ class ChatCompletionRequest(SamplingRequest):
         assert self.tools is not None and self.tool_choice is not None
         schema = forced_schema(self.tools, self.tool_choice, self.parallel_tool_calls)
         try:
-            return checked(StructuredOutput("json", json.dumps(schema)), "tools")
+            return checked(StructuredOutput("json", json.dumps(schema)), "tools", grammar_backend)
         except StructuredOutputError as exc:
             raise APIError(str(exc), param=exc.param) from exc
 

@@ -79,7 +79,7 @@ def build_sampling_params(
     if max_tokens is None:
         max_tokens = input_processor.default_max_tokens(max((p.token_ids for p in prompts), key=len))
     try:
-        return body.to_sampling_params(max_tokens, generation_defaults)
+        return body.to_sampling_params(max_tokens, generation_defaults, input_processor.grammar_backend)
     except SamplingParamsError as exc:
         raise _field_error(body, exc) from exc
 

@@ -33,9 +33,11 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def core(tiny_model_dir: Path) -> EngineCore:
-    return EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05))
+@pytest.fixture(scope="module", params=["xgrammar", "guidance"])
+def core(tiny_model_dir: Path, request: pytest.FixtureRequest) -> EngineCore:
+    """An engine on the tiny model with each grammar backend."""
+    backend = json.dumps({"backend": request.param})
+    return EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05, structured_outputs_config=backend))
 
 
 def run(core: EngineCore, requests: list[EngineCoreRequest]) -> dict[str, tuple[list[int], FinishReason | None, object]]:

@@ -441,3 +441,20 @@ async def test_with_a_reasoning_parser_a_constraint_holds_after_the_reasoning(
     else:
         assert spec.reasoning_start_ids == tokenizer.encode("<think>")
         assert spec.reasoning_end_ids == tokenizer.encode("</think>") and spec.is_reasoning is is_reasoning
+
+
+async def test_with_llguidance_constraints_are_checked_by_its_parser(
+    serve: Any, engine: FakeEngineClient
+) -> None:
+    lark = {"structured_outputs": {"grammar": 'start: "yes" | "no"'}}  # NOTE: Lark, which xgrammar does not read
+    async with serve() as api:
+        refused = await api.post(CHAT, json={"messages": MESSAGES, **lark})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "structured_outputs.grammar"
+    engine.ready.structured_output_backend = "guidance"
+    async with serve() as api:
+        await post(api, CHAT, **lark)
+        assert engine.requests[-1].sampling_params.structured_output.spec == 'start: "yes" | "no"'  # type: ignore[union-attr]
+        bad = await api.post(CHAT, json={"messages": MESSAGES, "structured_outputs": {"regex": "[a-"}})
+        error = bad.json()["error"]
+        assert bad.status_code == 400 and error["param"] == "structured_outputs.regex"
+        assert "unclosed character class" in error["message"], error

@@ -11,7 +11,7 @@ import gguf
 import pytest
 
 from proto.gguf_header import read_gguf_metadata
-from service.model_files.gguf_tokenizer import build_gguf_backend
+from proto.gguf_tokenizer import build_gguf_backend
 from service.model_files.tokenizer import Tokenizer
 
 _TEXTS = ["hello the world  123456789", "it's   done\n\n\tok", "naïve café 你好 😀", "<|im_start|>user x"]
