@@ -30,6 +30,12 @@ class Matcher(Protocol):
 
     def is_terminated(self) -> bool: ...
 
+    def accept_prefix(self, token_ids: list[int]) -> int:
+        """Accepts tokens while they match; returns how many it accepted."""
+        ...
+
+    def rollback(self, num_tokens: int) -> None: ...
+
 
 class GrammarBackend(Protocol):
     """Compiles constraints for one model's vocabulary and makes matchers of them."""
@@ -87,6 +93,18 @@ class _XGrammarMatcher:
     def is_terminated(self) -> bool:
         return bool(self._matcher.is_terminated())
 
+    def accept_prefix(self, token_ids: list[int]) -> int:
+        num_accepted = 0
+        for token_id in token_ids:
+            if self._matcher.is_terminated() or not self._matcher.accept_token(token_id):
+                break
+            num_accepted += 1
+        return num_accepted
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._matcher.rollback(num_tokens)
+
 
 class GuidanceBackend:
     """llguidance: grammars (JSON schemas, regexes, Lark or GBNF) parsed lazily against the
@@ -134,6 +152,14 @@ class _GuidanceMatcher:
     def is_terminated(self) -> bool:
         # NOTE: stopped: the grammar is complete and only the end of the sequence may follow.
         return bool(self._matcher.is_stopped())
+
+    def accept_prefix(self, token_ids: list[int]) -> int:
+        # NOTE: never consume_token here: a token that does not match leaves it in error for good.
+        return int(self._matcher.try_consume_tokens(token_ids))
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._matcher.rollback(num_tokens)
 
 
 def guidance_grammar(spec: StructuredOutput) -> str:

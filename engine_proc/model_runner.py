@@ -110,35 +110,28 @@ class ModelRunner:
             return ModelRunnerOutput([], {}, {})
         rows: list[int] = []
         row_requests: list[Request] = []
+        constrained: list[tuple[int, ScheduledRequest]] = []  # (first row, request) of the masked ones
         for scheduled in sampling_order:
+            grammar = scheduled.request.grammar
+            if grammar is not None and grammar.is_constraining:
+                constrained.append((len(rows), scheduled))
             num_rows = 1 + len(scheduled.spec_token_ids)
             rows.extend(range(last_rows[id(scheduled)] - num_rows + 1, last_rows[id(scheduled)] + 1))
             row_requests.extend([scheduled.request] * num_rows)
         sampled_hidden = hidden[torch.tensor(rows, device=self.device)]
         metadata = self._sampling_metadata(row_requests, self.model_config.vocab_size)
-        constrained_rows = [row for row, r in enumerate(row_requests) if r.grammar is not None and r.grammar.is_constraining]
         greedy_ids = (
             self.model.compute_greedy_ids(sampled_hidden)
-            if metadata.is_plain_greedy and metadata.banned is None and not constrained_rows else None
+            if metadata.is_plain_greedy and metadata.banned is None and not constrained else None
         )
         if greedy_ids is not None:
             sampler_output = SamplerOutput(greedy_ids, None, None, None)
         else:
             logits = self.model.compute_raw_logits(sampled_hidden)
-            if constrained_rows:
-                logits = self._masked(logits, row_requests, constrained_rows)
+            if constrained:
+                logits = self._masked(logits, len(row_requests), constrained)
             sampler_output = self.sampler(logits, metadata)
-        token_ids = sampler_output.token_ids.tolist()
-        sampled_token_ids, row = [], 0
-        for scheduled in sampling_order:
-            picks = token_ids[row : row + 1 + len(scheduled.spec_token_ids)]
-            row += len(picks)
-            num_accepted = 0
-            for draft, pick in zip(scheduled.spec_token_ids, picks, strict=False):
-                if draft != pick:
-                    break
-                num_accepted += 1
-            sampled_token_ids.append(picks[: num_accepted + 1])
+        sampled_token_ids = _accepted(sampling_order, sampler_output.token_ids.tolist())
         requests = [s.request for s in sampling_order]
         prompt_logprobs = {r.request_id: self.prompt_logprobs.pop(r.request_id) for r in requests}
         return ModelRunnerOutput(
@@ -147,12 +140,16 @@ class ModelRunner:
             {request_id: lp for request_id, lp in prompt_logprobs.items() if lp is not None},
         )
 
-    def _masked(self, logits: torch.Tensor, row_requests: list[Request], constrained_rows: list[int]) -> torch.Tensor:
-        """The logits with each constrained row's disallowed tokens at -inf (its grammar's mask)."""
+    def _masked(
+        self, logits: torch.Tensor, num_rows: int, constrained: list[tuple[int, ScheduledRequest]]
+    ) -> torch.Tensor:
+        """The logits with each constrained row's disallowed tokens at -inf (its grammar's mask,
+        draft rows' as if the drafts before them were accepted)."""
         assert self.structured_output is not None
-        bitmask = self.structured_output.bitmask(len(row_requests))
-        for row in constrained_rows:
-            row_requests[row].grammar.fill_bitmask(bitmask, row)
+        bitmask = self.structured_output.bitmask(num_rows)
+        for first_row, scheduled in constrained:
+            rows = list(range(first_row, first_row + 1 + len(scheduled.spec_token_ids)))
+            scheduled.request.grammar.fill_bitmasks(bitmask, rows, scheduled.spec_token_ids)
         return self.structured_output.apply_bitmask(logits, bitmask)
 
     def _sampling_metadata(self, requests: list[Request], vocab_size: int) -> SamplingMetadata:
@@ -299,6 +296,22 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def _accepted(sampling_order: list[ScheduledRequest], token_ids: list[int]) -> list[list[int]]:
+    """Each request's new tokens from the picks at its rows: its drafts up to the first the model
+    did not pick, then the model's pick there."""
+    sampled_token_ids, row = [], 0
+    for scheduled in sampling_order:
+        picks = token_ids[row : row + 1 + len(scheduled.spec_token_ids)]
+        row += len(picks)
+        num_accepted = 0
+        for draft, pick in zip(scheduled.spec_token_ids, picks, strict=False):
+            if draft != pick:
+                break
+            num_accepted += 1
+        sampled_token_ids.append(picks[: num_accepted + 1])
+    return sampled_token_ids
 
 
 def _is_decode(scheduled: ScheduledRequest) -> bool:

@@ -260,7 +260,8 @@ class Scheduler:
         assert self.proposer is not None
         if not (
             params.is_greedy and params.num_logprobs is None and params.num_prompt_logprobs is None
-            and not params.has_penalties and not params.logit_bias and params.structured_output is None
+            and not params.has_penalties and not params.logit_bias
+            and (request.grammar is None or request.grammar.is_drafting_allowed)
             and request.num_output_tokens >= params.min_tokens
         ):
             return ()
@@ -276,7 +277,11 @@ class Scheduler:
         if len(self.running) > 1 and request.draft_acceptance < _MIN_DRAFT_ACCEPTANCE:
             request.draft_acceptance += _DRAFT_ACCEPTANCE_RECOVERY
             return ()
-        return tuple(self.proposer.propose(request.token_array, max_num_tokens))
+        drafts = tuple(self.proposer.propose(request.token_array, max_num_tokens))
+        if drafts and request.grammar is not None:
+            # NOTE: a draft its grammar refuses would be rejected; so would every draft after it.
+            drafts = drafts[: request.grammar.num_valid_drafts(drafts)]
+        return drafts
 
     def _make_room_for_waiting(self) -> None:
         """Preempts the lowest-priority running requests while a waiting one outranks them and cannot fit."""

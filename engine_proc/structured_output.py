@@ -83,6 +83,32 @@ class RequestGrammar:
             word = int(bitmask[row, start // 32]) | (1 << (start % 32))
             bitmask[row, start // 32] = word - (1 << 32) if word >= 1 << 31 else word
 
+    @property
+    def is_drafting_allowed(self) -> bool:
+        """Whether draft tokens can be checked against it (while constraining, not around reasoning)."""
+        return self._phase == "constrained" and self.is_ready and self.error is None and not self.is_terminated
+
+    def num_valid_drafts(self, draft_ids: tuple[int, ...]) -> int:
+        """How many of the drafts, in order, the grammar allows (its state unchanged)."""
+        num_valid = self.matcher.accept_prefix(list(draft_ids))
+        self.matcher.rollback(num_valid)
+        return num_valid
+
+    def fill_bitmasks(self, bitmask: torch.Tensor, rows: list[int], draft_ids: tuple[int, ...]) -> None:
+        """The masks of a request's rows: the next token's, then each draft's next as if the drafts
+        before it were accepted (rows past a draft the grammar refuses stay all allowed: the
+        verification stops at that draft anyway)."""
+        self.fill_bitmask(bitmask, rows[0])
+        num_accepted = 0
+        for row, draft_id in zip(rows[1:], draft_ids, strict=False):
+            if self.matcher.accept_prefix([draft_id]) != 1:
+                break
+            num_accepted += 1
+            if self.matcher.is_terminated():
+                break
+            self.matcher.fill_bitmask(bitmask, row)
+        self.matcher.rollback(num_accepted)
+
     def accept(self, token_id: int) -> None:
         if self._phase == "open":
             self._phase = "reasoning" if token_id == self._start_ids[0] else "constrained"

@@ -150,3 +150,23 @@ def test_a_reasoning_models_output_is_constrained_only_after_its_reasoning(core:
     for spec in (replace(reasoning, is_reasoning=False), StructuredOutput("regex", DIGITS)):
         text = tokenizer.decode(tokens(spec, [(END, 100.0), (START, -100.0)]))
         assert re.fullmatch(DIGITS, text), (spec, text)
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_drafts_are_checked_against_the_grammar_and_change_no_token(tiny_model_dir: Path, backend: str) -> None:
+    def engine(speculative_config: str) -> EngineCore:
+        return EngineCore(EngineConfig(
+            model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05, speculative_config=speculative_config,
+            structured_outputs_config=json.dumps({"backend": backend}),
+        ))
+
+    # NOTE: repetitive constrained text, so n-gram drafts come (the model alone would not repeat).
+    specs = [StructuredOutput("regex", "(abc ){4,12}"), StructuredOutput("grammar", 'root ::= ("x1 " | "y2 ")* "end"'),
+             CASES[3][0]]
+    requests = [EngineCoreRequest(f"{i}-{j}", [100 + j, 101, 102], params(spec, max_tokens=60))
+                for i, spec in enumerate(specs) for j in range(3)]
+    plain = run(engine(""), requests)
+    drafting = engine('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}')
+    drafted = run(drafting, requests)
+    assert {k: v[0] for k, v in drafted.items()} == {k: v[0] for k, v in plain.items()}
+    assert drafting.scheduler.num_accepted_tokens > 0, "no draft of a constrained request was accepted"
