@@ -333,7 +333,7 @@ def test_the_default_models_file_given_by_path_is_served_as_by_name(
     renamed = tmp_path / "my-copy.gguf"
     shutil.copyfile(default_model_path, renamed)
     with running_server(renamed, "--num-threads", "2") as server:
-        by_path = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
-        assert [m.id for m in by_path.models.list()] == [DEFAULT_MODEL]
-        answer = by_path.chat.completions.create(model=DEFAULT_MODEL, messages=QUESTION, max_tokens=12)
+        with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0) as by_path:
+            assert [m.id for m in by_path.models.list()] == [DEFAULT_MODEL]
+            answer = by_path.chat.completions.create(model=DEFAULT_MODEL, messages=QUESTION, max_tokens=12)
     assert answer.choices[0].message.content == by_name.choices[0].message.content
