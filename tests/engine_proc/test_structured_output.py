@@ -170,3 +170,20 @@ def test_drafts_are_checked_against_the_grammar_and_change_no_token(tiny_model_d
     drafted = run(drafting, requests)
     assert {k: v[0] for k, v in drafted.items()} == {k: v[0] for k, v in plain.items()}
     assert drafting.scheduler.num_accepted_tokens > 0, "no draft of a constrained request was accepted"
+
+
+def test_penalties_logprobs_and_seeds_work_under_a_constraint(core: EngineCore, tiny_model_dir: Path) -> None:
+    tokenizer = Tokenizer.from_model(tiny_model_dir)
+    spec, matches = CASES[3]  # the JSON schema
+    changes: list[dict[str, object]] = [
+        {"temperature": 1.0, "seed": 7}, {"repetition_penalty": 1.3, "frequency_penalty": 0.5, "presence_penalty": 0.5},
+        {"num_logprobs": 3}, {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "seed": 3},
+    ]
+    requests = [EngineCoreRequest(str(i), [100, 101, 102], params(spec, **change)) for i, change in enumerate(changes)]
+    first = run(core, requests)
+    for request in requests:
+        tokens, finish_reason, _ = first[request.request_id]
+        assert finish_reason is FinishReason.STOP and matches(tokenizer.decode(tokens)), request.sampling_params
+    # NOTE: seeded and greedy requests give the same tokens again, alone or in another batch.
+    again = run(core, list(reversed(requests)))
+    assert {k: v[0] for k, v in again.items()} == {k: v[0] for k, v in first.items()}
