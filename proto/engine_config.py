@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,14 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"must be a JSON object, got {text!r}")
     return value
+
+
+def _known_keys(config_class: type, fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields`, once each is a field of `config_class` (else a ValueError naming the first that is not)."""
+    known = [config_field.name for config_field in dataclasses.fields(config_class)]
+    if unknown := [key for key in fields if key not in known]:
+        raise ValueError(f"unknown key {unknown[0]!r}; known: {', '.join(known)}")
+    return fields
 
 
 def _check_json_object(text: str) -> None:
@@ -65,16 +74,7 @@ class SpeculativeConfig:
 
     @staticmethod
     def from_json(text: str) -> SpeculativeConfig:
-        fields = _json_object(text)
-        known = [config_field.name for config_field in dataclasses.fields(SpeculativeConfig)]
-        if unknown := [key for key in fields if key not in known]:
-            raise ValueError(f"unknown key {unknown[0]!r}; known: {', '.join(known)}")
-        return SpeculativeConfig(**fields)
-
-
-def _check_speculative_config(text: str) -> None:
-    if text:
-        SpeculativeConfig.from_json(text)
+        return SpeculativeConfig(**_known_keys(SpeculativeConfig, _json_object(text)))
 
 
 STRUCTURED_OUTPUT_BACKENDS = ("auto", "xgrammar", "guidance")
@@ -99,16 +99,17 @@ class StructuredOutputsConfig:
 
     @staticmethod
     def from_json(text: str) -> StructuredOutputsConfig:
-        fields = _json_object(text)
-        known = [config_field.name for config_field in dataclasses.fields(StructuredOutputsConfig)]
-        if unknown := [key for key in fields if key not in known]:
-            raise ValueError(f"unknown key {unknown[0]!r}; known: {', '.join(known)}")
-        return StructuredOutputsConfig(**fields)
+        return StructuredOutputsConfig(**_known_keys(StructuredOutputsConfig, _json_object(text)))
 
 
-def _check_structured_outputs_config(text: str) -> None:
-    if text:
-        StructuredOutputsConfig.from_json(text)
+def _checks_json_of(config_class: type[SpeculativeConfig] | type[StructuredOutputsConfig]) -> Callable[[str], None]:
+    """The check of a setting that holds `config_class` as JSON (empty: not set)."""
+
+    def check(text: str) -> None:
+        if text:
+            config_class.from_json(text)
+
+    return check
 
 
 @dataclass(frozen=True)
@@ -136,13 +137,13 @@ class EngineConfig:
         "", "speculative decoding for greedy requests (exact: same tokens, fewer steps when text "
         'repeats): n-gram drafts from the context, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
         '"prompt_lookup_max": 4}\'; other keys: prompt_lookup_min, disable_by_batch_size (default: off)',
-        check=_check_speculative_config, is_json=True,
+        check=_checks_json_of(SpeculativeConfig), is_json=True,
     )
     structured_outputs_config: str = setting(
         "", 'structured outputs: the grammar backend and how long one may compile before its request '
         'gets a 400, e.g. \'{"backend": "guidance", "compile_timeout_s": 10}\' (backends: xgrammar, '
         'guidance (llguidance); default: xgrammar, 10 s)',
-        check=_check_structured_outputs_config, is_json=True,
+        check=_checks_json_of(StructuredOutputsConfig), is_json=True,
     )
     device: str = setting("auto", "torch device of the engine: auto (CUDA when present), cpu, cuda, cuda:N")
     block_size: int = setting(16, "tokens per KV cache block", check=at_least(1))
