@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from proto.engine_input import EngineCoreRequest
-from proto.engine_output import EngineCoreOutput, FinishReason
+from proto.engine_output import EngineCoreOutput, FinishReason, Logprobs
 from service.frontend.detokenizer import IncrementalDetokenizer
 from service.frontend.outputs import CompletionOutput, RequestOutput
 from service.frontend.sampling_params import SamplingParams
@@ -83,11 +83,8 @@ class RequestState:
         self.stats = RequestStateStats(arrival_time, max_tokens=request.sampling_params.max_tokens, n=n if is_first_sample else 0)
 
     def make_output(self, engine_output: EngineCoreOutput) -> RequestOutput:
-        delta = self.detokenizer.update(engine_output.new_token_ids)
-        self.num_output_tokens += len(engine_output.new_token_ids)
         self.num_cached_tokens = engine_output.num_cached_tokens
-        # NOTE: as in vLLM, stop strings count only once min_tokens have been generated.
-        check = self.stop_checker.update(delta) if self.num_output_tokens >= self.min_tokens else StopCheck(delta, None)
+        check, num_kept = self._text_of(engine_output.new_token_ids)
         text = check.text
         finish_reason: FinishReason | None = engine_output.finish_reason
         stop_reason = engine_output.stop_reason
@@ -95,13 +92,16 @@ class RequestState:
             finish_reason, stop_reason = FinishReason.STOP, check.stop_str
         elif finish_reason is not None:
             text += self.stop_checker.flush()
+        logprobs = engine_output.new_logprobs
+        if logprobs is not None and num_kept < len(engine_output.new_token_ids):
+            logprobs = Logprobs(logprobs.token_ids[:num_kept], logprobs.logprobs[:num_kept], logprobs.ranks[:num_kept])
         completion = CompletionOutput(
             index=0,
             text=text,
-            token_ids=list(engine_output.new_token_ids),
+            token_ids=list(engine_output.new_token_ids[:num_kept]),
             finish_reason=None if finish_reason is None else str(finish_reason),
             stop_reason=stop_reason,
-            logprobs=engine_output.new_logprobs,
+            logprobs=logprobs,
         )
         return RequestOutput(
             self.request_id,
@@ -112,6 +112,27 @@ class RequestState:
             num_cached_tokens=engine_output.num_cached_tokens,
             prompt_logprobs=engine_output.prompt_logprobs,
         )
+
+    def _text_of(self, token_ids: list[int]) -> tuple[StopCheck, int]:
+        """The text the new tokens release, the stop string they reach if any, and how many of
+        them count: a stop string reached inside a step of several tokens (drafts) ends the
+        output at the token that completes it, and the tokens after it are dropped."""
+        if len(token_ids) == 1 or not self.stop_checker.stop:
+            return self._check(self.detokenizer.update(token_ids), len(token_ids)), len(token_ids)
+        texts = []
+        for num_kept, token_id in enumerate(token_ids, start=1):
+            check = self._check(self.detokenizer.update([token_id]), 1)
+            texts.append(check.text)
+            if check.stop_str is not None:
+                return StopCheck("".join(texts), check.stop_str), num_kept
+        return StopCheck("".join(texts), None), len(token_ids)
+
+    def _check(self, delta: str, num_tokens: int) -> StopCheck:
+        # NOTE: as in vLLM, stop strings count only once min_tokens have been generated.
+        self.num_output_tokens += num_tokens
+        if self.num_output_tokens >= self.min_tokens:
+            return self.stop_checker.update(delta)
+        return StopCheck(delta, None)
 
 
 @dataclass

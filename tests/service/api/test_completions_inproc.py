@@ -200,3 +200,21 @@ async def test_stop_token_ids_and_eos_end_a_choice_with_stop(api: httpx.AsyncCli
     assert (at_eos["choices"][0]["finish_reason"], at_eos["choices"][0]["stop_reason"]) == ("stop", None)
     ignored = await complete(api, max_tokens=3)
     assert ignored["choices"][0]["finish_reason"] == "length" and ignored["usage"]["completion_tokens"] == 3
+
+
+async def test_a_stop_string_inside_a_step_of_several_tokens_ends_the_usage_and_logprobs_there(
+    api: httpx.AsyncClient, engine: FakeEngineClient, stream_events: StreamEvents
+) -> None:
+    # NOTE: as a step verifying n-gram drafts returns several tokens at once.
+    engine.num_tokens_per_step = 6
+    tokens = [engine.tokenizer.decode([t]) for t in engine.output_ids(6)]
+    stop = tokens[2].strip()  # completed by the third token of the first step
+    whole = await complete(api, max_tokens=12, stop=stop, logprobs=1)
+    choice = whole["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"], choice["text"]) == ("stop", stop, "".join(tokens[:2]) + " ")
+    assert whole["usage"]["completion_tokens"] == 3
+    assert choice["logprobs"]["tokens"] == tokens[:3]
+    _, chunks = await streamed(api, stream_events, max_tokens=12, stop=stop, logprobs=1,
+                               stream_options={"include_usage": True})
+    assert chunks[-1]["usage"]["completion_tokens"] == 3
+    assert [t for chunk in chunks for c in chunk["choices"] if c["logprobs"] for t in c["logprobs"]["tokens"]] == tokens[:3]
