@@ -21,6 +21,7 @@ from service.api.completions import create_completion
 from service.api.disconnect import ClientDisconnected
 from service.api.errors import error_response
 from service.api.metrics_route import metrics
+from service.api.openapi import openapi
 from service.api.responses import create_response
 from service.api.server_state import ServerState
 from service.api.sse import DEFAULT_SSE_KEEPALIVE_S
@@ -141,7 +142,7 @@ def create_app(
         admission = Admission() if state is None else state.admission
     middleware = [Middleware(AdmissionMiddleware, admission=admission)]
     if api_keys:
-        open_paths = {"/health"} if is_metrics_auth else {"/health", "/metrics"}
+        open_paths = {"/health", "/openapi.json"} if is_metrics_auth else {"/health", "/metrics", "/openapi.json"}
         middleware.insert(0, Middleware(APIKeyMiddleware, api_keys=api_keys, open_paths=open_paths))
     app = Starlette(
         middleware=middleware,
@@ -149,6 +150,7 @@ def create_app(
             Route("/health", health, methods=["GET"]),
             Route("/version", version, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
             Route("/v1/completions", create_completion, methods=["POST"]),

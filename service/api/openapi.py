@@ -1,0 +1,79 @@
+"""GET /openapi.json: the API's OpenAPI 3.1 document, generated from the same pydantic models the
+routes validate their bodies with (so API fuzzers and client generators see what is checked)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from service.api.tokenize import DetokenizeRequest, TokenizeRequest
+from service.openai.protocol import ChatCompletionRequest, CompletionRequest
+from service.openai.responses_request import ResponsesRequest
+
+# (path, request body model, what it does): the routes that take a JSON body.
+BODY_ROUTES: tuple[tuple[str, type[BaseModel], str], ...] = (
+    ("/v1/chat/completions", ChatCompletionRequest, "A chat answer, whole or streamed (text/event-stream)."),
+    ("/v1/completions", CompletionRequest, "Completions of one or more prompts, whole or streamed."),
+    ("/v1/responses", ResponsesRequest, "OpenAI's Responses API, stateless, whole or streamed."),
+    ("/tokenize", TokenizeRequest, "Text or chat messages as token ids."),
+    ("/detokenize", DetokenizeRequest, "Token ids as text."),
+)
+# (path, what it returns): the routes read with GET.
+GET_ROUTES: tuple[tuple[str, str], ...] = (
+    ("/health", "200 while an engine answers, else 503 with the reason."),
+    ("/version", "The package version, the engine's CPU and what runs each piece of a step."),
+    ("/v1/models", "The served model and its aliases."),
+    ("/metrics", "Prometheus metrics (text)."),
+)
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {"error": {"type": "object", "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]},
+    }, "required": ["message", "type", "param", "code"]}},
+    "required": ["error"],
+}
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every route (built once)."""
+    refs, top = models_json_schema(
+        [(model, "validation") for _, model, _ in BODY_ROUTES], ref_template="#/components/schemas/{model}"
+    )
+    errors = {
+        status: {"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        for status, description in (("400", "A bad request, naming its parameter."), ("404", "No such model."),
+                                    ("413", "The body is too large."), ("415", "The body is not JSON."),
+                                    ("429", "Too many requests in flight."), ("503", "No engine is serving."))
+    }
+    paths: dict[str, Any] = {}
+    for path, model, summary in BODY_ROUTES:
+        paths[path] = {"post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": refs[(model, "validation")]}}},
+            "responses": {"200": {"description": "The answer (JSON, or server-sent events when streamed)."}, **errors},
+        }}
+    for path, summary in GET_ROUTES:
+        paths[path] = {"get": {"summary": summary, "responses": {"200": {"description": summary}}}}
+    try:
+        version = importlib.metadata.version("zeroserve")
+    except importlib.metadata.PackageNotFoundError:
+        version = "0.0.0"
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "zeroserve", "version": version},
+        "paths": paths,
+        "components": {"schemas": {**top.get("$defs", {}), "Error": _ERROR_SCHEMA}},
+    }
+
+
+async def openapi(request: Request) -> Response:
+    return JSONResponse(openapi_document())
