@@ -132,16 +132,18 @@ async def test_metrics_names_keep_their_colons_whatever_the_scraper_accepts(api:
     assert "zeroserve_" not in response.text
 
 
-async def test_api_keys_guard_every_route_but_health_and_metrics(serve: Serve) -> None:
+async def test_api_keys_guard_every_route_but_health_metrics_and_the_api_document(serve: Serve) -> None:
     async with serve(api_keys=("k1", "k2")) as client:
         assert (await client.get("/health")).status_code == 200
         assert (await client.get("/metrics")).status_code == 200
+        assert (await client.get("/openapi.json")).status_code == 200
         for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "k1"}, {"Authorization": "Bearer"}):
             for response in (
                 await client.get("/v1/models", headers=headers),
                 await client.get("/version", headers=headers),
                 await client.post(COMPLETIONS, json={"prompt": "hi"}, headers=headers),
                 await client.post("/tokenize", json={"prompt": "hi"}, headers=headers),
+                await client.post("/v1/responses", json={"input": "hi"}, headers=headers),
             ):
                 assert response.status_code == 401
                 assert response.headers["WWW-Authenticate"] == "Bearer"
