@@ -458,3 +458,7 @@ async def test_with_llguidance_constraints_are_checked_by_its_parser(
         error = bad.json()["error"]
         assert bad.status_code == 400 and error["param"] == "structured_outputs.regex"
         assert "unclosed character class" in error["message"], error
+        unique = {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "tags", "schema": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}
+        refused = await api.post(CHAT, json={"messages": MESSAGES, **unique})
+        assert refused.status_code == 400 and "uniqueItems" in refused.json()["error"]["message"], refused.text
