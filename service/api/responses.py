@@ -36,6 +36,7 @@ async def create_response(request: Request) -> Response:
         outputs = await state.generate(new_item_id(response_id), [prompt], params, chat)
     created_at = now()
     base = response_base(body, response_id, model, created_at)
+    header = {"id": response_id, "created": created_at, "model": model}  # NOTE: the chat answer's, converted
     tokenizer = state.llm.tokenizer
 
     def count_tokens(text: str) -> int:
@@ -43,11 +44,9 @@ async def create_response(request: Request) -> Response:
 
     if body.stream:
         answer = ChoiceAnswer(chat, state.tool_call_parser, state.reasoning_parser)
-        header = {"id": response_id, "created": created_at, "model": model}
         chunks = chat_chunks(outputs, header, tokenizer, len(prompt.token_ids), {}, chat, [answer])
         return sse_response(_events(chunks, ResponseEvents(base, count_tokens)), is_named=True)
     (output,) = await unless_disconnected(request, collect(outputs, 1, 1))
-    header = {"id": response_id, "created": created_at, "model": model}
     whole = chat_completion_body(header, output, tokenizer, chat, state.tool_call_parser, state.reasoning_parser)
     return JSONResponse(whole_response(base, whole, count_tokens))
 
