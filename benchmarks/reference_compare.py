@@ -2,8 +2,9 @@
 
     .venv/bin/python -m benchmarks.reference_compare
     .venv/bin/python -m benchmarks.reference_compare --dtype float32 --rounds 1 --result-json fp32.json
+    python -m benchmarks.reference_compare --device cuda     # both sides on the GPU
 
-(a) transformers (float32, as it loads a GGUF): sequential greedy `generate` of one prompt
+(a) transformers (float32, as it loads a GGUF; bfloat16 on a GPU, as zeroserve runs there): sequential greedy `generate` of one prompt
 (decode tokens/s, its prefill excluded) and a static batch of 16 prompts, left-padded (output
 tokens/s, its prefill included). (b) `zeroserve serve` with its default engine flags (or
 `--dtype`), driven by `zeroserve bench serve` with streamed chat requests at each
@@ -61,14 +62,19 @@ TARGETS = {
 SPECULATIVE_CONFIG = '{"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_max": 4}'
 
 
+def reference_dtype(device: str) -> torch.dtype:
+    """transformers' dtype: float32 on the CPU (exact, as it loads a GGUF), bfloat16 on a GPU."""
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
 def load_transformers(args: argparse.Namespace) -> Any:
     import transformers
 
     torch.set_num_threads(args.num_threads)
     path = resolve_model(args.model).path
     return transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
+        path.parent, gguf_file=path.name, dtype=reference_dtype(args.device)
+    ).to(args.device).eval()
 
 
 def reference_prompts(args: argparse.Namespace, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +95,7 @@ def reference_prompts(args: argparse.Namespace, seed: int) -> tuple[torch.Tensor
 
 
 def transformers_figures(model: Any, args: argparse.Namespace, round_index: int) -> dict[str, float]:
-    prompts, mask = reference_prompts(args, seed=round_index)
+    prompts, mask = (t.to(args.device) for t in reference_prompts(args, seed=round_index))
 
     def generate(rows: slice, num_tokens: int) -> float:
         batch, batch_mask = prompts[rows], mask[rows]
@@ -104,6 +110,8 @@ def transformers_figures(model: Any, args: argparse.Namespace, round_index: int)
                 min_new_tokens=num_tokens, do_sample=False, pad_token_id=0,
             )
         assert out.shape[1] == batch.shape[1] + num_tokens
+        if out.is_cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - started
 
     generate(slice(0, 1), 4)  # warm-up
@@ -128,7 +136,8 @@ def machine_record(base_url: str) -> dict[str, Any]:
 
 
 def serve_args(args: argparse.Namespace, extra_args: list[str]) -> list[str]:
-    serve = [args.model, "--num-threads", str(args.num_threads), "--max-num-seqs", str(max(args.concurrency))]
+    serve = [args.model, "--num-threads", str(args.num_threads), "--max-num-seqs", str(max(args.concurrency)),
+             "--device", args.device]
     if args.dtype:
         serve += ["--dtype", args.dtype]
     return serve + extra_args
@@ -209,6 +218,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default=None, help="the servers' --dtype (default: the server's default)")
+    parser.add_argument("--device", default="cpu", help="where both sides run: cpu, cuda (default: %(default)s)")
     parser.add_argument("--num-threads", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--input-len", type=int, default=230)
@@ -236,7 +246,7 @@ def main() -> None:
             for name, extra in configs.items()
         }
         machine = machine_record(next(iter(base_urls.values())))
-        print(f"CPU: {machine['cpu']}; engine: {machine['kernels']}", flush=True)
+        print(f"device: {machine['cpu']}; engine: {machine['kernels']}", flush=True)
         for index in range(args.rounds):
             reference = transformers_figures(model, args, index)
             served = {name: zeroserve_figures(args, Path(tmp), base_url, index) for name, base_url in base_urls.items()}
@@ -248,7 +258,7 @@ def main() -> None:
                       for name in configs if "16" in served[name]), flush=True)
     del model
     reference_medians = {key: statistics.median(round_["transformers"][key] for round_ in rounds) for key in rounds[0]["transformers"]}
-    print(f"transformers fp32 (medians): sequential decode {reference_medians['sequential_decode_tok_s']:.1f} tok/s, "
+    print(f"transformers {str(reference_dtype(args.device)).removeprefix('torch.')} (medians): sequential decode {reference_medians['sequential_decode_tok_s']:.1f} tok/s, "
           f"static batch 16 {reference_medians['batch16_output_tok_s']:.1f} output tok/s")
     summary: dict[str, Any] = {}
     for name in configs:
