@@ -180,6 +180,8 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
         return
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
+        # NOTE: reaps the leader once it exits: a zombie still counts as a member of its group.
+        proc.poll()
         try:
             os.killpg(proc.pid, 0)
         except ProcessLookupError:
