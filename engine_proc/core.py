@@ -92,13 +92,15 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests or bool(self._rejected)
 
     def add_request(self, core_request: EngineCoreRequest) -> None:
-        num_prompt = len(core_request.prompt_token_ids)
-        if num_prompt == 0 or num_prompt >= self.max_model_len:
-            # NOTE: the gateway validates first; this guards the engine against any client.
-            logger.warning("rejecting request %s: %d prompt tokens", core_request.request_id, num_prompt)
-            self._rejected.append(
-                EngineCoreOutput(core_request.request_id, [], FinishReason.ERROR, "invalid prompt length")
-            )
+        if core_request.request_id in self.scheduler.requests:
+            # NOTE: a replayed message: an answer under this id would end the request already running.
+            logger.warning("dropping request %s: a request with that id is running", core_request.request_id)
+            return
+        # NOTE: the gateway validates first; this guards the engine against any client.
+        problem = self._invalid(core_request)
+        if problem is not None:
+            logger.warning("rejecting request %s: %s", core_request.request_id, problem)
+            self._rejected.append(EngineCoreOutput(core_request.request_id, [], FinishReason.ERROR, problem))
             return
         if self.is_sleeping():
             logger.warning("rejecting request %s: the engine is asleep", core_request.request_id)
@@ -114,6 +116,19 @@ class EngineCore:
             request.grammar = self.structured_output.grammar_for(spec)
             self._compiling.append(request)
         self.scheduler.add_request(request)
+
+    def _invalid(self, core_request: EngineCoreRequest) -> str | None:
+        """Why the engine cannot run this request (a prompt's length, a token id outside the
+        vocabulary), or None."""
+        num_prompt = len(core_request.prompt_token_ids)
+        if num_prompt == 0 or num_prompt >= self.max_model_len:
+            return "invalid prompt length"
+        params = core_request.sampling_params
+        vocab_size = self.model_runner.model_config.vocab_size
+        token_ids = [*core_request.prompt_token_ids, *params.stop_token_ids, *(i for i, _ in params.logit_bias)]
+        if min(token_ids) < 0 or max(token_ids) >= vocab_size:
+            return f"a token id outside the vocabulary (0 to {vocab_size - 1})"
+        return None
 
     @property
     def structured_output(self) -> StructuredOutputManager:

@@ -114,32 +114,90 @@ _PLAIN = (int, float, str, bytes, bool, type(None), np.ndarray)
 
 
 def _converter(tp: Any) -> Callable[[Any], Any]:
-    """Builds a function turning decoded msgpack data into an instance of `tp`."""
-    if tp is Any or tp in _PLAIN:
+    """Builds a function turning decoded msgpack data into an instance of `tp`; data of another
+    shape is a TypeError (a peer's garbage never reaches the code that trusts the type)."""
+    if tp is Any:
         return _identity
+    if tp in _PLAIN:
+        return _checker((tp,))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return _dataclass_converter(tp)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        members = [a for a in args if a is not type(None)]
-        if all(a in _PLAIN or a is Any for a in members):
-            return _identity
-        if len(members) != 1:
-            raise TypeError(f"ambiguous union on the wire: {tp}")
-        inner = _converter(members[0])
-        return lambda v: None if v is None else inner(v)
+        return _union_converter(tp, args)
     if origin in (list, tuple, Sequence) or origin is typing.Sequence:
-        inner = _converter(args[0]) if args else _identity
-        if inner is _identity:
-            # NOTE: msgpack arrays decode as lists already.
-            return _identity if origin is not tuple else tuple
-        return lambda v: [inner(x) for x in v]
+        return _sequence_converter(origin, args)
     if origin is dict:
-        inner = _converter(args[1]) if args else _identity
-        return lambda v: {k: inner(x) for k, x in v.items()}
+        inner = _converter(args[1]) if len(args) > 1 else _identity
+        if inner is _identity:
+            return _checker((dict,))
+        return lambda v: {k: inner(x) for k, x in _checker((dict,))(v).items()}
     raise TypeError(f"no wire conversion for {tp!r}")
+
+
+def _union_converter(tp: Any, args: tuple[Any, ...]) -> Callable[[Any], Any]:
+    members = [a for a in args if a is not type(None)]
+    if Any in members:
+        return _identity
+    if all(a in _PLAIN for a in members):
+        return _checker(tuple(members) + ((type(None),) if len(members) < len(args) else ()))
+    if len(members) != 1:
+        raise TypeError(f"ambiguous union on the wire: {tp}")
+    inner = _converter(members[0])
+    return lambda v: None if v is None else inner(v)
+
+
+def _sequence_converter(origin: Any, args: tuple[Any, ...]) -> Callable[[Any], Any]:
+    """Lists, homogeneous tuples (`tuple[int, ...]`) and fixed ones (`tuple[int, float]`): msgpack
+    arrays all."""
+    if origin is tuple and len(args) > 1 and args[1] is not Ellipsis:
+        items = [_converter(a) for a in args]
+
+        def convert_items(v: Any) -> tuple[Any, ...]:
+            if not isinstance(v, list) or len(v) != len(items):
+                raise TypeError(f"expected {len(items)} items on the wire")
+            return tuple(convert(x) for convert, x in zip(items, v, strict=True))
+
+        return convert_items
+    element = args[0] if args else Any
+    is_list = _checker((list,))
+    if element is Any:
+        return is_list if origin is not tuple else lambda v: tuple(is_list(v))
+    if element in _PLAIN:
+        return _list_checker(element, as_tuple=origin is tuple)
+    inner = _converter(element)
+    return lambda v: [inner(x) for x in is_list(v)]
+
+
+def _checker(allowed: tuple[type, ...]) -> Callable[[Any], Any]:
+    """The value itself where it is one of `allowed` (an int passes for a float), else a TypeError."""
+    if float in allowed:
+        allowed = (*allowed, int)
+
+    def check(value: Any) -> Any:
+        if not isinstance(value, allowed):
+            raise TypeError(f"expected {' or '.join(t.__name__ for t in allowed)} on the wire, got {type(value).__name__}")
+        return value
+
+    check.allowed = allowed  # type: ignore[attr-defined]  # NOTE: dataclass converters inline the check
+    return check
+
+
+def _list_checker(element: type, as_tuple: bool) -> Callable[[Any], Any]:
+    """A list (a tuple where asked) whose every item is an `element`, else a TypeError."""
+    allowed: tuple[type, ...] = (element, int) if element is float else (element,)
+
+    def check(value: Any) -> Any:
+        if type(value) is not list:
+            raise TypeError(f"expected a list of {element.__name__} on the wire")
+        for item in value:
+            if not isinstance(item, allowed):
+                raise TypeError(f"expected a list of {element.__name__} on the wire")
+        return tuple(value) if as_tuple else value
+
+    return check
 
 
 def _dataclass_converter(cls: type) -> Callable[[Any], Any]:
@@ -147,7 +205,12 @@ def _dataclass_converter(cls: type) -> Callable[[Any], Any]:
     conversion only for present, non-None values of fields that need one, then one call."""
     hints = typing.get_type_hints(cls)
     namespace: dict[str, Any] = {"cls": cls, "MISSING": dataclasses.MISSING}
-    lines = ["def convert(value):", "    get = value.get"]
+    lines = [
+        "def convert(value):",
+        "    if type(value) is not dict:",
+        f"        raise TypeError('expected a map for {cls.__name__} on the wire')",
+        "    get = value.get",
+    ]
     arguments: list[str] = []
     keywords: list[str] = []
     # NOTE: unknown keys are ignored and missing ones take defaults: peers may differ by a
@@ -170,7 +233,12 @@ def _dataclass_converter(cls: type) -> Callable[[Any], Any]:
             lines.append(f"    {name} = get({f.name!r}, MISSING)")
             lines.append(f"    if {name} is MISSING:")
             lines.append(f"        {name} = {missing}" if missing else f"        raise KeyError({f.name!r})")
-            if conv is not _identity:
+            allowed = getattr(conv, "allowed", None)
+            if allowed is not None:
+                namespace[f"allowed{index}"] = allowed
+                lines.append(f"    elif {name} is not None and not isinstance({name}, allowed{index}):")
+                lines.append(f"        {name} = conv{index}({name})")
+            elif conv is not _identity:
                 lines.append(f"    elif {name} is not None:")
                 lines.append(f"        {name} = conv{index}({name})")
         (keywords if f.kw_only else arguments).append(f"{f.name}={name}" if f.kw_only else name)

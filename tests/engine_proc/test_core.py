@@ -177,3 +177,24 @@ def test_priority_policy_serves_lower_priority_values_first(tiny_model_dir: Path
     while core.has_work:
         finished += [output.request_id for output in core.step().outputs if output.is_finished]
     assert finished == ["urgent", "chat", "batch", "batch-2"]
+
+
+def test_out_of_vocabulary_ids_are_refused_and_a_replayed_request_id_is_dropped(tiny_model_dir: Path) -> None:
+    core = EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05))
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    core.add_request(EngineCoreRequest("ok", [1, 2, 3], greedy))
+    core.add_request(EngineCoreRequest("bad-prompt", [1, 10**9], greedy))
+    core.add_request(EngineCoreRequest("bad-bias", [1, 2], SamplingParams(logit_bias=[(-1, 5.0)])))
+    core.add_request(EngineCoreRequest("ok", [9, 9], SamplingParams(max_tokens=40)))  # replayed id
+    tokens: list[int] = []
+    finishes: dict[str, list[tuple[FinishReason | None, object]]] = {}
+    while core.has_work:
+        for output in core.step().outputs:
+            if output.finish_reason is not None:
+                finishes.setdefault(output.request_id, []).append((output.finish_reason, output.stop_reason))
+            if output.request_id == "ok":
+                tokens += output.new_token_ids
+    assert len(tokens) == 4 and finishes["ok"] == [(FinishReason.LENGTH, None)]
+    for request_id in ("bad-prompt", "bad-bias"):
+        [(reason, why)] = finishes[request_id]
+        assert reason is FinishReason.ERROR and "outside the vocabulary" in str(why)

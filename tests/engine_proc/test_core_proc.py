@@ -71,7 +71,8 @@ class FakeCore:
 class Gateway:
     """The gateway's side of the wire: ROUTER and PULL, bound."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, engine_index: int = 3) -> None:
+        self.identity = engine_identity(engine_index)
         self.ctx = zmq.Context()
         self.input_address = new_ipc_address(str(directory))
         self.output_address = new_ipc_address(str(directory))
@@ -81,7 +82,7 @@ class Gateway:
         self.decoder = MsgpackDecoder(EngineCoreOutputs)
 
     def send(self, request_type: RequestType, message: Any) -> None:
-        self.router.send_multipart([engine_identity(3), request_type.value, *self.encoder.encode(message)])
+        self.router.send_multipart([self.identity, request_type.value, *self.encoder.encode(message)])
 
     def recv(self) -> list[zmq.Frame]:
         assert self.pull.poll(5000), "no output from the engine"
@@ -115,7 +116,7 @@ def recv_ready(gateway: Gateway) -> EngineReady:
     """The engine's ready message; the gateway accepts it."""
     assert gateway.router.poll(5000)
     identity, message_type, *frames = gateway.router.recv_multipart()
-    assert identity == engine_identity(3) and message_type == EngineMessageType.READY.value
+    assert identity == gateway.identity and message_type == EngineMessageType.READY.value
     ready: EngineReady = MsgpackDecoder(EngineReady).decode(frames)
     gateway.send(RequestType.HANDSHAKE, EngineAccept(ready.engine_index))
     return ready

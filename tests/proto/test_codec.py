@@ -120,3 +120,24 @@ def test_oob_array_is_received_without_a_copy(tmp_path: Path) -> None:
         push.close(0)
         pull.close(0)
         ctx.term()
+
+
+@pytest.mark.parametrize(("target", "raw"), [
+    (list[str], 5),  # an abort that is not a list
+    (list[str], [1, 2]),
+    (EngineCoreRequest, [1, 2]),  # a list where a map belongs
+    (EngineCoreRequest, {"request_id": 7, "prompt_token_ids": [1], "sampling_params": {}}),
+    (EngineCoreRequest, {"request_id": "a", "prompt_token_ids": [1, "2"], "sampling_params": {}}),
+    (EngineCoreRequest, {"request_id": "a", "prompt_token_ids": [1], "sampling_params": {"temperature": "hot"}}),
+    (EngineCoreOutputs, {"outputs": [{"request_id": "a", "new_token_ids": 3}]}),
+])
+def test_data_of_another_shape_is_a_type_error_not_a_message(target: object, raw: object) -> None:
+    with pytest.raises(TypeError):
+        MsgpackDecoder(target).decode(ormsgpack.packb(raw))
+
+
+def test_ints_stand_for_floats_and_none_for_optional_fields() -> None:
+    raw = {"request_id": "a", "prompt_token_ids": [1], "sampling_params": {"temperature": 1, "top_k": None, "logit_bias": [[5, 2]]}}
+    request = MsgpackDecoder(EngineCoreRequest).decode(ormsgpack.packb(raw))
+    assert request.sampling_params.temperature == 1 and request.sampling_params.top_k is None
+    assert request.sampling_params.logit_bias == [(5, 2)]
