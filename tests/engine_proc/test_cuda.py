@@ -20,7 +20,7 @@ from engine_proc.kv_cache_memory import free_memory_bytes
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.model_files.tokenizer import Tokenizer
-from tests.engine_proc.fidelity_prompts import MAX_NEW_TOKENS
+from tests.engine_proc.fidelity_prompts import MAX_NEW_TOKENS, run, teacher_forced_ranks
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
@@ -50,19 +50,6 @@ def cuda_reference(
             )
         continuations.append(generated[0, len(prompt):].tolist())
     return model, continuations
-
-
-def run(core: EngineCore, prompts: list[list[int]], params: SamplingParams) -> dict[str, list[Any]]:
-    """All prompts in one batch; each request's new token ids (and prompt logprobs where asked)."""
-    for i, prompt in enumerate(prompts):
-        core.add_request(EngineCoreRequest(str(i), prompt, params))
-    outputs: dict[str, list[Any]] = {str(i): [] for i in range(len(prompts))}
-    while core.has_work:
-        for output in core.step().outputs:
-            outputs[output.request_id] += output.new_token_ids
-            if output.prompt_logprobs is not None:
-                outputs[output.request_id].append(output.prompt_logprobs)
-    return outputs
 
 
 def top_two_gap(model: Any, token_ids: list[int]) -> float:
@@ -105,14 +92,7 @@ def test_default_bfloat16_follows_transformers_on_the_gpu(
     assert core.model_runner.device.type == "cuda"  # NOTE: device "auto" picks the GPU
     assert core.model_runner.dtype == (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
     assert core.model_runner.kernel_choices["attention"] == "torch SDPA"
-    forced = run(
-        core, [p + r for p, r in zip(chat_prompts, references, strict=True)],
-        SamplingParams(temperature=0.0, max_tokens=1, num_prompt_logprobs=0),
-    )
-    ranks = []
-    for i, (prompt, reference) in enumerate(zip(chat_prompts, references, strict=True)):
-        logprobs = next(item for item in forced[str(i)] if not isinstance(item, int))
-        ranks += logprobs.ranks[len(prompt) - 1 : len(prompt) - 1 + len(reference)]
+    ranks = teacher_forced_ranks(core, chat_prompts, references)
     agreement = sum(rank == 1 for rank in ranks) / len(ranks)
     print(f"bfloat16 on {torch.cuda.get_device_name()}: top-1 agreement {agreement:.3f} "
           f"({sum(rank == 1 for rank in ranks)}/{len(ranks)}), worst rank {max(ranks)}")

@@ -24,23 +24,11 @@ import torch
 from engine_proc.core import EngineCore
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear
 from proto.engine_config import EngineConfig
-from proto.engine_input import EngineCoreRequest, SamplingParams
-from tests.engine_proc.fidelity_prompts import NGRAM_DRAFTS
+from proto.engine_input import SamplingParams
+from tests.engine_proc.fidelity_prompts import NGRAM_DRAFTS, run, teacher_forced_ranks
 
 NUM_FREE_RUNNING_TOKENS = 8
 NEAR_TIE_NATS = 0.25
-
-
-def run(core: EngineCore, prompts: list[list[int]], params: SamplingParams) -> dict[str, list]:
-    for i, prompt in enumerate(prompts):
-        core.add_request(EngineCoreRequest(str(i), prompt, params))
-    outputs: dict[str, list] = {str(i): [] for i in range(len(prompts))}
-    while core.has_work:
-        for output in core.step().outputs:
-            outputs[output.request_id] += output.new_token_ids
-            if output.prompt_logprobs is not None:
-                outputs[output.request_id].append(output.prompt_logprobs)
-    return outputs
 
 
 def force_form(core: EngineCore, form: str) -> None:
@@ -69,15 +57,7 @@ def test_weight_only_greedy_tokens_follow_transformers(
     core = EngineCore(config)
     if form != "planned":
         force_form(core, form)
-    forced = run(
-        core, [p + r for p, r in zip(prompts, references, strict=True)],
-        SamplingParams(temperature=0.0, max_tokens=1, num_prompt_logprobs=0),
-    )
-    ranks = []
-    for i, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
-        logprobs = next(item for item in forced[str(i)] if not isinstance(item, int))
-        # prompt_logprobs position j scores token j + 1 of the prompt.
-        ranks += logprobs.ranks[len(prompt) - 1 : len(prompt) - 1 + len(reference)]
+    ranks = teacher_forced_ranks(core, prompts, references)
     num_top1 = sum(rank == 1 for rank in ranks)
     assert num_top1 >= 0.9 * len(ranks), f"top-1 agreement {num_top1}/{len(ranks)}"
     assert max(ranks) <= 3, f"ranks {ranks}"
