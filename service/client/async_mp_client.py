@@ -118,6 +118,8 @@ class AsyncMPClient(MPClient):
         while True:
             frames = await self.output_socket.recv_multipart(copy=False)
             outputs = self._decode_outputs(frames)
+            if outputs is None:
+                continue
             if isinstance(outputs, int):
                 self._lose(outputs, "the engine core reported a fatal error")
                 continue

@@ -100,7 +100,14 @@ class MPClient(EngineCoreClient):
     # Handshake.
     def _handle_engine_message(self, frames: list[Any]) -> list[Any] | None:
         """An engine's READY (a registration or a heartbeat), DRAINING or GOODBYE; returns the
-        frames to send back, if any."""
+        frames to send back, if any. A malformed message is logged and dropped."""
+        try:
+            return self._engine_message_reply(frames)
+        except Exception as error:  # noqa: BLE001 (whatever a peer sent, the gateway serves on)
+            _log_dropped("engines'", error)
+            return None
+
+    def _engine_message_reply(self, frames: list[Any]) -> list[Any] | None:
         identity, type_frame, *payload = frames
         engine = self._engine_by_identity(identity)
         message_type = EngineMessageType(type_frame)
@@ -233,12 +240,19 @@ class MPClient(EngineCoreClient):
         return EngineLost(engine_index, request_ids, f"engine {engine_index} lost: {reason}")
 
     # Frames.
-    def _decode_outputs(self, frames: list[Any]) -> EngineCoreOutputs | int:
-        """The outputs in `frames` (received with copy=False), or the index of an engine whose
-        core died."""
-        if frames[0].bytes == ENGINE_CORE_DEAD:
-            return int.from_bytes(frames[1].bytes, "little") if len(frames) > 1 else 0
-        return self.outputs_decoder.decode(frames)
+    def _decode_outputs(self, frames: list[Any]) -> EngineCoreOutputs | int | None:
+        """The outputs in `frames` (received with copy=False), the index of an engine whose core
+        died, or None for anything else (logged and dropped)."""
+        try:
+            if frames[0].bytes == ENGINE_CORE_DEAD:
+                index = int.from_bytes(frames[1].bytes, "little") if len(frames) > 1 else 0
+                if index not in self.engines:
+                    raise ValueError(f"a fatal error reported for engine {index}, which is not serving")
+                return index
+            return self.outputs_decoder.decode(frames)
+        except Exception as error:  # noqa: BLE001 (whatever a peer sent, the gateway serves on)
+            _log_dropped("outputs", error)
+            return None
 
     def _frames(self, identity: bytes, request_type: RequestType, message: Any) -> list[Any]:
         if self._is_dead:
@@ -272,3 +286,7 @@ def utility_outcome(result: UtilityResult) -> tuple[Any, BaseException | None]:
     if result.error is not None:
         return None, RuntimeError(result.error)
     return result.result, None
+
+
+def _log_dropped(socket_name: str, error: Exception) -> None:
+    logger.warning("dropping a malformed message on the %s socket: %s: %s", socket_name, type(error).__name__, error)

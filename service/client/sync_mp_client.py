@@ -68,6 +68,8 @@ class SyncMPClient(MPClient):
             if not self.output_socket.poll(_POLL_MS):
                 continue
             outputs = self._decode_outputs(self.output_socket.recv_multipart(copy=False))
+            if outputs is None:
+                continue
             if isinstance(outputs, int):
                 self._engine_died(outputs, "the engine core reported a fatal error")
                 return

@@ -5,13 +5,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import zmq
 
 from engine_proc.core_proc import EngineCoreProc
-from proto.codec import MsgpackDecoder, MsgpackEncoder
 from proto.engine_input import EngineCoreRequest, RequestType, SamplingParams, UtilityCall
 from proto.engine_output import (
     ENGINE_CORE_DEAD,
@@ -21,8 +18,9 @@ from proto.engine_output import (
     SchedulerStats,
     UtilityResult,
 )
-from proto.handshake import PROTOCOL_VERSION, EngineAccept, EngineMessageType, EngineReady
-from proto.sockets import engine_identity, make_zmq_socket, new_ipc_address
+from proto.handshake import PROTOCOL_VERSION, EngineReady
+from proto.sockets import engine_identity
+from tests.engine_proc.gateway_side import Gateway, recv_ready
 
 
 class FakeCore:
@@ -68,35 +66,6 @@ class FakeCore:
         return UtilityResult(call.call_id, result=[call.method, *call.args])
 
 
-class Gateway:
-    """The gateway's side of the wire: ROUTER and PULL, bound."""
-
-    def __init__(self, directory: Path, engine_index: int = 3) -> None:
-        self.identity = engine_identity(engine_index)
-        self.ctx = zmq.Context()
-        self.input_address = new_ipc_address(str(directory))
-        self.output_address = new_ipc_address(str(directory))
-        self.router = make_zmq_socket(self.ctx, self.input_address, zmq.ROUTER, bind=True, linger=0)
-        self.pull = make_zmq_socket(self.ctx, self.output_address, zmq.PULL, bind=True, linger=0)
-        self.encoder = MsgpackEncoder()
-        self.decoder = MsgpackDecoder(EngineCoreOutputs)
-
-    def send(self, request_type: RequestType, message: Any) -> None:
-        self.router.send_multipart([self.identity, request_type.value, *self.encoder.encode(message)])
-
-    def recv(self) -> list[zmq.Frame]:
-        assert self.pull.poll(5000), "no output from the engine"
-        return self.pull.recv_multipart(copy=False)
-
-    def recv_outputs(self) -> EngineCoreOutputs:
-        return self.decoder.decode(self.recv())
-
-    def close(self) -> None:
-        self.router.close()
-        self.pull.close()
-        self.ctx.term()
-
-
 def start(core: FakeCore, gateway: Gateway) -> tuple[EngineCoreProc, threading.Thread, list[int]]:
     proc = EngineCoreProc(core, gateway.input_address, gateway.output_address)
     exit_codes: list[int] = []
@@ -110,16 +79,6 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
     gateway = Gateway(tmp_path)
     yield gateway
     gateway.close()
-
-
-def recv_ready(gateway: Gateway) -> EngineReady:
-    """The engine's ready message; the gateway accepts it."""
-    assert gateway.router.poll(5000)
-    identity, message_type, *frames = gateway.router.recv_multipart()
-    assert identity == gateway.identity and message_type == EngineMessageType.READY.value
-    ready: EngineReady = MsgpackDecoder(EngineReady).decode(frames)
-    gateway.send(RequestType.HANDSHAKE, EngineAccept(ready.engine_index))
-    return ready
 
 
 def test_engine_registers_then_streams_outputs_and_answers_utilities(gateway: Gateway) -> None:

@@ -16,7 +16,7 @@ from engine_proc.core_proc import EngineCoreProc
 from proto.codec import MsgpackEncoder
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, RequestType, SamplingParams, UtilityCall
-from tests.engine_proc.test_core_proc import Gateway, recv_ready
+from tests.engine_proc.gateway_side import Gateway, recv_ready
 
 NUM_FRAMES = 10_000
 
