@@ -51,6 +51,8 @@ class EngineCore:
             *_drafting(config),
         )
         self._rejected: list[EngineCoreOutput] = []
+        # NOTE: the requests being added or stepped: if that raises, the gateway is told they may be why.
+        self.suspect_request_ids: list[str] = []
         self._structured_output: StructuredOutputManager | None = None
         # NOTE: waiting requests whose grammar still compiles, checked each step.
         self._compiling: list[Request] = []
@@ -92,6 +94,11 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests or bool(self._rejected)
 
     def add_request(self, core_request: EngineCoreRequest) -> None:
+        self.suspect_request_ids = [core_request.request_id]
+        self._add_request(core_request)
+        self.suspect_request_ids = []
+
+    def _add_request(self, core_request: EngineCoreRequest) -> None:
         if core_request.request_id in self.scheduler.requests:
             # NOTE: a replayed message: an answer under this id would end the request already running.
             logger.warning("dropping request %s: a request with that id is running", core_request.request_id)
@@ -121,11 +128,14 @@ class EngineCore:
         """Why the engine cannot run this request (a prompt's length, a token id outside the
         vocabulary), or None."""
         num_prompt = len(core_request.prompt_token_ids)
-        if num_prompt == 0 or num_prompt >= self.max_model_len:
+        if num_prompt == 0 or num_prompt + len(core_request.resumed_token_ids) >= self.max_model_len:
             return "invalid prompt length"
         params = core_request.sampling_params
         vocab_size = self.model_runner.model_config.vocab_size
-        token_ids = [*core_request.prompt_token_ids, *params.stop_token_ids, *(i for i, _ in params.logit_bias)]
+        token_ids = [
+            *core_request.prompt_token_ids, *core_request.resumed_token_ids, *params.stop_token_ids,
+            *(i for i, _ in params.logit_bias),
+        ]
         if min(token_ids) < 0 or max(token_ids) >= vocab_size:
             return f"a token id outside the vocabulary (0 to {vocab_size - 1})"
         return None
@@ -148,7 +158,11 @@ class EngineCore:
             request.grammar.check_deadline()
             if not request.grammar.is_ready:
                 still_compiling.append(request)
-            elif request.grammar.error is not None and not request.is_finished:
+            elif request.grammar.error is None:
+                # NOTE: a resumed request's output so far moves its grammar to where it stopped.
+                for token_id in request.output_token_ids:
+                    request.grammar.accept(token_id)
+            elif not request.is_finished:
                 logger.warning("request %s: %s", request.request_id, request.grammar.error)
                 self.scheduler.abort_requests([request.request_id])
                 self._rejected.append(
@@ -166,6 +180,7 @@ class EngineCore:
             self._check_compiled()
         outputs, self._rejected = self._rejected, []
         scheduler_output = self.scheduler.schedule()
+        self.suspect_request_ids = [s.request.request_id for s in scheduler_output.scheduled]
         if scheduler_output.is_empty and not outputs and self._compiling:
             time.sleep(_COMPILE_POLL_S)  # NOTE: only grammars to wait for: no busy spin against their thread
         runner_output = ModelRunnerOutput([], {}, {})
@@ -177,6 +192,7 @@ class EngineCore:
                 self.model_runner.free_request(output.request_id)
             output.new_logprobs = runner_output.logprobs.get(output.request_id)
             output.prompt_logprobs = runner_output.prompt_logprobs.get(output.request_id)
+        self.suspect_request_ids = []
         return self.idle_outputs(outputs)
 
     def idle_outputs(self, outputs: list[EngineCoreOutput] | None = None) -> EngineCoreOutputs:

@@ -89,7 +89,7 @@ class EngineCoreProc:
         """Runs until stopped; returns the process exit code (non-zero after a fatal error)."""
         self.output_thread.start()
         self.input_thread.start()
-        is_dead, exit_code = False, 0
+        is_dead, exit_code, suspect_request_ids = False, 0, []
         try:
             self.run_busy_loop()
         except EngineRefusedError as exc:
@@ -97,9 +97,9 @@ class EngineCoreProc:
             exit_code = 1
         except Exception:
             logger.exception("engine core failed; telling the gateway it is dead")
-            is_dead, exit_code = True, 1
+            is_dead, exit_code, suspect_request_ids = True, 1, self.engine_core.suspect_request_ids
         finally:
-            self.output_queue.put(Shutdown(is_dead=is_dead))
+            self.output_queue.put(Shutdown(is_dead, suspect_request_ids))
             self.output_thread.join(_OUTPUT_FLUSH_TIMEOUT_S)
             # NOTE: goodbye after the last outputs are handed to the socket.
             if self.drain_deadline is not None and exit_code == 0:

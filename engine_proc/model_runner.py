@@ -202,9 +202,11 @@ class ModelRunner:
             return None
         generator = self._generators.get(request.request_id)
         if generator is None:
-            generator = torch.Generator(device=self.device).manual_seed(seed)
+            generator = torch.Generator(device=self.device)
             self._generators[request.request_id] = generator
-        return generator
+        # NOTE: the draw at each output position follows from the seed and the position alone, so
+        # a request resumed on another engine (or recomputed after a preemption) draws the same.
+        return generator.manual_seed(_seed_at(seed, request.num_output_tokens))
 
     def _prepare_inputs(
         self, order: list[ScheduledRequest]
@@ -341,3 +343,8 @@ def _logprobs_by_request(requests: list[Request], output: SamplerOutput) -> dict
                 [token_ids[row][: 1 + num_top]], [logprobs[row][: 1 + num_top]], [ranks[row]]
             )
     return by_request
+
+
+def _seed_at(seed: int, position: int) -> int:
+    """A seeded request's generator seed for its sample at output `position` (a 64-bit mix)."""
+    return (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) % 2**64

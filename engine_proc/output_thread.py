@@ -21,10 +21,12 @@ _LINGER_MS = 4000
 
 
 class Shutdown:
-    """Queue sentinel: flush and stop; `is_dead` also tells the gateway the engine died."""
+    """Queue sentinel: flush and stop; `is_dead` also tells the gateway the engine died, and which
+    requests were being added or stepped when it did."""
 
-    def __init__(self, is_dead: bool) -> None:
+    def __init__(self, is_dead: bool, suspect_request_ids: list[str] | None = None) -> None:
         self.is_dead = is_dead
+        self.suspect_request_ids = suspect_request_ids or []
 
 
 # NOTE: (client index, outputs): each gateway (client) has its own PULL socket.
@@ -63,8 +65,12 @@ class OutputThread(threading.Thread):
                 item = self.output_queue.get()
                 if isinstance(item, Shutdown):
                     if item.is_dead:
+                        notice = [
+                            ENGINE_CORE_DEAD, (self.engine_index & 0xFFFF).to_bytes(2, "little"),
+                            *encoder.encode(item.suspect_request_ids),
+                        ]
                         for sock in sockets:
-                            sock.send_multipart([ENGINE_CORE_DEAD, (self.engine_index & 0xFFFF).to_bytes(2, "little")])
+                            sock.send_multipart(notice)
                     return
                 client_index, outputs = item
                 self._reclaim(pending)

@@ -31,8 +31,8 @@ class Request:
         self.priority = core_request.priority
         self.client_index = core_request.client_index
         self.eos_token_ids = eos_token_ids
-        self.output_token_ids: list[int] = []
-        self.all_token_ids = list(self.prompt_token_ids)
+        self.output_token_ids: list[int] = list(core_request.resumed_token_ids)
+        self.all_token_ids = self.prompt_token_ids + self.output_token_ids
         # NOTE: the same ids as an array (grown by doubling) for the n-gram drafter's lookups;
         # made on the first lookup, so engines that do not draft never keep it.
         self._token_buffer: np.ndarray | None = None

@@ -142,6 +142,9 @@ class EngineCoreRequest:
     client_index: int = 0
     # NOTE: the gateway's routing choice made by the caller (vLLM's data_parallel_rank).
     data_parallel_rank: int | None = None
+    # NOTE: a resumed request's output so far, produced by an engine that was lost and already
+    # streamed to the client: this engine recomputes their K/V and continues after them.
+    resumed_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # NOTE: a raw frame, never msgpack, so the gateway can test for it before decoding; a second
-# frame holds the engine's index (2 bytes, little-endian).
+# frame holds the engine's index (2 bytes, little-endian), a third (msgpack) the ids of the
+# requests it was adding or stepping when it failed.
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 
 

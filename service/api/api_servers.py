@@ -102,8 +102,8 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
         shutil.rmtree(socket_dir, ignore_errors=True)
 
 
-def _engine_exited(index: int) -> Callable[[int], None]:
-    def on_exit(returncode: int) -> None:
+def _engine_exited(index: int) -> Callable[[EngineProcess, int], None]:
+    def on_exit(process: EngineProcess, returncode: int) -> None:
         logger.error("engine %d exited with code %d; the gateways drop it", index, returncode)
 
     return on_exit

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 import zmq
@@ -14,10 +16,19 @@ from proto.engine_output import EngineCoreOutputs
 from proto.handshake import EngineReady
 from service.client.core_client import EngineDeadError
 from service.client.curve import LinkSettings
-from service.client.engine_state import EngineLost
+from service.client.engine_launcher import EngineProcess
+from service.client.engine_state import DeathNotice, EngineLost
 from service.client.mp_client import MPClient, utility_outcome
 
+logger = logging.getLogger(__name__)
+
 OutputItem = EngineCoreOutputs | EngineLost | BaseException
+
+# NOTE: a local engine that dies this often within the window is not started again; the n-th
+# restart in a window waits 0, 0.5, 1, 2... s (at most the cap).
+_MAX_RESTARTS = 5
+_RESTART_WINDOW_S = 300.0
+_MAX_RESTART_DELAY_S = 8.0
 
 
 class AsyncMPClient(MPClient):
@@ -41,6 +52,11 @@ class AsyncMPClient(MPClient):
         self._utility_owner: dict[int, int] = {}
         self._loop = asyncio.get_running_loop()
         self._tasks: list[asyncio.Task[None]] = []
+        # NOTE: resumed requests waiting for a serving engine: request id → (request, give-up time).
+        self._parked: dict[str, tuple[EngineCoreRequest, float]] = {}
+        # NOTE: per local engine index, when it was last restarted (the window bounds the loop).
+        self._restarts: dict[int, list[float]] = {}
+        self._is_restarting: set[int] = set()
         super().__init__(engine_config, zmq.asyncio.Context(), data_parallel_size, link, engine_addresses, log_format)
 
     async def wait_ready(self, timeout: float = 300.0) -> EngineReady:
@@ -67,6 +83,18 @@ class AsyncMPClient(MPClient):
         reply = self._handle_engine_message(frames)
         if reply is not None:
             await self.input_socket.send_multipart(reply)
+            for engine in self.alive_engines:
+                self._is_restarting.discard(engine.index)
+            await self._send_parked()
+
+    @property
+    def is_dead(self) -> bool:
+        return self._is_dead or (super().is_dead and not self._is_restarting)
+
+    @property
+    def is_recovering(self) -> bool:
+        """True while no engine serves and a lost one is being restarted."""
+        return not self._is_dead and not self.alive_engines and bool(self._is_restarting)
 
     async def _process_input_socket(self) -> None:
         """Engines joining, beating, draining and leaving while the gateway runs."""
@@ -79,18 +107,59 @@ class AsyncMPClient(MPClient):
             await asyncio.sleep(interval)
             for engine in self._silent_engines():
                 self._lose(engine.index, f"no heartbeat for {self.link.heartbeat_timeout_s:g} s")
+            self._expire_parked()
 
     def _engine_died(self, engine_index: int, reason: str) -> None:
         # NOTE: called from the watcher threads as well as from the loop.
         self._loop.call_soon_threadsafe(self._lose, engine_index, reason)
 
-    def _lose(self, engine_index: int, reason: str) -> None:
+    def _on_engine_exit(self, process: EngineProcess, returncode: int) -> None:
+        # NOTE: runs in the process's watcher thread.
+        logger.error("engine process %d exited with code %d", process.engine_index, returncode)
+        self._loop.call_soon_threadsafe(self._process_exited, process, returncode)
+
+    def _process_exited(self, process: EngineProcess, returncode: int) -> None:
+        index = process.engine_index
+        if self._is_dead or self.processes[index] is not process:
+            return  # NOTE: the gateway is gone, or this is a replaced process's late news.
+        self._lose(index, f"engine process exited with code {returncode}")
+        if self._is_dead or not self.link.is_engine_restart or index not in self.engines:
+            return
+        delay = self._restart_delay(index)
+        if delay is None:
+            self._is_restarting.discard(index)
+            logger.error(
+                "engine %d: not restarted: it died %d times within %g s", index, _MAX_RESTARTS, _RESTART_WINDOW_S
+            )
+            if not self.alive_engines and self.link.engine_address is None:
+                self._mark_dead(f"engine {index} kept dying")
+            return
+        self._loop.call_later(delay, self._restart, index)
+
+    def _restart_delay(self, index: int) -> float | None:
+        """Seconds until engine `index` is started again (backing off), or None: not at all."""
+        now = time.monotonic()
+        recent = [t for t in self._restarts.get(index, []) if now - t < _RESTART_WINDOW_S]
+        if len(recent) >= _MAX_RESTARTS:
+            return None
+        self._restarts[index] = recent
+        self._is_restarting.add(index)
+        return 0.0 if not recent else min(_MAX_RESTART_DELAY_S, 0.5 * 2 ** (len(recent) - 1))
+
+    def _restart(self, index: int) -> None:
+        if self._is_dead:
+            return
+        self._restarts[index].append(time.monotonic())
+        logger.warning("engine %d: starting a new engine process (restart %d)", index, len(self._restarts[index]))
+        self.processes[index] = self._start_engine(index)
+
+    def _lose(self, engine_index: int, reason: str, suspect_request_ids: list[str] | None = None) -> None:
         if self._is_dead:
             return
         if engine_index not in self.engines:  # NOTE: died before it was ready.
             self._mark_dead(reason)
             return
-        lost = self._lose_engine(engine_index, reason)
+        lost = self._lose_engine(engine_index, reason, suspect_request_ids)
         if lost is None:
             return
         error = EngineDeadError(lost.reason)
@@ -98,11 +167,43 @@ class AsyncMPClient(MPClient):
             future = self._utility_calls.pop(call_id, None)
             if owner == engine_index and future is not None and not future.done():
                 future.set_exception(error)
-        if not self.alive_engines and self.link.engine_address is None and self.processes:
+        is_local = engine_index < len(self.processes)
+        if is_local and self.link.is_engine_restart:
+            # NOTE: a hung or failing process is ended now; its exit starts the new one.
+            self.processes[engine_index].kill()
+        may_recover = (is_local and self.link.is_engine_restart) or self.link.engine_address is not None
+        if not self.alive_engines and not may_recover and self.processes:
             self._mark_dead(reason)
         else:
-            # NOTE: with remote engines, others may still join: the gateway lives on.
+            # NOTE: its requests continue on another engine, or wait for one to come back.
             self.outputs_queue.put_nowait(lost)
+
+    async def resume_requests_async(self, requests: list[EngineCoreRequest]) -> None:
+        """Sends a lost engine's requests, each with its output so far, to a serving engine; while
+        none serves they wait, for --engine-recovery-timeout at most."""
+        give_up = time.monotonic() + self.link.engine_recovery_timeout_s
+        for request in requests:
+            request.data_parallel_rank = None  # NOTE: the engine it named may be the one lost
+            self._parked[request.request_id] = (request, give_up)
+        await self._send_parked()
+
+    async def _send_parked(self) -> None:
+        if not self._parked or not any(engine.is_routable for engine in self.engines.values()):
+            return
+        parked, self._parked = self._parked, {}
+        for request, _ in parked.values():
+            await self.add_request_async(request)
+
+    def _expire_parked(self) -> None:
+        now = time.monotonic()
+        expired = [request_id for request_id, (_, give_up) in self._parked.items() if give_up <= now]
+        if not expired:
+            return
+        for request_id in expired:
+            del self._parked[request_id]
+        reason = f"no engine came back within {self.link.engine_recovery_timeout_s:g} s (--engine-recovery-timeout)"
+        logger.error("%d requests failed: %s", len(expired), reason)
+        self.outputs_queue.put_nowait(EngineLost(-1, expired, reason, can_resume=False))
 
     def _mark_dead(self, reason: str) -> None:
         self._is_dead = True
@@ -120,10 +221,13 @@ class AsyncMPClient(MPClient):
             outputs = self._decode_outputs(frames)
             if outputs is None:
                 continue
-            if isinstance(outputs, int):
-                self._lose(outputs, "the engine core reported a fatal error")
+            if isinstance(outputs, DeathNotice):
+                self._lose(outputs.engine_index, "the engine core reported a fatal error", outputs.suspect_request_ids)
                 continue
             if outputs.utility_output is None:
+                engine = self.engines.get(outputs.engine_index)
+                if engine is None or not engine.is_alive:
+                    continue  # NOTE: a lost engine's last words: its requests already went elsewhere.
                 self._track(outputs)
                 self.outputs_queue.put_nowait(outputs)
                 continue
@@ -145,6 +249,9 @@ class AsyncMPClient(MPClient):
         return item
 
     async def add_request_async(self, request: EngineCoreRequest) -> None:
+        if self.is_recovering and request.data_parallel_rank is None:
+            await self.resume_requests_async([request])  # NOTE: it waits for the restarted engine
+            return
         engine = self._route(request)
         try:
             await self.input_socket.send_multipart(self._frames(engine.identity, RequestType.ADD, request), copy=False)
@@ -155,6 +262,8 @@ class AsyncMPClient(MPClient):
     async def abort_requests_async(self, request_ids: list[str]) -> None:
         if not request_ids or self.is_dead:
             return
+        for request_id in request_ids:
+            self._parked.pop(request_id, None)
         for index, ids in self._owners(request_ids).items():
             await self.input_socket.send_multipart(
                 self._frames(self.engines[index].identity, RequestType.ABORT, ids), copy=False

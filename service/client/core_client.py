@@ -30,6 +30,11 @@ class EngineCoreClient:
         return False
 
     @property
+    def is_recovering(self) -> bool:
+        """True while no engine serves and a lost one is coming back."""
+        return False
+
+    @property
     def live_engine_indices(self) -> list[int]:
         """The engines that serve now (none while the gateway waits for a remote one to join)."""
         return [0]
@@ -79,6 +84,10 @@ class EngineCoreClient:
         raise NotImplementedError
 
     async def add_request_async(self, request: EngineCoreRequest) -> None:
+        raise NotImplementedError
+
+    async def resume_requests_async(self, requests: list[EngineCoreRequest]) -> None:
+        """Sends requests a lost engine had, with their output so far, to an engine that serves."""
         raise NotImplementedError
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:

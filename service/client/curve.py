@@ -27,7 +27,8 @@ def _check_engine_address(engine_address: str | None) -> None:
 
 @dataclass(frozen=True)
 class LinkSettings:
-    """Where engines on other hosts join, and what they must prove (`zeroserve serve`'s scale-out flags)."""
+    """Where engines on other hosts join, what they must prove, and how lost engines are replaced
+    (`zeroserve serve`'s scale-out flags)."""
 
     engine_address: str | None = setting(
         None, "where engines on other hosts join (`zeroserve engine --gateway` it): requests on PORT, "
@@ -43,8 +44,16 @@ class LinkSettings:
         group="scale-out", metavar="DIR",
     )
     heartbeat_timeout_s: float = setting(
-        5.0, "an engine silent this long is taken out of rotation, its requests failed",
+        5.0, "an engine silent this long is taken out of rotation, its requests resumed on another",
         flag="--heartbeat-timeout", check=positive, group="scale-out", metavar="SECONDS",
+    )
+    is_engine_restart: bool = setting(
+        True, "start a new engine process when a local one dies; its requests continue there "
+        "(--no-engine-restart: a lost engine stays lost)", flag="--engine-restart", group="scale-out",
+    )
+    engine_recovery_timeout_s: float = setting(
+        120.0, "how long requests of a lost engine wait for a serving engine before they end with an error",
+        flag="--engine-recovery-timeout", check=positive, group="scale-out", metavar="SECONDS",
     )
 
     def __post_init__(self) -> None:

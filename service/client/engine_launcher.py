@@ -25,7 +25,8 @@ def engine_argv(
 
 
 class EngineProcess:
-    """One engine process; `on_exit` runs (in a watcher thread) as soon as it ends."""
+    """One engine process; `on_exit(process, returncode)` runs (in a watcher thread) as soon as it
+    ends, unless it was shut down."""
 
     def __init__(
         self,
@@ -33,7 +34,7 @@ class EngineProcess:
         engine_index: int,
         input_address: str,
         output_address: str,
-        on_exit: Callable[[int], None],
+        on_exit: Callable[[EngineProcess, int], None],
         env: dict[str, str] | None = None,
         log_format: str = "text",
     ) -> None:
@@ -59,10 +60,15 @@ class EngineProcess:
     def is_alive(self) -> bool:
         return self.proc.poll() is None
 
-    def _watch(self, on_exit: Callable[[int], None]) -> None:
+    def _watch(self, on_exit: Callable[[EngineProcess, int], None]) -> None:
         returncode = self.proc.wait()
         if not self._is_shutting_down:
-            on_exit(returncode)
+            on_exit(self, returncode)
+
+    def kill(self) -> None:
+        """Ends a hung or failing engine at once (its watcher then reports the exit)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._is_shutting_down = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from proto.handshake import EngineReady
 
@@ -51,9 +52,23 @@ class EngineState:
 
 
 class EngineLost:
-    """An outputs-queue item: an engine went away; its requests cannot finish."""
+    """An outputs-queue item: an engine went away. Its requests are resumed elsewhere (or on its
+    restart) unless `can_resume` is False; `suspect_request_ids` were being added or stepped when
+    it reported a fatal error."""
 
-    def __init__(self, engine_index: int, request_ids: list[str], reason: str) -> None:
+    def __init__(
+        self, engine_index: int, request_ids: list[str], reason: str, can_resume: bool = True,
+        suspect_request_ids: list[str] | None = None,
+    ) -> None:
         self.engine_index = engine_index
         self.request_ids = request_ids
         self.reason = reason
+        self.can_resume = can_resume
+        self.suspect_request_ids = suspect_request_ids or []
+
+
+class DeathNotice(NamedTuple):
+    """An engine's own report that its core failed, and the requests it was busy with."""
+
+    engine_index: int
+    suspect_request_ids: list[str]

@@ -3,7 +3,6 @@ handshakes, routing each request to the least-loaded engine, and knowing which e
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import shutil
@@ -23,7 +22,7 @@ from proto.sockets import make_zmq_socket, new_ipc_address
 from service.client.core_client import EngineCoreClient, EngineDeadError
 from service.client.curve import CurveServer, LinkSettings
 from service.client.engine_launcher import EngineProcess
-from service.client.engine_state import EngineLost, EngineState
+from service.client.engine_state import DeathNotice, EngineLost, EngineState
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +54,10 @@ class MPClient(EngineCoreClient):
         )
         self.curve = CurveServer(ctx, self.link)
         options = self.curve.socket_options
-        self.input_socket = make_zmq_socket(ctx, self.input_address, zmq.ROUTER, bind=True, linger=0, options=options)
+        # NOTE: handover: a restarted engine takes over its predecessor's identity at once.
+        self.input_socket = make_zmq_socket(
+            ctx, self.input_address, zmq.ROUTER, bind=True, linger=0, options={**options, zmq.ROUTER_HANDOVER: 1}
+        )
         self.output_socket = make_zmq_socket(ctx, self.output_address, zmq.PULL, bind=True, linger=0, options=options)
         if self.link.engine_address is not None:
             input_tcp, output_tcp = remote_addresses(self.link.engine_address)
@@ -65,17 +67,19 @@ class MPClient(EngineCoreClient):
         self.encoder = MsgpackEncoder()
         self.ready_decoder: MsgpackDecoder[EngineReady] = MsgpackDecoder(EngineReady)
         self.outputs_decoder: MsgpackDecoder[EngineCoreOutputs] = MsgpackDecoder(EngineCoreOutputs)
+        self.suspects_decoder: MsgpackDecoder[list[str]] = MsgpackDecoder(list[str])
         self.engines: dict[int, EngineState] = {}
         self.request_owner: dict[str, EngineState] = {}
         self._is_dead = False
         self._call_ids = itertools.count()
-        self.processes = [
-            EngineProcess(
-                engine_config, index, self.input_address, self.output_address,
-                functools.partial(self._on_engine_exit, index), self.curve.local_engine_env, log_format,
-            )
-            for index in range(0 if engine_addresses else data_parallel_size)
-        ]
+        self.log_format = log_format
+        self.processes = [self._start_engine(index) for index in range(0 if engine_addresses else data_parallel_size)]
+
+    def _start_engine(self, engine_index: int) -> EngineProcess:
+        return EngineProcess(
+            self.engine_config, engine_index, self.input_address, self.output_address, self._on_engine_exit,
+            self.curve.local_engine_env, self.log_format,
+        )
 
     @property
     def is_dead(self) -> bool:
@@ -225,8 +229,10 @@ class MPClient(EngineCoreClient):
                 by_engine.setdefault(engine.index, []).append(request_id)
         return by_engine
 
-    def _lose_engine(self, engine_index: int, reason: str) -> EngineLost | None:
-        """Takes an engine out of rotation; its requests end with an error naming it."""
+    def _lose_engine(
+        self, engine_index: int, reason: str, suspect_request_ids: list[str] | None = None
+    ) -> EngineLost | None:
+        """Takes an engine out of rotation; returns the news of it with the requests it had."""
         engine = self.engines.get(engine_index)
         if engine is None or not engine.is_alive:
             return None
@@ -237,18 +243,21 @@ class MPClient(EngineCoreClient):
         engine.waiting.clear()
         engine.running.clear()
         logger.error("engine %d lost: %s", engine_index, reason)
-        return EngineLost(engine_index, request_ids, f"engine {engine_index} lost: {reason}")
+        return EngineLost(
+            engine_index, request_ids, f"engine {engine_index} lost: {reason}", suspect_request_ids=suspect_request_ids
+        )
 
     # Frames.
-    def _decode_outputs(self, frames: list[Any]) -> EngineCoreOutputs | int | None:
-        """The outputs in `frames` (received with copy=False), the index of an engine whose core
+    def _decode_outputs(self, frames: list[Any]) -> EngineCoreOutputs | DeathNotice | None:
+        """The outputs in `frames` (received with copy=False), an engine's report that its core
         died, or None for anything else (logged and dropped)."""
         try:
             if frames[0].bytes == ENGINE_CORE_DEAD:
                 index = int.from_bytes(frames[1].bytes, "little") if len(frames) > 1 else 0
                 if index not in self.engines:
                     raise ValueError(f"a fatal error reported for engine {index}, which is not serving")
-                return index
+                suspects = self.suspects_decoder.decode(frames[2:]) if len(frames) > 2 else []
+                return DeathNotice(index, suspects)
             return self.outputs_decoder.decode(frames)
         except Exception as error:  # noqa: BLE001 (whatever a peer sent, the gateway serves on)
             _log_dropped("outputs", error)
@@ -263,10 +272,10 @@ class MPClient(EngineCoreClient):
         call_id = next(self._call_ids)
         return call_id, self._frames(engine.identity, RequestType.UTILITY, UtilityCall(call_id, method, list(args)))
 
-    def _on_engine_exit(self, engine_index: int, returncode: int) -> None:
+    def _on_engine_exit(self, process: EngineProcess, returncode: int) -> None:
         """Runs in a watcher thread when an engine process ends unexpectedly."""
-        logger.error("engine process %d exited with code %d", engine_index, returncode)
-        self._engine_died(engine_index, f"engine process exited with code {returncode}")
+        logger.error("engine process %d exited with code %d", process.engine_index, returncode)
+        self._engine_died(process.engine_index, f"engine process exited with code {returncode}")
 
     def _engine_died(self, engine_index: int, reason: str) -> None:
         raise NotImplementedError

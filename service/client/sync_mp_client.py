@@ -14,6 +14,7 @@ from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, RequestType
 from proto.engine_output import EngineCoreOutputs
 from service.client.core_client import EngineDeadError
+from service.client.engine_state import DeathNotice
 from service.client.mp_client import MPClient, utility_outcome
 
 _POLL_MS = 100
@@ -70,8 +71,8 @@ class SyncMPClient(MPClient):
             outputs = self._decode_outputs(self.output_socket.recv_multipart(copy=False))
             if outputs is None:
                 continue
-            if isinstance(outputs, int):
-                self._engine_died(outputs, "the engine core reported a fatal error")
+            if isinstance(outputs, DeathNotice):
+                self._engine_died(outputs.engine_index, "the engine core reported a fatal error")
                 return
             if outputs.utility_output is None:
                 with self._lock:

@@ -152,7 +152,7 @@ class AsyncLLM:
             while True:
                 outputs = await self.engine_client.get_output_async()
                 if isinstance(outputs, EngineLost):
-                    self.output_processor.propagate_error(EngineDeadError(outputs.reason), outputs.request_ids)
+                    await self._resume(outputs)
                     continue
                 iteration_stats = None if self.stat_loggers is None else IterationStats(outputs.engine_index)
                 processed = self.output_processor.process_outputs(
@@ -167,6 +167,24 @@ class AsyncLLM:
         except Exception as error:
             logger.exception("output handler failed")
             self.output_processor.propagate_error(EngineDeadError(f"output handler failed: {error}"))
+
+    async def _resume(self, lost: EngineLost) -> None:
+        """A lost engine's requests continue on another engine (or its restart) from the tokens
+        already streamed; those that cannot end with an error naming why."""
+        if not lost.can_resume:
+            self.output_processor.propagate_error(EngineDeadError(lost.reason), lost.request_ids)
+            return
+        requests, failed = self.output_processor.resumed_requests(lost.request_ids, lost.suspect_request_ids)
+        for request_id in failed:
+            logger.error("request %s failed: an engine failed twice while running it", request_id)
+            self.output_processor.propagate_error(
+                EngineDeadError(f"request {request_id} was running when engines failed twice ({lost.reason}); "
+                                "not retried again"),
+                [request_id],
+            )
+        if requests:
+            logger.warning("%s: resuming %d requests", lost.reason, len(requests))
+            await self.engine_client.resume_requests_async(requests)
 
     async def _run_stats_log(self, interval_s: float) -> None:
         assert self.stat_loggers is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from proto.engine_input import EngineCoreRequest
 from proto.engine_output import EngineCoreOutput, FinishReason, Logprobs
@@ -69,6 +69,11 @@ class RequestState:
         n: int = 1,
     ) -> None:
         self.request_id = request.request_id
+        self.request = request
+        # NOTE: every token its engines sent: where a resumed request continues from.
+        self.token_ids: list[int] = []
+        self.num_resumes = 0
+        self.num_suspected = 0
         self.prompt = prompt
         self.prompt_token_ids = request.prompt_token_ids
         self.detokenizer = detokenizer
@@ -82,8 +87,20 @@ class RequestState:
         is_first_sample = index % n == 0
         self.stats = RequestStateStats(arrival_time, max_tokens=request.sampling_params.max_tokens, n=n if is_first_sample else 0)
 
+    def resumed_request(self) -> EngineCoreRequest:
+        """This request as another engine continues it: its output so far recomputed, not sent
+        again (nor its prompt's logprobs, once sent)."""
+        self.num_resumes += 1
+        params = self.request.sampling_params
+        if self.token_ids:
+            params = replace(params, num_prompt_logprobs=None)
+        return replace(self.request, sampling_params=params, resumed_token_ids=list(self.token_ids))
+
     def make_output(self, engine_output: EngineCoreOutput) -> RequestOutput:
-        self.num_cached_tokens = engine_output.num_cached_tokens
+        if not self.num_resumes:
+            # NOTE: a resumed request's cache hits are the new engine's, not the client's prompt's.
+            self.num_cached_tokens = engine_output.num_cached_tokens
+        self.token_ids += engine_output.new_token_ids
         check, num_kept = self._text_of(engine_output.new_token_ids)
         text = check.text
         finish_reason: FinishReason | None = engine_output.finish_reason
@@ -109,7 +126,7 @@ class RequestState:
             self.prompt_token_ids,
             [completion],
             finished=finish_reason is not None,
-            num_cached_tokens=engine_output.num_cached_tokens,
+            num_cached_tokens=self.num_cached_tokens,
             prompt_logprobs=engine_output.prompt_logprobs,
         )
 
@@ -213,6 +230,25 @@ class OutputProcessor:
             else:
                 result.request_outputs.append(output)
         return result
+
+    def resumed_requests(
+        self, request_ids: list[str], suspect_request_ids: list[str]
+    ) -> tuple[list[EngineCoreRequest], list[str]]:
+        """A lost engine's requests as they continue elsewhere, and the ids of those that must not:
+        they were in its failing step a second time (their own input may be what kills engines)."""
+        suspects = set(suspect_request_ids)
+        resumed, failed = [], []
+        for request_id in request_ids:
+            state = self.request_states.get(request_id)
+            if state is None:
+                continue
+            if request_id in suspects:
+                state.num_suspected += 1
+                if state.num_suspected > 1:
+                    failed.append(request_id)
+                    continue
+            resumed.append(state.resumed_request())
+        return resumed, failed
 
     def propagate_error(self, error: BaseException, request_ids: list[str] | None = None) -> None:
         """Ends the requests (all when None) with `error`: their engine is gone."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine_proc.core_proc import EngineCoreProc
+from proto.codec import MsgpackDecoder
 from proto.engine_input import EngineCoreRequest, RequestType, SamplingParams, UtilityCall
 from proto.engine_output import (
     ENGINE_CORE_DEAD,
@@ -29,6 +30,7 @@ class FakeCore:
     def __init__(self, fail_on: str | None = None) -> None:
         self.pending: dict[str, list[int]] = {}
         self.fail_on = fail_on
+        self.suspect_request_ids: list[str] = []
 
     @property
     def has_work(self) -> bool:
@@ -42,6 +44,7 @@ class FakeCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         if request.request_id == self.fail_on:
+            self.suspect_request_ids = [request.request_id]
             raise RuntimeError("the core broke")
         self.pending[request.request_id] = list(reversed(request.prompt_token_ids))
 
@@ -138,7 +141,9 @@ def test_fatal_error_sends_engine_core_dead_and_exits_non_zero(gateway: Gateway)
     recv_ready(gateway)
     gateway.send(RequestType.ADD, EngineCoreRequest("boom", [1], SamplingParams()))
     frames = gateway.recv()
-    assert [f.bytes for f in frames] == [ENGINE_CORE_DEAD, engine_identity(3)]  # its index, as its identity
+    # its index (as its identity), then the request it was adding when it broke
+    assert [f.bytes for f in frames[:2]] == [ENGINE_CORE_DEAD, engine_identity(3)]
+    assert MsgpackDecoder(list[str]).decode(frames[2:]) == ["boom"]
     thread.join(10)
     assert exit_codes == [1]
 

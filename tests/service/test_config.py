@@ -27,7 +27,8 @@ OTHER_VALUES: dict[str, Any] = {
 }
 OTHER_LINK_VALUES: dict[str, Any] = {
     "engine_address": "tcp://10.0.0.1:5555", "curve_secret_key": "gateway.key_secret",
-    "curve_authorized_keys": "engines/", "heartbeat_timeout_s": 2.0,
+    "curve_authorized_keys": "engines/", "heartbeat_timeout_s": 2.0, "is_engine_restart": False,
+    "engine_recovery_timeout_s": 30.0,
 }
 # NOTE: the CURVE flags go together.
 TOGETHER = {"curve_secret_key": "curve_authorized_keys", "curve_authorized_keys": "curve_secret_key"}
@@ -40,6 +41,8 @@ def flag_argv(config_field: dataclasses.Field[Any], value: Any) -> list[str]:
     flag = flag_of(config_field)
     if value is True:
         return [flag]
+    if value is False:
+        return [f"--no-{flag[2:]}"]
     if config_field.metadata["is_repeated"]:
         return [part for item in value for part in (flag, item)]
     if config_field.metadata["parse"] is not None:

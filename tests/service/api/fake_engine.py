@@ -68,6 +68,7 @@ class FakeEngineClient(EngineCoreClient):
         self.grammar_error: str | None = None
         self._num_steps_to_failure: int | None = None
         self._is_failure_lost = False
+        self._can_resume = True
 
     @property
     def is_dead(self) -> bool:
@@ -90,10 +91,12 @@ class FakeEngineClient(EngineCoreClient):
         self._num_steps_to_failure, self._is_failure_lost = num_steps, False
         self._has_work.set()
 
-    def lose_requests_after(self, num_steps: int) -> None:
-        """After `num_steps` more steps the running requests' engine goes away (EngineLost, as
-        with remote engines); the gateway lives on and serves later requests."""
+    def lose_requests_after(self, num_steps: int, can_resume: bool = True) -> None:
+        """After `num_steps` more steps the running requests' engine goes away (EngineLost): the
+        gateway resumes them here (`resume_requests_async`), or with `can_resume` False (no engine
+        came back in time) they fail; either way it serves later requests."""
         self._num_steps_to_failure, self._is_failure_lost = num_steps, True
+        self._can_resume = can_resume
         self._has_work.set()
 
     async def wait_ready(self, timeout: float = 300.0) -> EngineReady:
@@ -105,6 +108,12 @@ class FakeEngineClient(EngineCoreClient):
         self.requests.append(request)
         self._running[request.request_id] = _Running(request)
         self._has_work.set()
+
+    async def resume_requests_async(self, requests: list[EngineCoreRequest]) -> None:
+        """Continues each request after the output it already has, as a live engine would."""
+        for request in requests:
+            await self.add_request_async(request)
+            self._running[request.request_id].num_output_tokens = len(request.resumed_token_ids)
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
@@ -128,7 +137,7 @@ class FakeEngineClient(EngineCoreClient):
         self._num_steps_to_failure = None
         lost_ids, self._running = list(self._running), {}
         if self._is_failure_lost:
-            return EngineLost(0, lost_ids, "the engine stopped answering")
+            return EngineLost(0, lost_ids, "the engine stopped answering", self._can_resume)
         self._is_dead = True
         raise EngineDeadError("engine is dead: killed by the test")
 

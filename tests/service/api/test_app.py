@@ -59,8 +59,13 @@ def test_oversized_body_is_413_before_parsing(client: httpx.Client) -> None:
     assert client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 1}).status_code == 200
 
 
-def test_killed_engine_ends_the_stream_with_an_error_and_health_turns_503(tiny_model_dir: Path) -> None:
-    with running_server(tiny_model_dir) as server, httpx.Client(base_url=server.base_url, timeout=30) as client:
+def test_without_restart_a_killed_engine_ends_the_stream_with_an_error_and_health_turns_503(
+    tiny_model_dir: Path,
+) -> None:
+    with (
+        running_server(tiny_model_dir, "--no-engine-restart") as server,
+        httpx.Client(base_url=server.base_url, timeout=30) as client,
+    ):
         (engine_pid,) = server.engine_pids()
         body = {"prompt": "Count forever:", "max_tokens": 1500, "ignore_eos": True, "stream": True}
         events: list[str] = []

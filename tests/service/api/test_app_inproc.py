@@ -185,10 +185,44 @@ async def test_an_engine_dying_under_a_whole_response_is_a_503(api: httpx.AsyncC
     assert (error["type"], error["code"]) == ("server_error", "engine_dead")
 
 
-async def test_a_lost_engine_ends_its_streams_and_the_gateway_serves_on(
+async def test_a_lost_engines_streams_resume_as_if_nothing_happened(
     api: httpx.AsyncClient, engine: FakeEngineClient, stream_events: StreamEvents
 ) -> None:
-    engine.lose_requests_after(2)
+    # NOTE: two choices with logprobs, a stop string reached after the loss, usage at the end.
+    body = {
+        "messages": MESSAGES, "max_tokens": 30, "n": 2, "logprobs": True, "top_logprobs": 2, "stop": [" lazy"],
+        "stream_options": {"include_usage": True},
+    }
+    undisturbed = await stream_events(api, CHAT, body)
+    engine.lose_requests_after(3)
+    resumed = await stream_events(api, CHAT, body)
+    assert engine.requests[-1].resumed_token_ids == engine.output_ids(3)
+    assert engine.requests[-2].resumed_token_ids == engine.output_ids(3)
+    for events in (undisturbed, resumed):
+        assert events[-1] == "[DONE]" and not error_events(events)
+        assert finish_reasons(events) == {0: "stop", 1: "stop"}
+    assert streamed_choices(resumed) == streamed_choices(undisturbed)
+    assert streamed_choices(resumed)[0][0] == engine.output_text(8).removesuffix(" lazy")
+    assert resumed[-2]["usage"] == undisturbed[-2]["usage"]
+
+
+def streamed_choices(events: list[Any]) -> dict[int, tuple[str, list[str]]]:
+    """Each choice's streamed content and its logprobs' tokens, concatenated."""
+    choices: dict[int, tuple[str, list[str]]] = {}
+    for event in events:
+        for choice in event.get("choices", []) if isinstance(event, dict) else []:
+            text, tokens = choices.get(choice["index"], ("", []))
+            logprobs = choice.get("logprobs") or {"content": []}
+            choices[choice["index"]] = (
+                text + (choice["delta"].get("content") or ""), tokens + [t["token"] for t in logprobs["content"]]
+            )
+    return choices
+
+
+async def test_a_lost_engine_that_no_engine_replaces_ends_its_streams_and_the_gateway_serves_on(
+    api: httpx.AsyncClient, engine: FakeEngineClient, stream_events: StreamEvents
+) -> None:
+    engine.lose_requests_after(2, can_resume=False)
     events = await stream_events(api, CHAT, {"messages": MESSAGES, "max_tokens": 1000, "ignore_eos": True, "n": 2})
     assert events[-1] == "[DONE]" and len(error_events(events)) == 1
     assert (await api.get("/health")).status_code == 200

@@ -71,7 +71,9 @@ def finish_reasons(events: list[Any]) -> dict[int, str]:
     }
 
 
-def test_health_is_503_while_loading_then_200_and_503_once_the_engine_is_gone(tiny_model_dir: Path) -> None:
+def test_health_is_503_while_loading_then_200_and_recovering_while_a_killed_engine_restarts(
+    tiny_model_dir: Path,
+) -> None:
     with (
         running_server(tiny_model_dir, wait_healthy=False) as server,
         httpx.Client(base_url=server.base_url, timeout=30) as client,
@@ -89,8 +91,16 @@ def test_health_is_503_while_loading_then_200_and_503_once_the_engine_is_gone(ti
         assert {"linears", "head", "attention"} <= version["kernels"].keys()
         (engine_pid,) = server.engine_pids()
         os.kill(engine_pid, signal.SIGKILL)
-        wait_for(lambda: client.get("/health").status_code == 503, 10)
-        assert client.get("/health").json() == {"status": "dead"}
+        statuses: list[str] = []
+
+        def is_back() -> bool:
+            health = client.get("/health")
+            statuses.append(health.json()["status"])
+            return health.status_code == 200 and "recovering" in statuses
+
+        wait_for(is_back, 60)
+        assert server.engine_pids() != [engine_pid]
+        assert client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 2}).json()["usage"]["completion_tokens"] == 2
 
 
 def test_a_model_that_cannot_load_ends_the_server_with_status_2(tmp_path: Path) -> None:
