@@ -47,8 +47,7 @@ class Sampler:
             )
         token_ids = greedy_ids(logits)
         if not metadata.is_all_greedy:
-            sampled_ids = _sample(logits, metadata)
-            token_ids = torch.where(metadata.is_greedy, token_ids, sampled_ids)
+            token_ids = _sample_rows(logits, token_ids, metadata)
         if raw_logprobs is None:
             return SamplerOutput(token_ids, None, None, None)
         assert metadata.max_num_logprobs is not None
@@ -105,20 +104,37 @@ def _apply_bias_and_bans(logits: torch.Tensor, metadata: SamplingMetadata) -> to
     return logits
 
 
-def _sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-    logits = logits / metadata.temperature.unsqueeze(1)
+def _sample_rows(logits: torch.Tensor, greedy_token_ids: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """The greedy ids with the sampled rows' draws in place: only those rows pay for the
+    filters, the softmax and the noise (a greedy row's knobs change nothing)."""
+    rows = (~metadata.is_greedy).nonzero().squeeze(1)
+    if rows.numel() == logits.shape[0]:
+        return _sample(logits, metadata, None)
+    token_ids = greedy_token_ids.clone()
+    token_ids[rows] = _sample(logits[rows], metadata, rows)
+    return token_ids
+
+
+def _sample(logits: torch.Tensor, metadata: SamplingMetadata, rows: torch.Tensor | None) -> torch.Tensor:
+    """One draw for each row of `logits`: the batch's rows `rows` (None: all of them)."""
+
+    def of_rows(values: torch.Tensor) -> torch.Tensor:
+        return values if rows is None else values[rows]
+
+    logits = logits / of_rows(metadata.temperature).unsqueeze(1)
     if metadata.min_p is not None:
-        logits = apply_min_p(logits, metadata.min_p)
+        logits = apply_min_p(logits, of_rows(metadata.min_p))
     if metadata.top_k is not None:
-        logits = apply_top_k(logits, metadata.top_k)
+        logits = apply_top_k(logits, of_rows(metadata.top_k))
     if metadata.top_p is not None:
-        logits = apply_top_p(logits, metadata.top_p)
+        logits = apply_top_p(logits, of_rows(metadata.top_p))
     probs = logits.softmax(dim=-1)
     # NOTE: argmax(p / E) with E ~ Exp(1) draws from p (the exponential race), which lets
     # each seeded row draw its noise from its own generator.
     noise = torch.empty_like(probs).exponential_()
+    positions = {row: position for position, row in enumerate(range(len(probs)) if rows is None else rows.tolist())}
     for row, generator in metadata.generators.items():
-        noise[row].exponential_(generator=generator)
+        noise[positions[row]].exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
 
 
@@ -149,8 +165,11 @@ def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     top_probs = probs.topk(num_candidates, dim=-1).values
     # Keep a token when the tokens ranked above it do not reach top_p yet.
     num_kept = ((top_probs.cumsum(dim=-1) - top_probs) < top_p.unsqueeze(1)).sum(dim=-1)
-    is_covered = num_kept < num_candidates
+    # NOTE: a row with top_p 1 keeps every token (threshold 0), sorting nothing.
+    is_everything = top_p >= 1.0
+    is_covered = (num_kept < num_candidates) | is_everything
     threshold = top_probs.gather(1, (num_kept - 1).clamp(min=0).unsqueeze(1))
+    threshold = threshold.masked_fill(is_everything.unsqueeze(1), 0.0)
     kept = logits.masked_fill(probs < threshold, float("-inf"))
     if not is_covered.all():
         rows = (~is_covered).nonzero().squeeze(1)

@@ -69,7 +69,7 @@ _PROCESS_MODULES = frozenset({
     "tests/service/bench/test_serve.py", "tests/service/bench/test_throughput.py",
     "tests/service/client/test_core_client.py", "tests/service/client/test_data_parallel.py",
     "tests/service/client/test_data_parallel_server.py", "tests/service/client/test_engine_membership.py",
-    "tests/service/client/test_remote_engines.py",
+    "tests/service/client/test_remote_engines.py", "tests/service/client/test_chaos.py",
     "tests/service/frontend/test_async_llm.py", "tests/service/frontend/test_batch_generate.py",
     "tests/service/frontend/test_llm.py", "tests/service/test_request_path.py",
 })

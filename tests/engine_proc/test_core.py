@@ -198,3 +198,35 @@ def test_out_of_vocabulary_ids_are_refused_and_a_replayed_request_id_is_dropped(
     for request_id in ("bad-prompt", "bad-bias"):
         [(reason, why)] = finishes[request_id]
         assert reason is FinishReason.ERROR and "outside the vocabulary" in str(why)
+
+
+RESUMED_PARAMS = {
+    "greedy": SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+    "seeded": SamplingParams(temperature=0.9, top_k=40, seed=11, max_tokens=24, ignore_eos=True),
+    "penalized": SamplingParams(temperature=0.8, seed=3, presence_penalty=1.5, frequency_penalty=0.5,
+                                repetition_penalty=1.3, min_tokens=20, max_tokens=24),
+}
+
+
+@pytest.mark.parametrize("kind", RESUMED_PARAMS)
+def test_a_resumed_request_continues_as_it_would_have(tiny_model_dir: Path, kind: str) -> None:
+    """Another engine given a request with its output so far (a lost engine's) gives the rest of
+    what the request gives undisturbed: K/V recomputed, penalties, min/max_tokens and the seeded
+    draws continue from the output position; batch mates change nothing."""
+    config = EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05)
+    params, prompt = RESUMED_PARAMS[kind], list(range(300, 317))
+
+    def run(core: EngineCore, resumed: list[int]) -> list[int]:
+        core.add_request(EngineCoreRequest("r", prompt, params, resumed_token_ids=resumed))
+        tokens: list[int] = []
+        while core.has_work:
+            tokens += [t for output in core.step().outputs if output.request_id == "r" for t in output.new_token_ids]
+        return tokens
+
+    undisturbed = run(EngineCore(config), [])
+    assert len(undisturbed) == 24
+    for num_done in (1, 9, 23):
+        core = EngineCore(config)
+        for i, mate in enumerate(PROMPTS[:3]):
+            core.add_request(EngineCoreRequest(f"mate{i}", mate, SamplingParams(temperature=1.0, max_tokens=30)))
+        assert run(core, undisturbed[:num_done]) == undisturbed[num_done:]
