@@ -109,6 +109,17 @@ class GatewayConfig:
         15.0, "a `: ping` comment this often on a waiting stream (0: none)", flag="--sse-keepalive",
         check=at_least(0), group="operations", metavar="SECONDS",
     )
+    stream_retention_s: float = setting(
+        0.0, "keep each streamed answer's events this long after it ends, and let its request generate on "
+        "as long without its client: a client that lost its connection resumes with Last-Event-ID at "
+        "GET /v1/streams/{id}, or by sending the request again with the same X-Request-Id (0: off, a dropped "
+        "client's request is aborted at once)", flag="--stream-retention", check=at_least(0), group="operations",
+        metavar="SECONDS",
+    )
+    stream_retention_mib: int = setting(
+        256, "most memory the kept streams take; past it those no client reads go, finished ones first",
+        flag="--stream-retention-memory", check=at_least(1), group="operations", metavar="MiB",
+    )
     max_header_bytes: int = setting(
         16 * 2**10, "a larger request head (request line and headers) gets 431", check=at_least(1024),
         group="operations", metavar="N",

@@ -66,6 +66,7 @@ _PROCESS_MODULES = frozenset({
     "tests/service/api/test_api_servers.py", "tests/service/api/test_app.py",
     "tests/service/api/test_keepalive_prefill.py", "tests/service/api/test_metrics_route.py",
     "tests/service/api/test_operations.py", "tests/service/api/test_speculative_decoding.py",
+    "tests/service/api/test_stream_resume.py",
     "tests/service/bench/test_serve.py", "tests/service/bench/test_throughput.py",
     "tests/service/client/test_core_client.py", "tests/service/client/test_data_parallel.py",
     "tests/service/client/test_data_parallel_server.py", "tests/service/client/test_engine_membership.py",

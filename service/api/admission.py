@@ -185,4 +185,6 @@ class AdmissionMiddleware:
         try:
             await self.app(scope, receive, send)
         finally:
-            self.admission.release()
+            # NOTE: a kept stream (--stream-retention) took the slot over: it releases it when it ends.
+            if not scope.get("state", {}).get("is_handed_off"):
+                self.admission.release()

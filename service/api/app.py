@@ -24,7 +24,8 @@ from service.api.metrics_route import metrics
 from service.api.openapi import openapi
 from service.api.responses import create_response
 from service.api.server_state import ServerState
-from service.api.sse import DEFAULT_SSE_KEEPALIVE_S
+from service.api.sse import DEFAULT_SSE_KEEPALIVE_S, get_stream
+from service.api.stream_store import StreamStore
 from service.api.tokenize import detokenize, tokenize
 from service.client.core_client import EngineDeadError
 from service.openai.errors import APIError
@@ -138,6 +139,7 @@ def create_app(
     is_metrics_auth: bool = False,
     sse_keepalive_s: float = DEFAULT_SSE_KEEPALIVE_S,
     admission: Admission | None = None,
+    stream_store: StreamStore | None = None,
 ) -> Starlette:
     """The app; with `state` None it answers 503 "loading" until `attach` hands it one."""
     if admission is None:
@@ -157,6 +159,7 @@ def create_app(
             Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
             Route("/v1/completions", create_completion, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/streams/{request_id}", get_stream, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],
@@ -171,6 +174,7 @@ def create_app(
     )
     app.state.admission = admission
     app.state.sse_keepalive_s = sse_keepalive_s
+    app.state.streams = stream_store or StreamStore(retention_s=0.0, max_bytes=0)
     if state is not None:
         attach(app, state)
     return app

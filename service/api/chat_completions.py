@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from service.api.disconnect import unless_disconnected
 from service.api.errors import parse_body
 from service.api.server_state import ServerState
-from service.api.sse import sse_response
+from service.api.sse import resumed_stream, sse_response
 from service.frontend.outputs import RequestOutput, collect
 from service.model_files.tokenizer import Tokenizer
 from service.openai.answer import ChoiceAnswer
@@ -24,6 +24,9 @@ from service.openai.responses import chat_completion_body, choice_end
 async def create_chat_completion(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, ChatCompletionRequest, state.max_request_body_bytes)
+    resumed = resumed_stream(request)
+    if resumed is not None:
+        return resumed  # NOTE: the same request again (its X-Request-Id): the stream it started
     model = state.model_name(body.model)
     body.check_supported()
     prompt = chat_prompt(body, state.llm.input_processor)
@@ -40,7 +43,8 @@ async def create_chat_completion(request: Request) -> Response:
         prompt_fields["prompt_text"] = prompt.text
     if body.stream:
         tools = [ChoiceAnswer(body, state.tool_call_parser, state.reasoning_parser) for _ in range(body.n)]
-        return sse_response(chat_chunks(outputs, header, tokenizer, len(prompt.token_ids), prompt_fields, body, tools))
+        chunks = chat_chunks(outputs, header, tokenizer, len(prompt.token_ids), prompt_fields, body, tools)
+        return sse_response(request, chunks, response_id)
     (output,) = await unless_disconnected(request, collect(outputs, 1, body.n))
     return JSONResponse(chat_completion_body(
         header, output, tokenizer, body, state.tool_call_parser, state.reasoning_parser

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from service.api.disconnect import unless_disconnected
 from service.api.errors import parse_body
 from service.api.server_state import ServerState
-from service.api.sse import sse_response
+from service.api.sse import resumed_stream, sse_response
 from service.frontend.outputs import RequestOutput, collect
 from service.openai.protocol import CompletionRequest
 from service.openai.request_fields import completion_prompts, now, request_ids, usage
@@ -21,6 +21,9 @@ from service.openai.responses import CompletionLogprobs, completion_body, comple
 async def create_completion(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, CompletionRequest, state.max_request_body_bytes)
+    resumed = resumed_stream(request)
+    if resumed is not None:
+        return resumed  # NOTE: the same request again (its X-Request-Id): the stream it started
     model = state.model_name(body.model)
     body.check_supported()
     prompts = completion_prompts(body, state.llm.input_processor)
@@ -31,7 +34,9 @@ async def create_completion(request: Request) -> Response:
     formatter = CompletionLogprobs(state.llm.tokenizer, body, prompts)
     num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
     if body.stream:
-        return sse_response(_chunks(outputs, {**header, "object": "text_completion"}, formatter, num_prompt_tokens))
+        return sse_response(
+            request, _chunks(outputs, {**header, "object": "text_completion"}, formatter, num_prompt_tokens), response_id
+        )
     whole = await unless_disconnected(request, collect(outputs, len(prompts), body.n))
     return JSONResponse(completion_body(header, whole, formatter))
 

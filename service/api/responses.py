@@ -12,7 +12,7 @@ from service.api.chat_completions import chat_chunks
 from service.api.disconnect import unless_disconnected
 from service.api.errors import parse_body
 from service.api.server_state import ServerState
-from service.api.sse import sse_response
+from service.api.sse import resumed_stream, sse_response
 from service.frontend.outputs import collect
 from service.openai.answer import ChoiceAnswer
 from service.openai.request_fields import chat_prompt, now
@@ -24,6 +24,9 @@ from service.openai.responses_request import ResponsesRequest, responses_params
 async def create_response(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, ResponsesRequest, state.max_request_body_bytes)
+    resumed = resumed_stream(request)
+    if resumed is not None:
+        return resumed  # NOTE: the same request again (its X-Request-Id): the stream it started
     model = state.model_name(body.model)
     body.check_supported()
     chat = body.to_chat_request()
@@ -45,7 +48,7 @@ async def create_response(request: Request) -> Response:
     if body.stream:
         answer = ChoiceAnswer(chat, state.tool_call_parser, state.reasoning_parser)
         chunks = chat_chunks(outputs, header, tokenizer, len(prompt.token_ids), {}, chat, [answer])
-        return sse_response(_events(chunks, ResponseEvents(base, count_tokens)), is_named=True)
+        return sse_response(request, _events(chunks, ResponseEvents(base, count_tokens)), response_id, is_named=True)
     (output,) = await unless_disconnected(request, collect(outputs, 1, 1))
     whole = chat_completion_body(header, output, tokenizer, chat, state.tool_call_parser, state.reasoning_parser)
     return JSONResponse(whole_response(base, whole, count_tokens))

@@ -32,9 +32,11 @@ async def serve(config: GatewayConfig) -> None:
 
     from service.api.admission import Admission, Phase
     from service.api.app import create_app
+    from service.api.stream_store import StreamStore
 
     admission = Admission(config.max_num_in_flight, config.request_timeout_s, config.max_header_bytes)
-    app = create_app(None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, admission)
+    streams = StreamStore(config.stream_retention_s, config.stream_retention_mib * 2**20)
+    app = create_app(None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, admission, streams)
     stop = asyncio.Event()
 
     def on_signal() -> None:
@@ -63,6 +65,7 @@ async def serve(config: GatewayConfig) -> None:
     try:
         await hypercorn.asyncio.serve(app, _hypercorn_config(config), shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     finally:
+        await streams.close()
         await _stop_engine(load)
     if not load.cancelled():
         load.result()  # NOTE: raises why the engine did not load, if it did not.

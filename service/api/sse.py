@@ -9,8 +9,11 @@ from typing import Any
 import orjson
 from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from service.api.stream_store import StreamStore
 from service.openai.errors import APIError
 
 logger = logging.getLogger(__name__)
@@ -66,8 +69,70 @@ class _EventStream(EventSourceResponse):
             await super()._send_with_timeout(send, message)
 
 
-def sse_response(chunks: AsyncIterator[dict[str, Any]], is_named: bool = False) -> EventSourceResponse:
+async def _numbered(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Each event with its `id:` (0, 1, ...), which a client names in Last-Event-ID to resume."""
+    event_id = 0
+    async for event in events:
+        yield b"id: %d\n%s" % (event_id, event)
+        event_id += 1
+
+
+def sse_response(
+    request: Request, chunks: AsyncIterator[dict[str, Any]], response_id: str, is_named: bool = False
+) -> EventSourceResponse:
     """Streams `chunks` as `data:` events, ending with `data: [DONE]`; `: ping` comments keep
     the connection alive while they wait. With `is_named` (the Responses API) each event is also
-    named by its "type" and the stream ends with its last event, as OpenAI's does."""
-    return _EventStream(_events(chunks, is_named), sep="\n", ping_message_factory=_keepalive)
+    named by its "type" and the stream ends with its last event, as OpenAI's does.
+
+    With --stream-retention the events are kept under `response_id` (and the client's
+    X-Request-Id): the request generates on if the client goes, and a reconnect resumes it."""
+    stream_id = request.headers.get("x-request-id") or response_id
+    events = _numbered(_events(chunks, is_named))
+    store: StreamStore = request.app.state.streams
+    if not store.is_enabled:
+        return _stream(events, stream_id)
+    # NOTE: the stream holds the request's admission slot from here (a drain waits for it).
+    request.state.is_handed_off = True
+    log = store.start(list(dict.fromkeys([stream_id, response_id])), events, request.app.state.admission.release)
+    return _stream(log.follow(-1), stream_id)
+
+
+def resumed_stream(request: Request) -> EventSourceResponse | None:
+    """The kept stream a re-sent request names by its X-Request-Id, from the event after its
+    Last-Event-ID (all of them without one); None when there is no such stream."""
+    stream_id = request.headers.get("x-request-id")
+    store: StreamStore = request.app.state.streams
+    log = None if stream_id is None else store.get(stream_id)
+    if log is None or stream_id is None:
+        return None
+    return _stream(log.follow(last_event_id(request)), stream_id)
+
+
+async def get_stream(request: Request) -> Response:
+    """GET /v1/streams/{request_id}: a kept stream, from the event after Last-Event-ID."""
+    store: StreamStore = request.app.state.streams
+    stream_id = request.path_params["request_id"]
+    if not store.is_enabled:
+        raise APIError("Streams are not kept on this server; start it with --stream-retention SECONDS.", 404,
+                       error_type="not_found_error", code="stream_not_found")
+    log = store.get(stream_id)
+    if log is None:
+        raise APIError(f"No stream {stream_id!r} is kept here: it never started, or it ended more than "
+                       f"{store.retention_s:g} s ago (--stream-retention).", 404, error_type="not_found_error",
+                       code="stream_not_found")
+    return _stream(log.follow(last_event_id(request)), stream_id)
+
+
+def last_event_id(request: Request) -> int:
+    """The Last-Event-ID header's event id, or -1 without one."""
+    value = request.headers.get("last-event-id")
+    if value is None or value == "":
+        return -1
+    if not value.isdigit():
+        raise APIError(f"Last-Event-ID must be an event id this server sent (an integer), got {value!r}.",
+                       param="Last-Event-ID", code="invalid_last_event_id")
+    return int(value)
+
+
+def _stream(events: AsyncIterator[bytes], stream_id: str) -> EventSourceResponse:
+    return _EventStream(events, sep="\n", ping_message_factory=_keepalive, headers={"X-Request-Id": stream_id})

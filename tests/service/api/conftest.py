@@ -17,6 +17,7 @@ import pytest
 from service.api.admission import Admission
 from service.api.app import attach, create_app
 from service.api.server_state import ServerState
+from service.api.stream_store import StreamStore
 from service.config import GatewayConfig
 from service.frontend.async_llm import AsyncLLM
 from service.model_files.tokenizer import Tokenizer
@@ -61,7 +62,8 @@ def serve(engine: FakeEngineClient, tokenizer: Tokenizer) -> Serve:
     async def open_client(**config_changes: Any) -> AsyncIterator[httpx.AsyncClient]:
         config = GatewayConfig(model="fake", **{"served_model_names": SERVED_MODEL_NAMES, **config_changes})
         admission = Admission(config.max_num_in_flight, config.request_timeout_s, config.max_header_bytes)
-        app = create_app(None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, admission)
+        streams = StreamStore(config.stream_retention_s, config.stream_retention_mib * 2**20)
+        app = create_app(None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, admission, streams)
         names = list(config.served_model_names)
         metrics = PrometheusStatLogger(
             names[0], max_model_len=engine.ready.max_model_len, cache_info=cache_info(engine.ready, True)
@@ -79,6 +81,7 @@ def serve(engine: FakeEngineClient, tokenizer: Tokenizer) -> Serve:
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
                 yield client
         finally:
+            await streams.close()
             llm.shutdown()
 
     return open_client
@@ -94,7 +97,8 @@ async def api(serve: Serve) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 def stream_events() -> StreamEvents:
     """POSTs a streamed request with a client and returns its `data:` payloads decoded ("[DONE]"
-    kept as a string), checking the SSE framing: every event is one `data:` line."""
+    kept as a string), checking the SSE framing: every event is its `id:` line (0, 1, ...) and one
+    `data:` line."""
 
     async def post(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[Any]:
         response = await client.post(path, json={**body, "stream": True})
@@ -102,9 +106,10 @@ def stream_events() -> StreamEvents:
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.text.endswith("\n\n")
         events: list[Any] = []
-        for event in response.text.split("\n\n")[:-1]:
-            assert event.startswith("data: ") and "\n" not in event, event
-            data = event[len("data: "):]
+        for event_id, event in enumerate(response.text.split("\n\n")[:-1]):
+            id_line, data_line = event.split("\n")
+            assert id_line == f"id: {event_id}" and data_line.startswith("data: "), event
+            data = data_line[len("data: "):]
             events.append(data if data == "[DONE]" else json.loads(data))
         return events
 

@@ -99,11 +99,13 @@ async def test_a_stream_is_the_responses_event_sequence_and_adds_up_to_the_whole
     item_ids = {event.item_id for event in events if hasattr(event, "item_id")}
     assert item_ids == {final.output[0].id}
 
-    # The SSE framing: each event named by its type; no [DONE] (OpenAI's Responses streams end with their last event).
+    # The SSE framing: each event numbered, named by its type; no [DONE] (OpenAI's Responses streams
+    # end with their last event).
     raw = await api.post(RESPONSES, json={"input": "Hi", "max_output_tokens": 2, "stream": True})
     frames = raw.text.split("\n\n")[:-1]
-    for frame in frames:
-        name, data = frame.split("\n")
+    for event_id, frame in enumerate(frames):
+        id_line, name, data = frame.split("\n")
+        assert id_line == f"id: {event_id}"
         assert name == f"event: {json.loads(data.removeprefix('data: '))['type']}"
     assert "[DONE]" not in raw.text
 
@@ -236,7 +238,7 @@ async def test_an_engine_that_dies_mid_stream_ends_it_with_an_error_event(
 ) -> None:
     engine.die_after(3)
     raw = await api.post(RESPONSES, json={"input": "Hi", "max_output_tokens": 50, "stream": True, "ignore_eos": True})
-    last_name, last_data = raw.text.split("\n\n")[:-1][-1].split("\n")
+    _, last_name, last_data = raw.text.split("\n\n")[:-1][-1].split("\n")
     error = json.loads(last_data.removeprefix("data: "))
     assert last_name == "event: error" and error["type"] == "error" and error["error"]["type"] == "server_error"
     assert "response.output_text.delta" in raw.text

@@ -1,0 +1,150 @@
+"""Resumable streams in process, on the fake engine: a kept stream read again from any event
+(GET /v1/streams/{id}, or the same request re-sent with its X-Request-Id), its window, its memory
+bound, and the errors of a stream that is not kept."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING
+
+import httpx
+
+from service.api.stream_store import StreamStore
+from tests.service.api.fake_engine import FakeEngineClient
+
+if TYPE_CHECKING:
+    from tests.service.api.conftest import Serve
+
+COMPLETIONS = "/v1/completions"
+STREAMED = {"prompt": "Count:", "max_tokens": 12, "ignore_eos": True, "stream": True}
+
+
+def frames(response: httpx.Response) -> list[str]:
+    """The response's SSE events, each its `id:` line and its `data:` line."""
+    assert response.status_code == 200, response.text
+    return response.text.split("\n\n")[:-1]
+
+
+def response_id(events: list[str]) -> str:
+    return str(json.loads(events[0].split("\ndata: ")[1])["id"])
+
+
+async def test_a_kept_stream_is_read_again_from_any_event_without_generating_again(
+    serve: Serve, engine: FakeEngineClient
+) -> None:
+    async with serve(stream_retention_s=30.0) as client:
+        first = await client.post(COMPLETIONS, json=STREAMED, headers={"X-Request-Id": "mine-1"})
+        events = frames(first)
+        assert first.headers["x-request-id"] == "mine-1"
+        assert events[-1] == f"id: {len(events) - 1}\ndata: [DONE]"
+        # NOTE: by its X-Request-Id or by the response's id, after the event it names.
+        for stream_id in ("mine-1", response_id(events)):
+            again = await client.get(f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "3"})
+            assert frames(again) == events[4:]
+        assert frames(await client.get("/v1/streams/mine-1")) == events
+        resent = await client.post(COMPLETIONS, json=STREAMED, headers={"X-Request-Id": "mine-1", "Last-Event-ID": "9"})
+        assert frames(resent) == events[10:]
+        assert len(engine.requests) == 1
+        # NOTE: a new X-Request-Id is a new request.
+        other = await client.post(COMPLETIONS, json=STREAMED, headers={"X-Request-Id": "mine-2"})
+        assert len(frames(other)) == len(events) and len(engine.requests) == 2
+
+
+async def test_a_stream_nobody_reads_generates_to_its_end_and_waits_for_its_client(
+    serve: Serve, engine: FakeEngineClient
+) -> None:
+    engine.seconds_per_step = 0.01
+    async with serve(stream_retention_s=30.0) as client:
+        streams: StreamStore = client._transport.app.state.streams  # type: ignore[attr-defined]
+        response = asyncio.create_task(client.post(COMPLETIONS, json={**STREAMED, "max_tokens": 40},
+                                                   headers={"X-Request-Id": "gone"}))
+        while streams.get("gone") is None:
+            assert not response.done(), response.result()
+            await asyncio.sleep(0.01)
+        response.cancel()  # NOTE: the client goes mid-stream
+        log = streams.get("gone")
+        assert log is not None
+        while not log.is_finished:
+            await asyncio.sleep(0.01)
+        assert engine.aborted_ids == []
+        assert frames(await client.get("/v1/streams/gone"))[-1].endswith("data: [DONE]")
+
+
+async def test_a_finished_stream_is_kept_for_the_window_only(serve: Serve) -> None:
+    async with serve(stream_retention_s=0.3) as client:
+        events = frames(await client.post(COMPLETIONS, json=STREAMED, headers={"X-Request-Id": "brief"}))
+        assert frames(await client.get("/v1/streams/brief")) == events
+        deadline = time.monotonic() + 10
+        while (gone := await client.get("/v1/streams/brief")).status_code == 200:
+            assert time.monotonic() < deadline, "the stream outlived its window"
+            await asyncio.sleep(0.1)
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "stream_not_found"
+
+
+async def test_streams_not_kept_or_unknown_or_a_bad_last_event_id_are_clear_errors(
+    serve: Serve, api: httpx.AsyncClient
+) -> None:
+    off = await api.get("/v1/streams/anything")
+    assert off.status_code == 404 and "--stream-retention" in off.json()["error"]["message"]
+    echoed = await api.post(COMPLETIONS, json=STREAMED, headers={"X-Request-Id": "not-kept"})
+    assert echoed.headers["x-request-id"] == "not-kept"
+    assert (await api.get("/v1/streams/not-kept")).status_code == 404
+    async with serve(stream_retention_s=30.0) as client:
+        unknown = await client.get("/v1/streams/never-started")
+        assert unknown.status_code == 404 and "never-started" in unknown.json()["error"]["message"]
+        await client.post(COMPLETIONS, json=STREAMED, headers={"X-Request-Id": "kept"})
+        bad = await client.get("/v1/streams/kept", headers={"Last-Event-ID": "seven"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
+
+
+async def test_past_the_memory_bound_streams_nobody_reads_go_finished_first() -> None:
+    store = StreamStore(retention_s=60.0, max_bytes=250)
+
+    async def events(count: int, gate: asyncio.Event | None = None) -> object:
+        for i in range(count):
+            if gate is not None and i == 1:
+                await gate.wait()
+            yield b"x" * 50
+
+    released: list[str] = []
+    old = store.start(["old"], events(2), lambda: released.append("old"))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    gate = asyncio.Event()
+    live = store.start(["live"], events(3, gate), lambda: released.append("live"))  # type: ignore[arg-type]
+    newer = store.start(["newer"], events(2), lambda: released.append("newer"))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    assert old.is_finished and newer.is_finished and not live.is_finished
+    reader = live.follow(-1)
+    assert await anext(reader) == b"x" * 50
+    big = store.start(["big"], events(3), lambda: released.append("big"))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    store.sweep()
+    # NOTE: 100 + 50 + 100 + 150 bytes: the oldest finished ("old"), then "newer", go; the read one stays.
+    assert store.get("old") is None and store.get("newer") is None
+    assert store.get("live") is live and store.get("big") is big and store.num_bytes <= 250
+    gate.set()
+    assert [event async for event in reader] == [b"x" * 50] * 2
+    await store.close()
+    assert sorted(released) == ["big", "live", "newer", "old"]
+
+
+async def test_a_stream_no_client_comes_back_to_is_aborted_after_the_window(
+    serve: Serve, engine: FakeEngineClient
+) -> None:
+    engine.seconds_per_step = 0.01
+    async with serve(stream_retention_s=0.3) as client:
+        streams: StreamStore = client._transport.app.state.streams  # type: ignore[attr-defined]
+        response = asyncio.create_task(client.post(COMPLETIONS, json={**STREAMED, "max_tokens": 2000},
+                                                   headers={"X-Request-Id": "abandoned"}))
+        while streams.get("abandoned") is None:
+            assert not response.done(), response.result()
+            await asyncio.sleep(0.01)
+        response.cancel()
+        deadline = time.monotonic() + 10
+        while not engine.aborted_ids:
+            assert time.monotonic() < deadline, "the abandoned request kept generating"
+            await asyncio.sleep(0.05)
+        assert streams.get("abandoned") is None
+        assert engine.aborted_ids == [engine.requests[0].request_id]
