@@ -48,8 +48,17 @@ def _error_event(error: APIError, is_named: bool) -> bytes:
 _DONE = b"data: [DONE]\n\n"
 
 
+class _Keepalive(ServerSentEvent):
+    """`: ping`, a comment line with no blank line after it: it adds no event. (After an event
+    with an `id:`, OpenAI's Python SDK turns a comment followed by a blank line into an event with
+    empty data, which it then fails to parse as JSON.)"""
+
+    def encode(self) -> bytes:
+        return b": ping\n"
+
+
 def _keepalive() -> ServerSentEvent:
-    return ServerSentEvent(comment="ping", sep="\n")
+    return _Keepalive()
 
 
 class _EventStream(EventSourceResponse):

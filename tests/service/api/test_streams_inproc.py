@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 import httpx
+import openai
 
 from service.api.stream_store import StreamStore
 from tests.service.api.fake_engine import FakeEngineClient
@@ -148,3 +149,17 @@ async def test_a_stream_no_client_comes_back_to_is_aborted_after_the_window(
             await asyncio.sleep(0.05)
         assert streams.get("abandoned") is None
         assert engine.aborted_ids == [engine.requests[0].request_id]
+
+
+async def test_keepalive_comments_between_numbered_events_do_not_trip_the_openai_sdk(
+    serve: Serve, engine: FakeEngineClient
+) -> None:
+    engine.seconds_per_step = 0.03
+    async with serve(sse_keepalive_s=0.01) as client:
+        raw = await client.post(COMPLETIONS, json={**STREAMED, "max_tokens": 10})
+        assert "\n: ping\n" in raw.text and "\n: ping\n\n" not in raw.text
+        sdk = openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=client, max_retries=0)
+        stream = await sdk.completions.create(
+            model="fake", prompt="Count:", max_tokens=10, stream=True, extra_body={"ignore_eos": True}
+        )
+        assert "".join([chunk.choices[0].text async for chunk in stream if chunk.choices]) == engine.output_text(10)

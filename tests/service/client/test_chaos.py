@@ -1,6 +1,6 @@
-"""Chaos through a real `zeroserve serve` (tiny random model): 32 concurrent streams, greedy and
-seeded, while the engine is SIGKILLed three times (and restarted each time), or while one of two
-engines is killed for good. Every stream ends whole: its text and token count are those of the same
+"""Chaos through a real `zeroserve serve` (tiny random model): 32 concurrent greedy streams and 8
+seeded sampled ones, while the engine is SIGKILLed three times (and restarted each time), or while
+one of two engines is killed for good. Every stream ends whole: its text and token count are those of the same
 request in an undisturbed run, nothing missing and nothing repeated."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ PROMPTS = [
     "How does a bill become a law?",
     "Describe the taste of a ripe mango to someone who has never had one.",
 ]
-NUM_STREAMS = 32
+NUM_STREAMS = 40
 NUM_SEEDED = 8
 
 
