@@ -30,7 +30,16 @@ GET_ROUTES: tuple[tuple[str, str], ...] = (
     ("/version", "The package version, the engine's CPU and what runs each piece of a step."),
     ("/v1/models", "The served model and its aliases."),
     ("/metrics", "Prometheus metrics (text)."),
+    ("/v1/streams/{request_id}", "A kept stream (--stream-retention) as server-sent events, from the event after "
+     "Last-Event-ID: by its response id or the X-Request-Id it was sent with."),
 )
+# The parameters of the GET routes that take any.
+_GET_PARAMETERS: dict[str, list[dict[str, Any]]] = {
+    "/v1/streams/{request_id}": [
+        {"name": "request_id", "in": "path", "required": True, "schema": {"type": "string"}},
+        {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+    ],
+}
 
 _ERROR_SCHEMA = {
     "type": "object",
@@ -63,6 +72,8 @@ def openapi_document() -> dict[str, Any]:
         }}
     for path, summary in GET_ROUTES:
         paths[path] = {"get": {"summary": summary, "responses": {"200": {"description": summary}}}}
+        if path in _GET_PARAMETERS:
+            paths[path]["get"]["parameters"] = _GET_PARAMETERS[path]
     try:
         version = importlib.metadata.version("zeroserve")
     except importlib.metadata.PackageNotFoundError:

@@ -55,6 +55,8 @@ async def test_the_openapi_document_describes_every_route_with_its_request_model
         assert ref == f"#/components/schemas/{model.__name__}"
         assert set(model.model_fields) <= set(schemas[model.__name__]["properties"])
     assert all(path in document["paths"] for path, _ in GET_ROUTES)
+    app_paths = {route.path for route in api._transport.app.routes}  # type: ignore[attr-defined]
+    assert app_paths - {"/openapi.json"} <= set(document["paths"])
     # Every reference in the document resolves.
     text = json.dumps(document)
     for name in {part.split('"')[0] for part in text.split('"#/components/schemas/')[1:]}:
