@@ -63,6 +63,7 @@ EXPECTED_OUTPUT = {  # regular expressions
     "response_format=Answer": [r"city='Tokyo'"],
     "client.responses.create(": ["The capital of Japan is Tokyo"],
     "--result-json out.json": [r"Successful requests: +32\s"],
+    "/v1/streams/fox-1": [r"(?m)^id: 1\n", r"(?m)^id: 2\n", r"data: \[DONE\]"],
 }
 EXPECTED_FILES = {
     ".venv/bin/zeroserve generate": ["prompts.jsonl", "results.jsonl"],
