@@ -129,7 +129,8 @@ class AsyncMPClient(MPClient):
         if delay is None:
             self._is_restarting.discard(index)
             logger.error(
-                "engine %d: not restarted: it died %d times within %g s", index, _MAX_RESTARTS, _RESTART_WINDOW_S
+                "engine %d: not restarted again: it died after each of %d restarts within %g s", index, _MAX_RESTARTS,
+                _RESTART_WINDOW_S,
             )
             if not self.alive_engines and self.link.engine_address is None:
                 self._mark_dead(f"engine {index} kept dying")

@@ -69,6 +69,9 @@ class FakeEngineClient(EngineCoreClient):
         self._num_steps_to_failure: int | None = None
         self._is_failure_lost = False
         self._can_resume = True
+        self._is_fatal_step = False
+        self._failure_every = 0
+        self._num_failures_left = 0
 
     @property
     def is_dead(self) -> bool:
@@ -91,12 +94,17 @@ class FakeEngineClient(EngineCoreClient):
         self._num_steps_to_failure, self._is_failure_lost = num_steps, False
         self._has_work.set()
 
-    def lose_requests_after(self, num_steps: int, can_resume: bool = True) -> None:
+    def lose_requests_after(
+        self, num_steps: int, can_resume: bool = True, is_fatal_step: bool = False, num_times: int = 1
+    ) -> None:
         """After `num_steps` more steps the running requests' engine goes away (EngineLost): the
         gateway resumes them here (`resume_requests_async`), or with `can_resume` False (no engine
-        came back in time) they fail; either way it serves later requests."""
+        came back in time) they fail; either way it serves later requests. With `is_fatal_step`
+        the engine reports that its step with them failed (they are suspects). It happens
+        `num_times` times, `num_steps` steps apart."""
         self._num_steps_to_failure, self._is_failure_lost = num_steps, True
-        self._can_resume = can_resume
+        self._can_resume, self._is_fatal_step = can_resume, is_fatal_step
+        self._failure_every, self._num_failures_left = num_steps, num_times
         self._has_work.set()
 
     async def wait_ready(self, timeout: float = 300.0) -> EngineReady:
@@ -134,10 +142,12 @@ class FakeEngineClient(EngineCoreClient):
         return self._step()
 
     def _fail(self) -> EngineLost:
-        self._num_steps_to_failure = None
+        self._num_failures_left -= 1
+        self._num_steps_to_failure = self._failure_every if self._num_failures_left > 0 else None
         lost_ids, self._running = list(self._running), {}
         if self._is_failure_lost:
-            return EngineLost(0, lost_ids, "the engine stopped answering", self._can_resume)
+            suspects = lost_ids if self._is_fatal_step else []
+            return EngineLost(0, lost_ids, "the engine stopped answering", self._can_resume, suspects)
         self._is_dead = True
         raise EngineDeadError("engine is dead: killed by the test")
 

@@ -206,6 +206,20 @@ async def test_a_lost_engines_streams_resume_as_if_nothing_happened(
     assert resumed[-2]["usage"] == undisturbed[-2]["usage"]
 
 
+async def test_a_request_in_two_failing_engine_steps_is_failed_not_retried_again(
+    api: httpx.AsyncClient, engine: FakeEngineClient, stream_events: StreamEvents
+) -> None:
+    # NOTE: its engine fails in a step with it after 3 steps; resumed, its new engine does too.
+    engine.lose_requests_after(3, is_fatal_step=True, num_times=2)
+    events = await stream_events(api, COMPLETIONS, {"prompt": "Crash me", "max_tokens": 50, "ignore_eos": True})
+    [error] = error_events(events)
+    assert engine.requests[0].request_id in error["message"] and "failed twice" in error["message"]
+    assert events[-1] == "[DONE]" and len(engine.requests) == 2
+    assert engine.requests[1].resumed_token_ids == engine.output_ids(3)
+    ok = await api.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 3, "ignore_eos": True})
+    assert ok.json()["choices"][0]["text"] == engine.output_text(3)
+
+
 def streamed_choices(events: list[Any]) -> dict[int, tuple[str, list[str]]]:
     """Each choice's streamed content and its logprobs' tokens, concatenated."""
     choices: dict[int, tuple[str, list[str]]] = {}

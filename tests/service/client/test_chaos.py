@@ -9,6 +9,7 @@ import asyncio
 import os
 import random
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -116,3 +117,25 @@ async def test_streams_survive_losing_one_of_two_engines_for_good(tiny_model_dir
     check_whole(undisturbed, disturbed)
     assert "starting a new engine process" not in log.read_text()
     assert "resuming" in log.read_text()
+
+
+def test_an_engine_that_keeps_dying_is_given_up_on_with_a_log_line_and_health_dead(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "gateway.log"
+    with running_server(tiny_model_dir, log_file=log) as server, httpx.Client(base_url=server.base_url) as client:
+        killed: set[int] = set()
+        deadline = time.monotonic() + 120
+        while "not restarted again" not in log.read_text():
+            assert time.monotonic() < deadline, "the gateway kept restarting"
+            for pid in set(server.engine_pids()) - killed:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            time.sleep(0.05)
+        # NOTE: the first engine and its five restarts, each started after a longer wait.
+        assert len(killed) == 6 and log.read_text().count("starting a new engine process") == 5
+        while (health := client.get("/health")).json() != {"status": "dead"}:
+            assert time.monotonic() < deadline and health.status_code == 503, health.json()
+            time.sleep(0.05)
+        refused = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_dead"
