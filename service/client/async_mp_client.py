@@ -229,6 +229,7 @@ class AsyncMPClient(MPClient):
                 engine = self.engines.get(outputs.engine_index)
                 if engine is None or not engine.is_alive:
                     continue  # NOTE: a lost engine's last words: its requests already went elsewhere.
+                await self._drop_stale(outputs)
                 self._track(outputs)
                 self.outputs_queue.put_nowait(outputs)
                 continue
@@ -241,6 +242,20 @@ class AsyncMPClient(MPClient):
                     future.set_exception(error)
                 else:
                     future.set_result(value)
+
+    async def _drop_stale(self, outputs: EngineCoreOutputs) -> None:
+        """Takes out outputs of requests that moved on from this engine (it was lost, then came
+        back still running them) and aborts them there."""
+        stale = {
+            output.request_id for output in outputs.outputs
+            if output.request_id in self._parked or (
+                (owner := self.request_owner.get(output.request_id)) is not None and owner.index != outputs.engine_index
+            )
+        }
+        if stale:
+            outputs.outputs = [output for output in outputs.outputs if output.request_id not in stale]
+            identity = self.engines[outputs.engine_index].identity
+            await self.input_socket.send_multipart(self._frames(identity, RequestType.ABORT, sorted(stale)), copy=False)
 
     async def get_output_async(self) -> EngineCoreOutputs | EngineLost:
         item = await self.outputs_queue.get()

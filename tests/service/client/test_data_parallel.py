@@ -10,9 +10,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import zmq
 from prometheus_client import generate_latest
 
+from proto.codec import MsgpackEncoder
 from proto.engine_config import EngineConfig
+from proto.engine_output import EngineCoreOutput, EngineCoreOutputs
 from service.client.async_mp_client import AsyncMPClient
 from service.client.curve import LinkSettings
 from service.frontend.async_llm import AsyncLLM
@@ -103,3 +106,21 @@ async def test_a_lost_engines_requests_finish_on_the_other_with_the_same_tokens(
         assert finished_by_engine(metrics) == {"0": 2, "1": 2 + 4 + 1}
     finally:
         llm.shutdown()
+
+
+async def test_outputs_of_a_request_from_an_engine_that_does_not_own_it_are_dropped(llm: AsyncLLM) -> None:
+    """As from a lost engine that came back still running requests that moved on without it."""
+    client = client_of(llm)
+    undisturbed = await run_ids(llm, "pinned-a", 200, rank=1)
+    running = asyncio.create_task(run_ids(llm, "pinned-b", 200, rank=1))  # NOTE: the same prompt
+    while not client.request_owner:
+        await asyncio.sleep(0.005)
+    (request_id,) = client.request_owner
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    push.connect(client.output_address)
+    stale = EngineCoreOutputs(engine_index=0, outputs=[EngineCoreOutput(request_id, [7, 7, 7])])
+    push.send_multipart(MsgpackEncoder().encode(stale))
+    try:
+        assert await asyncio.wait_for(running, 60) == undisturbed
+    finally:
+        push.close(0)
