@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import httpx
 import openai
 
-from service.api.stream_store import StreamStore
+from service.api.stream_store import StreamLog, StreamStore
 from tests.service.api.fake_engine import FakeEngineClient
 
 if TYPE_CHECKING:
@@ -53,20 +53,29 @@ async def test_a_kept_stream_is_read_again_from_any_event_without_generating_aga
         assert len(frames(other)) == len(events) and len(engine.requests) == 2
 
 
+def store_of(client: httpx.AsyncClient) -> StreamStore:
+    store: StreamStore = client._transport.app.state.streams  # type: ignore[attr-defined]
+    return store
+
+
+async def started_and_left(client: httpx.AsyncClient, stream_id: str, max_tokens: int) -> StreamLog:
+    """A kept stream whose client went away once it had started."""
+    streams = store_of(client)
+    response = asyncio.create_task(client.post(COMPLETIONS, json={**STREAMED, "max_tokens": max_tokens},
+                                               headers={"X-Request-Id": stream_id}))
+    while (log := streams.get(stream_id)) is None:
+        assert not response.done(), response.result()
+        await asyncio.sleep(0.01)
+    response.cancel()
+    return log
+
+
 async def test_a_stream_nobody_reads_generates_to_its_end_and_waits_for_its_client(
     serve: Serve, engine: FakeEngineClient
 ) -> None:
     engine.seconds_per_step = 0.01
     async with serve(stream_retention_s=30.0) as client:
-        streams: StreamStore = client._transport.app.state.streams  # type: ignore[attr-defined]
-        response = asyncio.create_task(client.post(COMPLETIONS, json={**STREAMED, "max_tokens": 40},
-                                                   headers={"X-Request-Id": "gone"}))
-        while streams.get("gone") is None:
-            assert not response.done(), response.result()
-            await asyncio.sleep(0.01)
-        response.cancel()  # NOTE: the client goes mid-stream
-        log = streams.get("gone")
-        assert log is not None
+        log = await started_and_left(client, "gone", 40)
         while not log.is_finished:
             await asyncio.sleep(0.01)
         assert engine.aborted_ids == []
@@ -136,13 +145,8 @@ async def test_a_stream_no_client_comes_back_to_is_aborted_after_the_window(
 ) -> None:
     engine.seconds_per_step = 0.01
     async with serve(stream_retention_s=0.3) as client:
-        streams: StreamStore = client._transport.app.state.streams  # type: ignore[attr-defined]
-        response = asyncio.create_task(client.post(COMPLETIONS, json={**STREAMED, "max_tokens": 2000},
-                                                   headers={"X-Request-Id": "abandoned"}))
-        while streams.get("abandoned") is None:
-            assert not response.done(), response.result()
-            await asyncio.sleep(0.01)
-        response.cancel()
+        await started_and_left(client, "abandoned", 2000)
+        streams = store_of(client)
         deadline = time.monotonic() + 10
         while not engine.aborted_ids:
             assert time.monotonic() < deadline, "the abandoned request kept generating"
