@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,7 @@ class EngineCore:
             *_drafting(config),
         )
         self._rejected: list[EngineCoreOutput] = []
+        self.instance_id = uuid.uuid4().hex
         # NOTE: the requests being added or stepped: if that raises, the gateway is told they may be why.
         self.suspect_request_ids: list[str] = []
         self._structured_output: StructuredOutputManager | None = None
@@ -83,6 +85,7 @@ class EngineCore:
             cpu=self.model_runner.device_description,
             kernel_choices=self.model_runner.kernel_choices,
             structured_output_backend="guidance" if self.config.structured_outputs.backend == "guidance" else "xgrammar",
+            instance_id=self.instance_id,
         )
 
     def set_engine_index(self, engine_index: int) -> None:

@@ -40,6 +40,9 @@ class EngineReady:
     cpu: str = ""  # the CPU (or device) and what torch can run on it
     kernel_choices: dict[str, str] = field(default_factory=dict)  # what runs each piece of a step
     structured_output_backend: str = "xgrammar"  # the grammar library its constraints compile with
+    # NOTE: one per engine process: a new process under a known identity is a replacement (the one
+    # before it is gone with its requests), not that engine's heartbeat.
+    instance_id: str = ""
 
     @property
     def num_kv_tokens(self) -> int:

@@ -17,13 +17,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from types import FrameType
 
+from proto.engine_config import EngineConfig
 from proto.engine_link import die_with_parent
 from proto.sockets import new_ipc_address
-from service.client.engine_launcher import EngineProcess
+from service.client.engine_launcher import EngineProcess, RestartBudget
 from service.config import GatewayConfig
 from service.model_files.model_registry import resolve_model
 
@@ -49,12 +50,7 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
     listener = socket.create_server((config.host, config.port), backlog=4096)
     listener.set_inheritable(True)
     engine_config = replace(config.engine, model_path=str(resolved.path), model_name=resolved.name)
-    engines = [
-        EngineProcess(
-            engine_config, index, ",".join(inputs), ",".join(outputs), _engine_exited(index), log_format=config.log_format
-        )
-        for index in range(config.data_parallel_size)
-    ]
+    engines = _Engines(config, engine_config, ",".join(inputs), ",".join(outputs))
     servers = [
         subprocess.Popen(
             [
@@ -70,7 +66,8 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
         )
         for k in range(num_servers)
     ]
-    logger.info("%d gateway processes on http://%s:%d, %d engines", num_servers, config.host, config.port, len(engines))
+    logger.info("%d gateway processes on http://%s:%d, %d engines", num_servers, config.host, config.port,
+                config.data_parallel_size)
     is_stopping = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -96,14 +93,44 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
             if server.poll() is None:
                 server.kill()
                 server.wait()
-        for engine in engines:
-            engine.shutdown()
+        engines.shutdown()
         listener.close()
         shutil.rmtree(socket_dir, ignore_errors=True)
 
 
-def _engine_exited(index: int) -> Callable[[EngineProcess, int], None]:
-    def on_exit(process: EngineProcess, returncode: int) -> None:
-        logger.error("engine %d exited with code %d; the gateways drop it", index, returncode)
+class _Engines:
+    """The engine processes the gateways share; with --engine-restart each is started again when
+    it dies (as one gateway restarts its own), and it joins every gateway again."""
 
-    return on_exit
+    def __init__(self, config: GatewayConfig, engine_config: EngineConfig, inputs: str, outputs: str) -> None:
+        self.config = config
+        self.engine_config = engine_config
+        self.inputs, self.outputs = inputs, outputs
+        self.is_stopping = False
+        self._budget = RestartBudget()
+        self.processes = [self._start(index) for index in range(config.data_parallel_size)]
+
+    def _start(self, index: int) -> EngineProcess:
+        return EngineProcess(
+            self.engine_config, index, self.inputs, self.outputs, self._on_exit, log_format=self.config.log_format
+        )
+
+    def _on_exit(self, process: EngineProcess, returncode: int) -> None:
+        # NOTE: in the process's watcher thread; the gateways resume its requests once it is back.
+        index = process.engine_index
+        logger.error("engine %d exited with code %d", index, returncode)
+        if not self.config.link.is_engine_restart:
+            return
+        delay = self._budget.delay(index)
+        if delay is None:
+            logger.error("%s", self._budget.gave_up_line(index))
+            return
+        time.sleep(delay)
+        if not self.is_stopping:
+            logger.warning("engine %d: starting a new engine process (restart %d)", index, self._budget.record(index))
+            self.processes[index] = self._start(index)
+
+    def shutdown(self) -> None:
+        self.is_stopping = True
+        for process in self.processes:
+            process.shutdown()

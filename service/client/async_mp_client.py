@@ -16,19 +16,13 @@ from proto.engine_output import EngineCoreOutputs
 from proto.handshake import EngineReady
 from service.client.core_client import EngineDeadError
 from service.client.curve import LinkSettings
-from service.client.engine_launcher import EngineProcess
+from service.client.engine_launcher import EngineProcess, RestartBudget
 from service.client.engine_state import DeathNotice, EngineLost
 from service.client.mp_client import MPClient, utility_outcome
 
 logger = logging.getLogger(__name__)
 
 OutputItem = EngineCoreOutputs | EngineLost | BaseException
-
-# NOTE: a local engine that dies this often within the window is not started again; the n-th
-# restart in a window waits 0, 0.5, 1, 2... s (at most the cap).
-_MAX_RESTARTS = 5
-_RESTART_WINDOW_S = 300.0
-_MAX_RESTART_DELAY_S = 8.0
 
 
 class AsyncMPClient(MPClient):
@@ -54,8 +48,7 @@ class AsyncMPClient(MPClient):
         self._tasks: list[asyncio.Task[None]] = []
         # NOTE: resumed requests waiting for a serving engine: request id → (request, give-up time).
         self._parked: dict[str, tuple[EngineCoreRequest, float]] = {}
-        # NOTE: per local engine index, when it was last restarted (the window bounds the loop).
-        self._restarts: dict[int, list[float]] = {}
+        self._restart_budget = RestartBudget()
         self._is_restarting: set[int] = set()
         super().__init__(engine_config, zmq.asyncio.Context(), data_parallel_size, link, engine_addresses, log_format)
 
@@ -89,7 +82,9 @@ class AsyncMPClient(MPClient):
 
     @property
     def is_dead(self) -> bool:
-        return self._is_dead or (super().is_dead and not self._is_restarting)
+        # NOTE: engines another process starts (other hosts, the parent of several gateways) may
+        # come back: the gateway waits for them.
+        return self._is_dead or (super().is_dead and not self._is_restarting and bool(self.processes))
 
     @property
     def is_recovering(self) -> bool:
@@ -125,36 +120,30 @@ class AsyncMPClient(MPClient):
         self._lose(index, f"engine process exited with code {returncode}")
         if self._is_dead or not self.link.is_engine_restart or index not in self.engines:
             return
-        delay = self._restart_delay(index)
+        delay = self._restart_budget.delay(index)
         if delay is None:
             self._is_restarting.discard(index)
-            logger.error(
-                "engine %d: not restarted again: it died after each of %d restarts within %g s", index, _MAX_RESTARTS,
-                _RESTART_WINDOW_S,
-            )
+            logger.error("%s", self._restart_budget.gave_up_line(index))
             if not self.alive_engines and self.link.engine_address is None:
                 self._mark_dead(f"engine {index} kept dying")
             return
-        self._loop.call_later(delay, self._restart, index)
-
-    def _restart_delay(self, index: int) -> float | None:
-        """Seconds until engine `index` is started again (backing off), or None: not at all."""
-        now = time.monotonic()
-        recent = [t for t in self._restarts.get(index, []) if now - t < _RESTART_WINDOW_S]
-        if len(recent) >= _MAX_RESTARTS:
-            return None
-        self._restarts[index] = recent
         self._is_restarting.add(index)
-        return 0.0 if not recent else min(_MAX_RESTART_DELAY_S, 0.5 * 2 ** (len(recent) - 1))
+        self._loop.call_later(delay, self._restart, index)
 
     def _restart(self, index: int) -> None:
         if self._is_dead:
             return
-        self._restarts[index].append(time.monotonic())
-        logger.warning("engine %d: starting a new engine process (restart %d)", index, len(self._restarts[index]))
+        num_restarts = self._restart_budget.record(index)
+        logger.warning("engine %d: starting a new engine process (restart %d)", index, num_restarts)
         self.processes[index] = self._start_engine(index)
 
-    def _lose(self, engine_index: int, reason: str, suspect_request_ids: list[str] | None = None) -> None:
+    def _replaced(self, engine_index: int) -> None:
+        # NOTE: at once (on the loop), before the new process registers under the same index.
+        self._lose(engine_index, "a new engine process took its place", is_replaced=True)
+
+    def _lose(
+        self, engine_index: int, reason: str, suspect_request_ids: list[str] | None = None, is_replaced: bool = False
+    ) -> None:
         if self._is_dead:
             return
         if engine_index not in self.engines:  # NOTE: died before it was ready.
@@ -169,7 +158,7 @@ class AsyncMPClient(MPClient):
             if owner == engine_index and future is not None and not future.done():
                 future.set_exception(error)
         is_local = engine_index < len(self.processes)
-        if is_local and self.link.is_engine_restart:
+        if is_local and self.link.is_engine_restart and not is_replaced:
             # NOTE: a hung or failing process is ended now; its exit starts the new one.
             self.processes[engine_index].kill()
         may_recover = (is_local and self.link.is_engine_restart) or self.link.engine_address is not None

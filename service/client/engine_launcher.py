@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from proto.engine_config import EngineConfig
@@ -79,3 +80,35 @@ class EngineProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+# NOTE: an engine that dies this often within the window is not started again; the n-th restart
+# in a window waits 0, 0.5, 1, 2... s (at most the cap).
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 300.0
+_MAX_RESTART_DELAY_S = 8.0
+
+
+class RestartBudget:
+    """How soon each dead engine is started again (backing off), and when not at all."""
+
+    def __init__(self) -> None:
+        self._restarts: dict[int, list[float]] = {}
+
+    def delay(self, engine_index: int) -> float | None:
+        """Seconds to wait before starting engine `engine_index` again, or None: give up on it."""
+        now = time.monotonic()
+        recent = [t for t in self._restarts.get(engine_index, []) if now - t < RESTART_WINDOW_S]
+        self._restarts[engine_index] = recent
+        if len(recent) >= MAX_RESTARTS:
+            return None
+        return 0.0 if not recent else min(_MAX_RESTART_DELAY_S, 0.5 * 2 ** (len(recent) - 1))
+
+    def record(self, engine_index: int) -> int:
+        """Notes a restart; returns how many there were in the window."""
+        self._restarts.setdefault(engine_index, []).append(time.monotonic())
+        return len(self._restarts[engine_index])
+
+    def gave_up_line(self, engine_index: int) -> str:
+        return (f"engine {engine_index}: not restarted again: it died after each of {MAX_RESTARTS} restarts "
+                f"within {RESTART_WINDOW_S:g} s")

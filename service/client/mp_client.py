@@ -116,10 +116,14 @@ class MPClient(EngineCoreClient):
         engine = self._engine_by_identity(identity)
         message_type = EngineMessageType(type_frame)
         if message_type is EngineMessageType.READY:
+            ready = self.ready_decoder.decode(payload)
             if engine is not None and engine.is_alive:
-                engine.last_seen = time.monotonic()
-                return None
-            accept = self._register(identity, self.ready_decoder.decode(payload))
+                if ready.instance_id == engine.ready.instance_id:
+                    engine.last_seen = time.monotonic()
+                    return None
+                # NOTE: its process was replaced (a restart elsewhere) before its silence was noticed.
+                self._replaced(engine.index)
+            accept = self._register(identity, ready)
             return [identity, RequestType.HANDSHAKE.value, *self.encoder.encode(accept)]
         if engine is None:
             return None
@@ -279,6 +283,10 @@ class MPClient(EngineCoreClient):
 
     def _engine_died(self, engine_index: int, reason: str) -> None:
         raise NotImplementedError
+
+    def _replaced(self, engine_index: int) -> None:
+        """Engine `engine_index`'s process is gone, a new one in its place: its requests move on."""
+        self._engine_died(engine_index, "a new engine process took its place")
 
     def _close(self) -> None:
         for process in self.processes:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 from pathlib import Path
 
 import httpx
@@ -27,4 +29,15 @@ async def test_both_gateway_processes_serve_requests_on_one_port(tiny_model_dir:
         finished_by = re.findall(r"api-server-(\d) zeroserve\.request INFO request", log.read_text())
         assert len(finished_by) == 40
         assert set(finished_by) == {"0", "1"}, finished_by
+
+        # NOTE: the shared engine killed under load: started again, it rejoins both gateways,
+        # which resume their requests there.
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=120, limits=limits) as client:
+            undisturbed = await asyncio.gather(*(complete(client, p, 300) for p in prompts(8, "long")))
+            running = asyncio.gather(*(complete(client, p, 300) for p in prompts(8, "long")))
+            await asyncio.sleep(0.5)
+            (engine_pid,) = [pid for pid in server.engine_pids() if b"engine_proc" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+            os.kill(engine_pid, signal.SIGKILL)
+            assert await running == undisturbed
+        assert "engine 0: starting a new engine process (restart 1)" in log.read_text()
     assert server.proc.returncode == 0
