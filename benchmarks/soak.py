@@ -136,9 +136,10 @@ async def _whole(client: httpx.AsyncClient, body: dict[str, Any], rng: random.Ra
 
 async def _killer(server: ServerProcess, deadline: float, every_s: float, rng: random.Random, tally: Tally) -> None:
     while True:
-        await asyncio.sleep(every_s * rng.uniform(0.7, 1.3))
-        if time.monotonic() >= deadline:
+        next_kill = time.monotonic() + every_s * rng.uniform(0.7, 1.3)
+        if next_kill >= deadline:
             return
+        await asyncio.sleep(next_kill - time.monotonic())
         pids = server.engine_pids()
         if pids:
             os.kill(rng.choice(pids), signal.SIGKILL)
