@@ -132,9 +132,11 @@ def _sample(logits: torch.Tensor, metadata: SamplingMetadata, rows: torch.Tensor
     # NOTE: argmax(p / E) with E ~ Exp(1) draws from p (the exponential race), which lets
     # each seeded row draw its noise from its own generator.
     noise = torch.empty_like(probs).exponential_()
-    positions = {row: position for position, row in enumerate(range(len(probs)) if rows is None else rows.tolist())}
-    for row, generator in metadata.generators.items():
-        noise[positions[row]].exponential_(generator=generator)
+    if metadata.generators:
+        batch_rows = range(len(probs)) if rows is None else rows.tolist()
+        positions = {row: position for position, row in enumerate(batch_rows)}
+        for row, generator in metadata.generators.items():
+            noise[positions[row]].exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
 
 
