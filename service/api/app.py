@@ -159,7 +159,7 @@ def create_app(
             Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
             Route("/v1/completions", create_completion, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
-            Route("/v1/streams/{request_id}", get_stream, methods=["GET"]),
+            Route("/v1/streams/{request_id:path}", get_stream, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],

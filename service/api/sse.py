@@ -137,7 +137,7 @@ def last_event_id(request: Request) -> int:
     value = request.headers.get("last-event-id")
     if value is None or value == "":
         return -1
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise APIError(f"Last-Event-ID must be an event id this server sent (an integer), got {value!r}.",
                        param="Last-Event-ID", code="invalid_last_event_id")
     return int(value)

@@ -5,9 +5,9 @@ knows are ignored, as vLLM does."""
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from proto.engine_input import StructuredOutput
 from service.frontend.sampling_params import SamplingParams, generation_defaults_of
@@ -20,6 +20,19 @@ from service.frontend.structured_output import (
 from service.openai.conformance import refused_fields
 from service.openai.errors import APIError
 from service.openai.tool_calls import forced_schema, function_of, tool_mode
+
+
+def _check_request_id(value: str) -> str:
+    if not all("!" <= char <= "~" for char in value):
+        raise ValueError("must be printable ASCII without spaces: it comes back in the X-Request-Id header and "
+                         "names the stream in GET /v1/streams/{request_id}")
+    return value
+
+
+# A request id a body names (vLLM's extension), echoed in the X-Request-Id header.
+RequestId = Annotated[
+    str, Field(min_length=1, max_length=256, json_schema_extra={"pattern": "^[!-~]+$"}), AfterValidator(_check_request_id)
+]
 
 
 class OpenAIModel(BaseModel):
@@ -98,7 +111,7 @@ class SamplingRequest(OpenAIModel):
     skip_special_tokens: bool | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None
-    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    request_id: RequestId | None = None
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
     response_format: dict[str, Any] | None = None

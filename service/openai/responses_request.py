@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from service.openai.errors import APIError, validate_body
-from service.openai.protocol import ChatCompletionRequest, OpenAIModel
+from service.openai.protocol import ChatCompletionRequest, OpenAIModel, RequestId
 
 # The `include` values this server honours ("reasoning.encrypted_content" asks for nothing it keeps).
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -53,7 +53,7 @@ class ResponsesRequest(OpenAIModel):
     metadata: dict[str, str] | None = None
     user: str | None = None
     truncation: str | None = None
-    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    request_id: RequestId | None = None
 
     def check_supported(self) -> None:
         """A 400 naming the first field that needs what a stateless server does not have."""

@@ -5,6 +5,7 @@ least 2,000 in all; none may get a 5xx or hang, and the server serves normally a
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -55,7 +56,8 @@ async def test_the_openapi_document_describes_every_route_with_its_request_model
         assert ref == f"#/components/schemas/{model.__name__}"
         assert set(model.model_fields) <= set(schemas[model.__name__]["properties"])
     assert all(path in document["paths"] for path, _ in GET_ROUTES)
-    app_paths = {route.path for route in api._transport.app.routes}  # type: ignore[attr-defined]
+    # NOTE: a route's converter (`{request_id:path}`) is not part of an OpenAPI path template.
+    app_paths = {re.sub(r":\w+}", "}", route.path) for route in api._transport.app.routes}  # type: ignore[attr-defined]
     assert app_paths - {"/openapi.json"} <= set(document["paths"])
     # Every reference in the document resolves.
     text = json.dumps(document)

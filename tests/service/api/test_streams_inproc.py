@@ -51,6 +51,9 @@ async def test_a_kept_stream_is_read_again_from_any_event_without_generating_aga
         # NOTE: a new X-Request-Id is a new request.
         other = await client.post(COMPLETIONS, json=STREAMED, headers={"X-Request-Id": "mine-2"})
         assert len(frames(other)) == len(events) and len(engine.requests) == 2
+        # NOTE: an id may hold a slash; the route takes the rest of the path.
+        slashed = await client.post(COMPLETIONS, json=STREAMED, headers={"X-Request-Id": "team/7"})
+        assert frames(await client.get("/v1/streams/team/7")) == frames(slashed)
 
 
 def store_of(client: httpx.AsyncClient) -> StreamStore:
@@ -105,8 +108,10 @@ async def test_streams_not_kept_or_unknown_or_a_bad_last_event_id_are_clear_erro
         unknown = await client.get("/v1/streams/never-started")
         assert unknown.status_code == 404 and "never-started" in unknown.json()["error"]["message"]
         await client.post(COMPLETIONS, json=STREAMED, headers={"X-Request-Id": "kept"})
-        bad = await client.get("/v1/streams/kept", headers={"Last-Event-ID": "seven"})
-        assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
+        # NOTE: "\u00b2" (superscript two) is a digit to Python's str.isdigit but no event id.
+        for value in ("seven", "-1", "\u00b2"):
+            bad = await client.get("/v1/streams/kept", headers={"Last-Event-ID": value.encode("latin-1")})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID", value
 
 
 async def test_past_the_memory_bound_streams_nobody_reads_go_finished_first() -> None:

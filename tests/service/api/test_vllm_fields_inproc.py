@@ -165,6 +165,16 @@ async def test_request_id_names_the_response(api: httpx.AsyncClient, stream_even
     assert {c["id"] for c in await events(api, stream_events, CHAT, request_id="mine")} == {"chatcmpl-mine"}
 
 
+async def test_a_request_id_that_cannot_travel_in_a_header_is_a_clear_400(api: httpx.AsyncClient) -> None:
+    # NOTE: it comes back as the X-Request-Id header; non-ASCII or a line break would break that.
+    for request_id in ("caf\u00e9-\U0009e905", "two words", "line\nbreak"):
+        for path, body in ((COMPLETIONS, {"prompt": "Hi"}), (CHAT, {"messages": MESSAGES}), ("/v1/responses", {"input": "Hi"})):
+            response = await api.post(path, json={**body, "stream": True, "request_id": request_id})
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == "request_id" and "X-Request-Id" in error["message"]
+
+
 async def test_return_tokens_as_token_ids_names_tokens_by_id(api: httpx.AsyncClient, engine: FakeEngineClient) -> None:
     expected = [f"token_id:{t}" for t in engine.output_ids(8)]
     chat = await post(api, CHAT, logprobs=True, top_logprobs=1, return_tokens_as_token_ids=True)
