@@ -30,6 +30,7 @@ from service.api.tokenize import detokenize, tokenize
 from service.client.core_client import EngineDeadError
 from service.openai.errors import APIError
 from service.openai.request_fields import now
+from service.web.routes import web_routes
 
 logger = logging.getLogger(__name__)
 
@@ -146,8 +147,12 @@ def create_app(
         admission = Admission() if state is None else state.admission
     middleware = [Middleware(AdmissionMiddleware, admission=admission)]
     if api_keys:
-        open_paths = {"/health", "/openapi.json"} if is_metrics_auth else {"/health", "/metrics", "/openapi.json"}
-        middleware.insert(0, Middleware(APIKeyMiddleware, api_keys=api_keys, open_paths=open_paths))
+        # NOTE: the pages and their scripts are open: they show nothing until given the key, and
+        # everything they read (the settings, the dashboard's stream) asks for it.
+        open_paths = {"/health", "/openapi.json", "/", "/dashboard"} | (set() if is_metrics_auth else {"/metrics"})
+        middleware.insert(0, Middleware(
+            APIKeyMiddleware, api_keys=api_keys, open_paths=open_paths, open_prefixes=("/static/",)
+        ))
     app = Starlette(
         middleware=middleware,
         routes=[
@@ -162,6 +167,7 @@ def create_app(
             Route("/v1/streams/{request_id:path}", get_stream, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
+            *web_routes(),
         ],
         exception_handlers={
             APIError: _api_error,

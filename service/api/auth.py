@@ -16,10 +16,13 @@ from service.openai.errors import APIError
 class APIKeyMiddleware:
     """Answers 401 in OpenAI's shape unless the request carries one of the keys."""
 
-    def __init__(self, app: ASGIApp, api_keys: Iterable[str], open_paths: Iterable[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, api_keys: Iterable[str], open_paths: Iterable[str], open_prefixes: Iterable[str] = ()
+    ) -> None:
         self.app = app
         self.api_keys = [key.encode() for key in api_keys]
         self.open_paths = frozenset(open_paths)
+        self.open_prefixes = tuple(open_prefixes)
 
     def is_authorized(self, authorization: str) -> bool:
         scheme, _, token = authorization.partition(" ")
@@ -30,7 +33,8 @@ class APIKeyMiddleware:
         return any([hmac.compare_digest(given, key) for key in self.api_keys])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths:
+        path = scope.get("path", "")
+        if scope["type"] not in ("http", "websocket") or path in self.open_paths or path.startswith(self.open_prefixes):
             await self.app(scope, receive, send)
             return
         if self.is_authorized(Headers(scope=scope).get("authorization", "")):

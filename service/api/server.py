@@ -105,6 +105,7 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
     from service.frontend.async_llm import AsyncLLM
     from service.model_files.model_registry import resolve_model
     from service.model_files.tokenizer import Tokenizer
+    from service.observability.dashboard import RecentRequests
     from service.observability.metrics import PrometheusStatLogger, cache_info
     from service.observability.request_log import RequestLogger
 
@@ -130,12 +131,13 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
         cache_info(ready, engine_config.enable_prefix_caching),
     )
     app.state.admission.on_rejection = metrics.record_admission_rejection
-    llm = AsyncLLM(client, tokenizer, ready, stat_loggers=[metrics, RequestLogger()])
+    recent_requests = RecentRequests()
+    llm = AsyncLLM(client, tokenizer, ready, stat_loggers=[metrics, RequestLogger(), recent_requests])
     generation_defaults = {**resolved.generation_defaults, **dict(config.generation_config)}
     attach(app, ServerState(
         llm, names, generation_defaults, config.max_n, config.max_request_body_bytes,
         metrics_registry=metrics.registry, admission=app.state.admission, tool_call_parser=config.tool_call_parser,
-        reasoning_parser=config.reasoning_parser,
+        reasoning_parser=config.reasoning_parser, recent_requests=recent_requests,
     ))
     logger.info("serving %s on http://%s:%d", names[0], config.host, config.port)
     return llm

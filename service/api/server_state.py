@@ -11,6 +11,7 @@ from service.frontend.async_llm import AsyncLLM
 from service.frontend.input_processor import Prompt
 from service.frontend.outputs import RequestOutput
 from service.frontend.sampling_params import SamplingParams
+from service.observability.dashboard import RecentRequests
 from service.openai.errors import APIError
 from service.openai.protocol import ChatCompletionRequest, SamplingRequest
 from service.openai.reasoning import constraint_after_reasoning
@@ -34,6 +35,7 @@ class ServerState:
         admission: Admission | None = None,
         tool_call_parser: str = "none",
         reasoning_parser: str = "none",
+        recent_requests: RecentRequests | None = None,
     ) -> None:
         self.llm = llm
         self.served_model_names = served_model_names
@@ -44,6 +46,8 @@ class ServerState:
         self.admission = admission or Admission()
         self.tool_call_parser = None if tool_call_parser == "none" else tool_call_parser
         self.reasoning_parser = None if reasoning_parser == "none" else reasoning_parser
+        # NOTE: the last finished requests, for the dashboard (None: it lists none).
+        self.recent_requests = recent_requests
 
     def model_name(self, model: str | None) -> str:
         """The served name the request asks for (the first one when it names none)."""

@@ -21,6 +21,7 @@ from service.api.stream_store import StreamStore
 from service.config import GatewayConfig
 from service.frontend.async_llm import AsyncLLM
 from service.model_files.tokenizer import Tokenizer
+from service.observability.dashboard import RecentRequests
 from service.observability.metrics import PrometheusStatLogger, cache_info
 from service.observability.request_log import RequestLogger
 from tests.server_process import ServerProcess, running_server
@@ -69,11 +70,14 @@ def serve(engine: FakeEngineClient, tokenizer: Tokenizer) -> Serve:
             names[0], max_model_len=engine.ready.max_model_len, cache_info=cache_info(engine.ready, True)
         )
         admission.on_rejection = metrics.record_admission_rejection
-        llm = AsyncLLM(engine, tokenizer, engine.ready, stat_loggers=[metrics, RequestLogger()], stats_log_interval_s=0)
+        recent_requests = RecentRequests()
+        llm = AsyncLLM(
+            engine, tokenizer, engine.ready, stat_loggers=[metrics, RequestLogger(), recent_requests], stats_log_interval_s=0
+        )
         attach(app, ServerState(
             llm, names, {}, config.max_n, config.max_request_body_bytes,
             metrics_registry=metrics.registry, admission=admission, tool_call_parser=config.tool_call_parser,
-            reasoning_parser=config.reasoning_parser,
+            reasoning_parser=config.reasoning_parser, recent_requests=recent_requests,
         ))
         # NOTE: hypercorn answers an exception the app re-raises with the 500 already sent; so does this.
         transport = _TimedASGITransport(app, raise_app_exceptions=False)

@@ -1,0 +1,1 @@
+"""The pages the gateway serves: the playground (/) and the dashboard (/dashboard)."""

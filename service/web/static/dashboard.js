@@ -1,0 +1,121 @@
+// The dashboard: the engines' figures from GET /dashboard/events (the same figures as /metrics),
+// about once a second, as numbers, two-minute charts and tables.
+"use strict";
+
+(() => {
+  const HISTORY_LENGTH = 120;
+  const SVG = "http://www.w3.org/2000/svg";
+  const $ = (id) => document.getElementById(id);
+  const history = [];
+
+  function banner(text, isError) {
+    const node = $("banner");
+    node.textContent = text;
+    node.classList.toggle("error", !!isError);
+    node.hidden = !text;
+  }
+
+  const percent = (value) => (value === null || value === undefined ? "–" : (value * 100).toFixed(1) + "%");
+  const rate = (value) => value.toFixed(1);
+  const seconds = (value) => (value === null || value === undefined ? "–" : value.toFixed(2) + " s");
+
+  // A chart of the history's series (each a function of a frame), scaled to their largest value.
+  function drawChart(id, series, minimumMax, unit) {
+    const figure = $(id);
+    let svg = figure.querySelector("svg");
+    if (!svg) {
+      svg = document.createElementNS(SVG, "svg");
+      svg.setAttribute("viewBox", `0 0 ${HISTORY_LENGTH - 1} 100`);
+      svg.setAttribute("preserveAspectRatio", "none");
+      svg.setAttribute("role", "img");
+      svg.setAttribute("aria-label", figure.querySelector("figcaption").textContent);
+      figure.prepend(svg);
+    }
+    let max = minimumMax;
+    for (const frame of history) for (const [value] of series) max = Math.max(max, value(frame) || 0);
+    const children = [];
+    for (const y of [25, 50, 75]) {
+      const line = document.createElementNS(SVG, "line");
+      line.setAttribute("class", "grid");
+      line.setAttribute("x1", "0");
+      line.setAttribute("x2", String(HISTORY_LENGTH - 1));
+      line.setAttribute("y1", String(y));
+      line.setAttribute("y2", String(y));
+      children.push(line);
+    }
+    const offset = HISTORY_LENGTH - history.length;
+    for (const [value, color] of series) {
+      const points = history.map((frame, index) =>
+        `${offset + index},${(100 - ((value(frame) || 0) / max) * 98).toFixed(2)}`);
+      const line = document.createElementNS(SVG, "polyline");
+      line.setAttribute("points", points.join(" "));
+      line.setAttribute("class", color);
+      children.push(line);
+    }
+    svg.replaceChildren(...children);
+    figure.querySelector(".max").textContent = `max ${Number.isInteger(max) ? max : max.toFixed(1)}${unit}`;
+  }
+
+  function cell(text) {
+    return zs.element("td", {}, text);
+  }
+
+  function show(frame) {
+    history.push(frame);
+    if (history.length > HISTORY_LENGTH) history.shift();
+    $("num-running").textContent = String(frame.num_running);
+    $("num-waiting").textContent = String(frame.num_waiting);
+    $("kv-cache-usage").textContent = percent(frame.kv_cache_usage);
+    $("prefix-cache-hit-rate").textContent = percent(frame.prefix_cache_hit_rate_total);
+    $("generation-tokens-per-s").textContent = rate(frame.generation_tokens_per_s);
+    $("prompt-tokens-per-s").textContent = rate(frame.prompt_tokens_per_s);
+    $("updated").textContent = "updated " + new Date(frame.time * 1000).toLocaleTimeString();
+    drawChart("chart-requests", [[(f) => f.num_running, "s1"], [(f) => f.num_waiting, "s2"]], 4, "");
+    drawChart("chart-tokens", [[(f) => f.generation_tokens_per_s, "s1"], [(f) => f.prompt_tokens_per_s, "s2"]], 10, " tok/s");
+    drawChart("chart-cache", [[(f) => f.kv_cache_usage * 100, "s1"],
+      [(f) => (f.prefix_cache_hit_rate || 0) * 100, "s3"]], 100, "%");
+    $("engines").replaceChildren(...frame.engines.map((engine) => {
+      const row = zs.element("tr", { "data-engine": engine.engine });
+      row.append(cell(engine.engine), cell(String(engine.num_running)), cell(String(engine.num_waiting)),
+        cell(percent(engine.kv_cache_usage)), cell(rate(engine.generation_tokens_per_s)),
+        cell(rate(engine.prompt_tokens_per_s)));
+      return row;
+    }));
+    $("recent-requests").replaceChildren(...frame.recent_requests.map((request) => {
+      const row = zs.element("tr");
+      row.append(cell(request.request_id), cell(String(request.engine)), cell(request.finish_reason),
+        cell(seconds(request.ttft_s)),
+        cell(request.tokens_per_s === null ? "–" : rate(request.tokens_per_s) + " tok/s"),
+        cell(String(request.num_prompt_tokens)), cell(String(request.num_generation_tokens)), cell(seconds(request.e2e_s)));
+      return row;
+    }));
+    const finished = Object.entries(frame.num_finished).filter(([, count]) => count > 0)
+      .map(([reason, count]) => `${reason} ${count}`);
+    $("finished-totals").textContent = "Finished since start: " + (finished.join(", ") || "none") +
+      ` · preemptions ${frame.num_preemptions}`;
+  }
+
+  async function follow() {
+    for (;;) {
+      try {
+        const response = await zs.request("/dashboard/events", { headers: { Accept: "text/event-stream" } });
+        if (response.ok) {
+          banner("");
+          $("app").hidden = false;
+          await zs.readEvents(response, (data) => show(JSON.parse(data)));
+          banner("The stream ended (the server is restarting or shutting down); reconnecting…");
+        } else if (response.status === 503) {
+          banner("The model is loading…");
+        } else {
+          banner(await zs.errorOf(response), true);
+          return;
+        }
+      } catch (error) {
+        banner("Lost the server (" + (error.message || error) + "); reconnecting…", true);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", follow);
+})();

@@ -1,0 +1,404 @@
+// The playground: chat with the served model, streamed, with its sampling settings, each
+// answer's figures and its tokens' probabilities. Conversations stay in this browser.
+"use strict";
+
+(() => {
+  const SAMPLING_FIELDS = [
+    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+    "max_tokens", "seed",
+  ];
+  const INTEGER_FIELDS = new Set(["top_k", "max_tokens", "seed"]);
+  const CONVERSATIONS_ITEM = "zeroserve.conversations";
+  const CURRENT_ITEM = "zeroserve.currentConversation";
+  const SETTINGS_ITEM = "zeroserve.settings";
+  const NUM_TOP_LOGPROBS = 5;
+
+  const $ = (id) => document.getElementById(id);
+  let server = null; // GET /playground/settings
+  let conversations = [];
+  let currentId = null;
+  let running = null; // { controller, answer } while an answer streams
+  const views = new WeakMap(); // message -> its element
+
+  // Settings.
+
+  function settingsFromFields() {
+    const values = {};
+    for (const name of SAMPLING_FIELDS) values[name] = $(name).value;
+    values.stop = $("stop-strings").value;
+    values.system = $("system").value;
+    values.logprobs = $("logprobs").checked;
+    values.model = $("model").value;
+    return values;
+  }
+
+  function fillFields(values) {
+    const defaults = server.defaults;
+    for (const name of SAMPLING_FIELDS) {
+      const value = name in values ? values[name] : defaults[name];
+      $(name).value = value === null || value === undefined ? "" : String(value);
+    }
+    $("stop-strings").value = values.stop || "";
+    $("system").value = values.system || "";
+    $("logprobs").checked = values.logprobs !== false;
+    if (values.model && server.models.includes(values.model)) $("model").value = values.model;
+  }
+
+  function saveSettings() {
+    localStorage.setItem(SETTINGS_ITEM, JSON.stringify(settingsFromFields()));
+  }
+
+  // The chat request's body: the conversation so far and every setting given a value.
+  function requestBody(messages) {
+    const settings = settingsFromFields();
+    const body = {
+      model: settings.model,
+      messages: [],
+      stream: true,
+      stream_options: { include_usage: true },
+    };
+    if (settings.system.trim()) body.messages.push({ role: "system", content: settings.system });
+    for (const message of messages) body.messages.push({ role: message.role, content: message.content });
+    for (const name of SAMPLING_FIELDS) {
+      const text = settings[name].trim();
+      if (text === "") continue;
+      body[name] = INTEGER_FIELDS.has(name) ? parseInt(text, 10) : parseFloat(text);
+    }
+    const stop = settings.stop.split("\n").filter((line) => line !== "");
+    if (stop.length) body.stop = stop;
+    if (settings.logprobs) {
+      body.logprobs = true;
+      body.top_logprobs = NUM_TOP_LOGPROBS;
+    }
+    return body;
+  }
+
+  // Conversations.
+
+  function loadConversations() {
+    try {
+      conversations = JSON.parse(localStorage.getItem(CONVERSATIONS_ITEM) || "[]");
+    } catch (_) {
+      conversations = [];
+    }
+    currentId = localStorage.getItem(CURRENT_ITEM);
+    if (!conversations.some((c) => c.id === currentId)) newConversation();
+  }
+
+  function saveConversations() {
+    localStorage.setItem(CONVERSATIONS_ITEM, JSON.stringify(conversations));
+    localStorage.setItem(CURRENT_ITEM, currentId);
+  }
+
+  function current() {
+    return conversations.find((c) => c.id === currentId);
+  }
+
+  function newConversation() {
+    const existing = conversations.find((c) => c.messages.length === 0);
+    if (existing) {
+      currentId = existing.id;
+    } else {
+      const conversation = { id: String(Date.now()) + Math.random().toString(16).slice(2, 6), title: "New chat", messages: [] };
+      conversations.unshift(conversation);
+      currentId = conversation.id;
+    }
+    saveConversations();
+  }
+
+  function renderConversationList() {
+    const list = $("conversation-list");
+    list.replaceChildren();
+    for (const conversation of conversations) {
+      const item = zs.element("li", conversation.id === currentId ? { class: "current" } : {});
+      const open = zs.element("button", { class: "open", type: "button", title: conversation.title }, conversation.title);
+      open.addEventListener("click", () => {
+        if (running) return;
+        currentId = conversation.id;
+        saveConversations();
+        renderAll();
+      });
+      const remove = zs.element("button", { type: "button", "aria-label": "Delete " + conversation.title }, "×");
+      remove.addEventListener("click", () => {
+        if (running && conversation.id === currentId) return;
+        conversations = conversations.filter((c) => c !== conversation);
+        if (conversation.id === currentId || !conversations.length) {
+          currentId = null;
+          newConversation();
+        }
+        saveConversations();
+        renderAll();
+      });
+      item.append(open, remove);
+      list.append(item);
+    }
+  }
+
+  // Messages.
+
+  function markdown(text) {
+    return DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: true }));
+  }
+
+  function percent(logprob) {
+    return (Math.exp(logprob) * 100).toFixed(1) + "%";
+  }
+
+  function tokensView(tokens) {
+    const view = zs.element("div", { class: "tokens" });
+    for (const token of tokens) {
+      const probability = Math.exp(token.logprob);
+      const span = zs.element("span", {}, token.token);
+      // NOTE: the less likely the token was, the stronger its shade.
+      span.style.backgroundColor = `hsla(${Math.round(probability * 120)}, 80%, 50%, ${(0.15 + 0.55 * (1 - probability)).toFixed(2)})`;
+      const alternatives = token.top.map(([text, logprob]) => `${JSON.stringify(text)} ${percent(logprob)}`);
+      span.title = `${JSON.stringify(token.token)}: ${percent(token.logprob)}` +
+        (alternatives.length ? "\nTop: " + alternatives.join(", ") : "");
+      span.dataset.probability = probability.toFixed(4);
+      view.append(span);
+    }
+    return view;
+  }
+
+  function statsLine(message) {
+    const stats = message.stats || {};
+    const line = zs.element("div", { class: "stats" });
+    const parts = [];
+    if (stats.ttft_s !== undefined) parts.push(["ttft", `TTFT ${stats.ttft_s.toFixed(2)} s`]);
+    if (stats.tokens_per_s !== undefined) parts.push(["speed", `${stats.tokens_per_s.toFixed(1)} tok/s`]);
+    if (stats.num_tokens !== undefined) parts.push(["tokens", `${stats.num_tokens} tokens`]);
+    if (stats.finish_reason) parts.push(["finish", stats.finish_reason]);
+    for (const [name, text] of parts) line.append(zs.element("span", { "data-stat": name }, text));
+    if (message.tokens && message.tokens.length && !isStreaming(message)) {
+      const toggle = zs.element("button", { type: "button", "aria-pressed": String(!!message.showTokens) },
+        message.showTokens ? "Text" : "Probabilities");
+      toggle.addEventListener("click", () => {
+        message.showTokens = !message.showTokens;
+        saveConversations();
+        renderMessage(message);
+      });
+      line.append(toggle);
+    }
+    return line;
+  }
+
+  function isStreaming(message) {
+    return running !== null && running.answer === message;
+  }
+
+  function renderMessage(message) {
+    let view = views.get(message);
+    if (!view) {
+      view = zs.element("article", { class: "message " + message.role });
+      views.set(message, view);
+    }
+    const content = zs.element("div", { class: "content" });
+    if (message.role === "user") {
+      content.textContent = message.content;
+    } else if (message.showTokens && message.tokens) {
+      content.append(tokensView(message.tokens));
+    } else {
+      content.innerHTML = markdown(message.content);
+    }
+    const children = [zs.element("div", { class: "role" }, message.role === "user" ? "You" : "Assistant"), content];
+    if (message.error) children.push(zs.element("div", { class: "error", role: "alert" }, message.error));
+    if (message.role === "assistant") children.push(statsLine(message));
+    view.replaceChildren(...children);
+    view.classList.toggle("streaming", isStreaming(message));
+    return view;
+  }
+
+  function renderMessages() {
+    const box = $("messages");
+    box.replaceChildren(...current().messages.map(renderMessage));
+    box.scrollTop = box.scrollHeight;
+  }
+
+  function renderAll() {
+    renderConversationList();
+    renderMessages();
+  }
+
+  let isRenderPending = false;
+  function renderSoon(message) {
+    if (isRenderPending) return;
+    isRenderPending = true;
+    requestAnimationFrame(() => {
+      isRenderPending = false;
+      const box = $("messages");
+      const isAtBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+      renderMessage(message);
+      if (isAtBottom) box.scrollTop = box.scrollHeight;
+    });
+  }
+
+  // Sending and stopping.
+
+  async function send() {
+    const text = $("prompt").value;
+    if (!text.trim() || running) return;
+    const conversation = current();
+    conversation.messages.push({ role: "user", content: text });
+    if (conversation.title === "New chat") conversation.title = text.trim().slice(0, 60);
+    const answer = { role: "assistant", content: "", tokens: [], stats: {} };
+    const body = requestBody(conversation.messages);
+    conversation.messages.push(answer);
+    $("prompt").value = "";
+    running = { controller: new AbortController(), answer };
+    setRunning(true);
+    saveConversations();
+    renderAll();
+    const startedAt = performance.now();
+    let firstTokenAt = null;
+    let numChunks = 0;
+    try {
+      const response = await zs.request("/v1/chat/completions", {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+        signal: running.controller.signal,
+      });
+      if (!response.ok) {
+        answer.error = await zs.errorOf(response);
+      } else {
+        await zs.readEvents(response, (data) => {
+          if (data === "[DONE]") return;
+          const chunk = JSON.parse(data);
+          if (chunk.error) {
+            answer.error = chunk.error.message;
+            return;
+          }
+          if (chunk.usage) answer.stats.num_tokens = chunk.usage.completion_tokens;
+          for (const choice of chunk.choices || []) {
+            const delta = choice.delta || {};
+            if (delta.content) {
+              if (firstTokenAt === null) firstTokenAt = performance.now();
+              answer.content += delta.content;
+              numChunks += 1;
+            }
+            const logprobs = choice.logprobs && choice.logprobs.content;
+            for (const entry of logprobs || []) {
+              answer.tokens.push({
+                token: entry.token, logprob: entry.logprob,
+                top: (entry.top_logprobs || []).map((top) => [top.token, top.logprob]),
+              });
+            }
+            if (choice.finish_reason) answer.stats.finish_reason = choice.finish_reason;
+          }
+          renderSoon(answer);
+        });
+      }
+    } catch (error) {
+      if (error.name === "AbortError") {
+        answer.stats.finish_reason = "stopped";
+      } else {
+        answer.error = String(error);
+      }
+    }
+    const endedAt = performance.now();
+    if (answer.stats.num_tokens === undefined && firstTokenAt !== null) {
+      answer.stats.num_tokens = answer.tokens.length || numChunks;
+    }
+    if (firstTokenAt !== null) {
+      answer.stats.ttft_s = (firstTokenAt - startedAt) / 1000;
+      const decodeS = (endedAt - firstTokenAt) / 1000;
+      if (answer.stats.num_tokens > 1 && decodeS > 0) answer.stats.tokens_per_s = (answer.stats.num_tokens - 1) / decodeS;
+    }
+    running = null;
+    setRunning(false);
+    saveConversations();
+    renderMessage(answer);
+    $("prompt").focus();
+  }
+
+  function stop() {
+    // NOTE: closing the response aborts the request at the gateway, which frees its place in the batch.
+    if (running) running.controller.abort();
+  }
+
+  function setRunning(isRunning) {
+    $("send").disabled = isRunning;
+    $("stop").disabled = !isRunning;
+    $("model").disabled = isRunning || server.models.length < 2;
+  }
+
+  // Start.
+
+  function banner(text, isError) {
+    const node = $("banner");
+    node.textContent = text;
+    node.classList.toggle("error", !!isError);
+    node.hidden = !text;
+  }
+
+  async function loadServerSettings() {
+    for (;;) {
+      const response = await zs.request("/playground/settings");
+      if (response.ok) return response.json();
+      if (response.status !== 503) throw new Error(await zs.errorOf(response));
+      banner("The model is loading…");
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+    }
+  }
+
+  function bindControls() {
+    $("composer").addEventListener("submit", (event) => {
+      event.preventDefault();
+      send();
+    });
+    $("prompt").addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        send();
+      }
+    });
+    document.addEventListener("keydown", (event) => {
+      if (event.key === "Escape" && running) {
+        event.preventDefault();
+        stop();
+      }
+    });
+    $("stop").addEventListener("click", stop);
+    $("new-chat").addEventListener("click", () => {
+      if (running) return;
+      newConversation();
+      renderAll();
+      $("prompt").focus();
+    });
+    for (const id of [...SAMPLING_FIELDS, "stop-strings", "system", "logprobs", "model"]) {
+      $(id).addEventListener("change", saveSettings);
+    }
+    $("reset-settings").addEventListener("click", () => {
+      fillFields({ model: $("model").value, system: $("system").value });
+      saveSettings();
+    });
+    for (const [button, className] of [["toggle-conversations", "show-conversations"], ["toggle-settings", "show-settings"]]) {
+      $(button).addEventListener("click", () => {
+        const isShown = $("app").classList.toggle(className);
+        $(button).setAttribute("aria-expanded", String(isShown));
+      });
+    }
+  }
+
+  async function start() {
+    try {
+      server = await loadServerSettings();
+    } catch (error) {
+      banner(String(error.message || error), true);
+      return;
+    }
+    banner("");
+    $("model").replaceChildren(...server.models.map((name) => zs.element("option", { value: name }, name)));
+    let saved = {};
+    try {
+      saved = JSON.parse(localStorage.getItem(SETTINGS_ITEM) || "{}");
+    } catch (_) { /* start from the server's defaults */ }
+    fillFields(saved);
+    loadConversations();
+    bindControls();
+    setRunning(false);
+    $("app").hidden = false;
+    renderAll();
+    $("prompt").focus();
+  }
+
+  document.addEventListener("DOMContentLoaded", start);
+})();
