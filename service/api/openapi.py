@@ -32,6 +32,11 @@ GET_ROUTES: tuple[tuple[str, str], ...] = (
     ("/metrics", "Prometheus metrics (text)."),
     ("/v1/streams/{request_id}", "A kept stream (--stream-retention) as server-sent events, from the event after "
      "Last-Event-ID: by its response id or the X-Request-Id it was sent with."),
+    ("/", "The playground: a chat page (HTML)."),
+    ("/dashboard", "The live view of the engines (HTML)."),
+    ("/playground/settings", "The served models and the sampling values a request that names none gets."),
+    ("/dashboard/events", "The dashboard's figures (those of /metrics) as server-sent events, about one a second."),
+    ("/static/{path}", "The pages' scripts and styles, and the scripts they vendor with their licences."),
 )
 # The parameters of the GET routes that take any.
 _GET_PARAMETERS: dict[str, list[dict[str, Any]]] = {
@@ -39,6 +44,7 @@ _GET_PARAMETERS: dict[str, list[dict[str, Any]]] = {
         {"name": "request_id", "in": "path", "required": True, "schema": {"type": "string"}},
         {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string", "pattern": "^[0-9]+$"}},
     ],
+    "/static/{path}": [{"name": "path", "in": "path", "required": True, "schema": {"type": "string"}}],
 }
 
 _ERROR_SCHEMA = {

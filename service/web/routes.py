@@ -47,16 +47,14 @@ async def dashboard(request: Request) -> Response:
 async def playground_settings(request: Request) -> Response:
     """The served models and the sampling values a request gets when it names none."""
     state: ServerState = request.app.state.server
-    defaults = state.generation_defaults
-    sampling = generation_defaults_of(defaults)
+    # NOTE: what a request that names none of these gets: the model's generation config (and
+    # --override-generation-config) for the first four, OpenAI's defaults for the penalties.
     return JSONResponse({
         "models": state.served_model_names,
         "max_model_len": state.llm.ready.max_model_len,
         "defaults": {
-            **sampling,
-            "presence_penalty": defaults.get("presence_penalty", 0.0),
-            "frequency_penalty": defaults.get("frequency_penalty", 0.0),
-            "repetition_penalty": defaults.get("repetition_penalty", 1.0),
+            **generation_defaults_of(state.generation_defaults),
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
         },
         "is_stream_kept": request.app.state.streams.is_enabled,
     })

@@ -4,6 +4,7 @@
 
 (() => {
   const HISTORY_LENGTH = 120;
+  const MIN_SPAN = 10;
   const SVG = "http://www.w3.org/2000/svg";
   const $ = (id) => document.getElementById(id);
   const history = [];
@@ -25,12 +26,14 @@
     let svg = figure.querySelector("svg");
     if (!svg) {
       svg = document.createElementNS(SVG, "svg");
-      svg.setAttribute("viewBox", `0 0 ${HISTORY_LENGTH - 1} 100`);
       svg.setAttribute("preserveAspectRatio", "none");
       svg.setAttribute("role", "img");
       svg.setAttribute("aria-label", figure.querySelector("figcaption").textContent);
       figure.prepend(svg);
     }
+    // NOTE: the x axis spans the history so far (at least MIN_SPAN frames), up to two minutes.
+    const span = Math.max(history.length, MIN_SPAN);
+    svg.setAttribute("viewBox", `0 0 ${span - 1} 100`);
     let max = minimumMax;
     for (const frame of history) for (const [value] of series) max = Math.max(max, value(frame) || 0);
     const children = [];
@@ -38,12 +41,12 @@
       const line = document.createElementNS(SVG, "line");
       line.setAttribute("class", "grid");
       line.setAttribute("x1", "0");
-      line.setAttribute("x2", String(HISTORY_LENGTH - 1));
+      line.setAttribute("x2", String(span - 1));
       line.setAttribute("y1", String(y));
       line.setAttribute("y2", String(y));
       children.push(line);
     }
-    const offset = HISTORY_LENGTH - history.length;
+    const offset = span - history.length;
     for (const [value, color] of series) {
       const points = history.map((frame, index) =>
         `${offset + index},${(100 - ((value(frame) || 0) / max) * 98).toFixed(2)}`);

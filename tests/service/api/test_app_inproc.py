@@ -17,7 +17,7 @@ from service.openai.conformance import vllm_snapshot
 from tests.service.api.fake_engine import MAX_MODEL_LEN, FakeEngineClient
 
 if TYPE_CHECKING:
-    from tests.service.api.conftest import Serve, StreamEvents
+    from tests.service.conftest import Serve, StreamEvents
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -13,7 +13,7 @@ from service.model_files.tokenizer import Tokenizer
 from tests.service.api.fake_engine import MAX_MODEL_LEN, FakeEngineClient
 
 if TYPE_CHECKING:
-    from tests.service.api.conftest import StreamEvents
+    from tests.service.conftest import StreamEvents
 
 CHAT = "/v1/chat/completions"
 MESSAGES: list[dict[str, Any]] = [

@@ -12,7 +12,7 @@ import pytest
 from tests.service.api.fake_engine import FakeEngineClient
 
 if TYPE_CHECKING:
-    from tests.service.api.conftest import StreamEvents
+    from tests.service.conftest import StreamEvents
 
 COMPLETIONS = "/v1/completions"
 PROMPT = "The quick brown fox"

@@ -16,7 +16,7 @@ from service.api.stream_store import StreamLog, StreamStore
 from tests.service.api.fake_engine import FakeEngineClient
 
 if TYPE_CHECKING:
-    from tests.service.api.conftest import Serve
+    from tests.service.conftest import Serve
 
 COMPLETIONS = "/v1/completions"
 STREAMED = {"prompt": "Count:", "max_tokens": 12, "ignore_eos": True, "stream": True}

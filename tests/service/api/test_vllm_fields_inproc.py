@@ -16,7 +16,7 @@ from service.openai.conformance import REFUSED, REQUESTS, RESPONSES, vllm_defaul
 from tests.service.api.fake_engine import MAX_MODEL_LEN, FakeEngineClient
 
 if TYPE_CHECKING:
-    from tests.service.api.conftest import StreamEvents
+    from tests.service.conftest import StreamEvents
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

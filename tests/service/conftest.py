@@ -1,5 +1,6 @@
-"""The HTTP tests' servers: the real app in process on a fake engine (`api`, `serve`), and one
-tiny-model server process (`tiny_server`, `sdk`) for what needs a real engine."""
+"""The HTTP tests' servers (tests/service/api and tests/service/web): the real app in process on
+a fake engine (`api`, `serve`), and one tiny-model server process (`tiny_server`, `sdk`) for what
+needs a real engine."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def serve(engine: FakeEngineClient, tokenizer: Tokenizer) -> Serve:
             engine, tokenizer, engine.ready, stat_loggers=[metrics, RequestLogger(), recent_requests], stats_log_interval_s=0
         )
         attach(app, ServerState(
-            llm, names, {}, config.max_n, config.max_request_body_bytes,
+            llm, names, dict(config.generation_config), config.max_n, config.max_request_body_bytes,
             metrics_registry=metrics.registry, admission=admission, tool_call_parser=config.tool_call_parser,
             reasoning_parser=config.reasoning_parser, recent_requests=recent_requests,
         ))

@@ -1,0 +1,305 @@
+"""The playground (/) and the dashboard (/dashboard) in headless Chromium, Debian's, driven by
+Playwright, against a real `zeroserve serve` of the default model: what a user sees and does.
+Every test fails if a page asks any origin but the gateway's, or logs an error (a CSP refusal is one).
+Screenshots of both pages, desktop and phone width, go to build/screenshots/."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.model_files.model_registry import DEFAULT_MODEL
+from tests.server_process import ServerProcess, running_server
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+Browser = playwright_api.Browser
+Page = playwright_api.Page
+expect = playwright_api.expect
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [
+    pytest.mark.real_model,
+    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium package (.ci/run installs it)"),
+]
+
+SCREENSHOTS = Path(__file__).resolve().parents[3] / "build" / "screenshots"
+# NOTE: as root, in a sandbox with no network: no sandboxing, no GPU, no calls home.
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+]
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+# NOTE: its greedy answer wins by a clear margin at every token (see test_openai_sdk.py) and is plain text.
+QUESTION = "What is the capital of Japan?"
+LONG_QUESTION = "Tell me a long story about a dragon who learns to read."
+API_KEY = "sekrit-key"
+ABORTED = 'finished_reason="abort"'
+
+
+@pytest.fixture(scope="module")
+def server(default_model_path: object) -> Iterator[ServerProcess]:
+    with running_server(DEFAULT_MODEL, "--num-threads", "2") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+class Watched:
+    """A page of a fresh browser context, with every URL it asked for and every error it logged."""
+
+    def __init__(self, browser: Any, base_url: str, viewport: dict[str, int] = DESKTOP) -> None:
+        self.base_url = base_url
+        self.context = browser.new_context(viewport=viewport, base_url=base_url)
+        self.urls: list[str] = []
+        self.errors: list[str] = []
+        self.context.on("request", lambda request: self.urls.append(request.url))
+        self.page = self.context.new_page()
+        self.page.on("console", lambda message: message.type == "error" and self.errors.append(message.text))
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+
+    def check_and_close(self, expected_errors: Callable[[str], bool] = lambda _: False) -> None:
+        self.context.close()
+        elsewhere = [url for url in self.urls if not url.startswith(self.base_url + "/") and not url.startswith("data:")]
+        assert elsewhere == [], f"the page asked other origins: {elsewhere}"
+        assert [e for e in self.errors if not expected_errors(e)] == []
+
+
+@pytest.fixture
+def watched(browser: Any, server: ServerProcess) -> Iterator[Watched]:
+    watched = Watched(browser, server.base_url)
+    yield watched
+    watched.check_and_close()
+
+
+def open_playground(page: Any) -> None:
+    page.goto("/")
+    expect(page.locator("#app")).to_be_visible()
+
+
+def assistant(page: Any) -> Any:
+    return page.locator(".message.assistant").last
+
+
+def num_aborted(server: ServerProcess) -> float:
+    text = httpx.get(f"{server.base_url}/metrics").text
+    lines = [line for line in text.splitlines() if line.startswith("zeroserve:request_success_total") and ABORTED in line]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def greedy_answer(server: ServerProcess, question: str) -> dict[str, Any]:
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
+        "model": DEFAULT_MODEL, "messages": [{"role": "user", "content": question}], "temperature": 0,
+    })
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def screenshot(page: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / name))
+
+
+# NOTE: records the answer's text at every change the page makes to it, in the page itself
+# (an init script runs outside the page's CSP; polling from the test would miss fast tokens).
+RECORD_ANSWER_TEXT = """
+window.__answerTexts = [];
+new MutationObserver(() => {
+  const answers = document.querySelectorAll(".message.assistant .content");
+  if (answers.length) window.__answerTexts.push(answers[answers.length - 1].innerText);
+}).observe(document, { subtree: true, childList: true, characterData: true });
+"""
+
+
+def test_a_question_streams_in_token_by_token_and_ends_as_the_apis_greedy_answer(
+    watched: Watched, server: ServerProcess
+) -> None:
+    expected = greedy_answer(server, QUESTION)
+    expected_text = expected["choices"][0]["message"]["content"]
+    page = watched.page
+    page.add_init_script(RECORD_ANSWER_TEXT)
+    open_playground(page)
+    # NOTE: the sampling fields start at the model's generation config (greedy for this model).
+    assert page.locator("#temperature").input_value() == "0"
+    page.locator("#prompt").fill(QUESTION)
+    page.locator("#prompt").press("Enter")
+    expect(assistant(page).locator("[data-stat=finish]")).to_have_text("stop", timeout=60_000)
+
+    content = assistant(page).locator(".content")
+    assert content.inner_text().strip() == expected_text.strip()
+    texts = [text.strip() for text in page.evaluate("window.__answerTexts")]
+    growing = list(dict.fromkeys(text for text in texts if text))
+    assert len(growing) >= 3, growing
+    assert all(expected_text.strip().startswith(text) for text in growing), growing
+    assert [len(text) for text in growing] == sorted(len(text) for text in growing)
+
+    # The answer's figures, and the conversation kept in the browser.
+    stats = assistant(page).locator(".stats")
+    assert stats.locator("[data-stat=tokens]").inner_text() == f"{expected['usage']['completion_tokens']} tokens"
+    assert stats.locator("[data-stat=ttft]").inner_text().startswith("TTFT ")
+    assert stats.locator("[data-stat=speed]").inner_text().endswith(" tok/s")
+    kept = json.loads(page.evaluate("localStorage.getItem('zeroserve.conversations')"))
+    assert [m["content"] for m in kept[0]["messages"]] == [QUESTION, expected_text]
+    screenshot(page, "playground-desktop.png")
+
+    # The logprobs view: a shaded span per token, its probability and alternatives on hover.
+    stats.get_by_role("button", name="Probabilities").click()
+    tokens = assistant(page).locator(".tokens span")
+    expect(tokens).to_have_count(expected["usage"]["completion_tokens"])
+    first = tokens.first
+    assert 0.0 < float(first.get_attribute("data-probability") or "nan") <= 1.0
+    assert "Top: " in (first.get_attribute("title") or "")
+
+    # A reload finds the conversation where it was.
+    page.reload()
+    expect(assistant(page).locator(".tokens span")).to_have_count(expected["usage"]["completion_tokens"])
+    page.set_viewport_size(PHONE)
+    stats = assistant(page).locator(".stats")
+    stats.get_by_role("button", name="Text").click()
+    screenshot(page, "playground-phone.png")
+
+
+def test_stop_aborts_the_request_at_the_gateway_by_button_or_escape(watched: Watched, server: ServerProcess) -> None:
+    page = watched.page
+    open_playground(page)
+    for index, stop in enumerate((lambda: page.locator("#stop").click(), lambda: page.keyboard.press("Escape"))):
+        before = num_aborted(server)
+        page.locator("#prompt").fill(LONG_QUESTION)
+        page.locator("#send").click()
+        answer = assistant(page)
+        expect(answer.locator(".content")).not_to_have_text("", timeout=60_000)
+        expect(page.locator("#stop")).to_be_enabled()
+        stop()
+        expect(answer.locator("[data-stat=finish]")).to_have_text("stopped", timeout=10_000)
+        deadline = time.monotonic() + 10
+        while num_aborted(server) < before + 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert num_aborted(server) == before + 1, f"stop {index}: no aborted request in /metrics"
+        text = answer.locator(".content").inner_text()
+        time.sleep(0.5)
+        assert answer.locator(".content").inner_text() == text
+        assert len(page.locator(".message.assistant").all()) == index + 1
+
+
+def test_the_sampling_settings_ride_on_the_request_and_are_kept(watched: Watched, server: ServerProcess) -> None:
+    page = watched.page
+    open_playground(page)
+    page.locator("#temperature").fill("0.7")
+    page.locator("#temperature").dispatch_event("change")
+    page.locator("#seed").fill("1234")
+    page.locator("#seed").dispatch_event("change")
+    page.locator("#max_tokens").fill("12")
+    page.locator("#max_tokens").dispatch_event("change")
+    page.locator("#system").fill("You are a storyteller.")
+    page.locator("#prompt").fill(LONG_QUESTION)
+    with page.expect_request(lambda request: request.url.endswith("/v1/chat/completions")) as sent:
+        page.locator("#prompt").press("Enter")
+    body = json.loads(sent.value.post_data or "{}")
+    assert body["temperature"] == 0.7 and body["seed"] == 1234 and body["max_tokens"] == 12
+    assert body["messages"] == [
+        {"role": "system", "content": "You are a storyteller."}, {"role": "user", "content": LONG_QUESTION}
+    ]
+    assert body["stream"] is True and body["model"] == DEFAULT_MODEL
+    expect(assistant(page).locator("[data-stat=finish]")).to_have_text("length", timeout=60_000)
+    assert assistant(page).locator("[data-stat=tokens]").inner_text() == "12 tokens"
+    # NOTE: Shift+Enter adds a line; Enter alone would send.
+    page.locator("#prompt").fill("")
+    page.locator("#prompt").type("one")
+    page.locator("#prompt").press("Shift+Enter")
+    page.locator("#prompt").type("two")
+    assert page.locator("#prompt").input_value() == "one\ntwo"
+    assert len(page.locator(".message.user").all()) == 1
+    page.reload()
+    expect(page.locator("#app")).to_be_visible()
+    assert page.locator("#temperature").input_value() == "0.7"
+    page.get_by_role("button", name="Server defaults").click()
+    assert page.locator("#temperature").input_value() == "0"
+    assert page.locator("#seed").input_value() == ""
+
+
+def _stream(server: ServerProcess) -> None:
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", timeout=120, json={
+        "model": DEFAULT_MODEL, "prompt": "Once upon a time", "max_tokens": 192, "ignore_eos": True, "stream": True,
+    }) as response:
+        for _ in response.iter_lines():
+            pass
+
+
+def test_the_dashboard_shows_eight_streams_running_and_then_their_figures(
+    watched: Watched, server: ServerProcess
+) -> None:
+    page = watched.page
+    page.goto("/dashboard")
+    expect(page.locator("#app")).to_be_visible()
+    expect(page.locator("#num-running")).to_have_text("0")
+    streams = [threading.Thread(target=_stream, args=(server,)) for _ in range(8)]
+    for stream in streams:
+        stream.start()
+    try:
+        expect(page.locator("#num-running")).to_have_text("8", timeout=60_000)
+        expect(page.locator("tr[data-engine='0'] td").nth(1)).to_have_text("8")
+        expect(page.locator("#generation-tokens-per-s")).not_to_have_text("0.0")
+        time.sleep(2.5)  # NOTE: a few frames on the charts for the screenshot
+        screenshot(page, "dashboard-desktop.png")
+    finally:
+        for stream in streams:
+            stream.join()
+    expect(page.locator("#num-running")).to_have_text("0", timeout=10_000)
+    rows = page.locator("#recent-requests tr")
+    expect(rows.first).to_be_visible()
+    lengths = [row.locator("td").nth(2).inner_text() for row in rows.all()[:8]]
+    assert lengths == ["length"] * 8
+    assert all(row.locator("td").nth(6).inner_text() == "192" for row in rows.all()[:8])
+    page.set_viewport_size(PHONE)
+    screenshot(page, "dashboard-phone.png")
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
+    with running_server(tiny_model_dir, "--api-key", API_KEY) as server:
+        yield server
+
+
+def test_with_an_api_key_the_pages_show_nothing_until_given_it(browser: Any, keyed_server: ServerProcess) -> None:
+    base_url = keyed_server.base_url
+    dashboard_stream = httpx.get(f"{base_url}/dashboard/events", timeout=10)
+    assert dashboard_stream.status_code == 401 and dashboard_stream.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{base_url}/playground/settings").status_code == 401
+    watched = Watched(browser, base_url)
+    page = watched.page
+    page.goto("/")
+    dialog = page.locator("#key-dialog")
+    expect(dialog).to_be_visible()
+    assert page.locator("#app").is_hidden() and page.locator("#messages").inner_text() == ""
+    page.locator("#api-key").fill("wrong")
+    page.locator("#api-key").press("Enter")
+    expect(dialog.locator(".key-message")).to_contain_text("refused")
+    assert page.locator("#app").is_hidden()
+    page.locator("#api-key").fill(API_KEY)
+    page.locator("#api-key").press("Enter")
+    expect(page.locator("#app")).to_be_visible()
+    page.locator("#max_tokens").fill("8")
+    page.locator("#prompt").fill("Hello")
+    page.locator("#prompt").press("Enter")
+    expect(assistant(page).locator("[data-stat=finish]")).to_have_text("length", timeout=60_000)
+    # NOTE: the key is kept in this browser: the dashboard's stream gets it too.
+    page.goto("/dashboard")
+    expect(page.locator("#app")).to_be_visible()
+    expect(page.locator("#finished-totals")).to_contain_text("length 1")
+    # NOTE: the two 401s the key prompt answered are the only errors the page logged.
+    watched.check_and_close(expected_errors=lambda error: "401" in error)
