@@ -28,6 +28,9 @@
     values.stop = $("stop-strings").value;
     values.system = $("system").value;
     values.logprobs = $("logprobs").checked;
+    values.json_schema = $("json-schema").value;
+    values.tools = $("tools").value;
+    values.tool_choice = $("tool-choice").value;
     values.model = $("model").value;
     return values;
   }
@@ -41,6 +44,10 @@
     $("stop-strings").value = values.stop || "";
     $("system").value = values.system || "";
     $("logprobs").checked = values.logprobs !== false;
+    $("json-schema").value = values.json_schema || "";
+    $("tools").value = values.tools || "";
+    $("tool-choice").value = values.tool_choice || "auto";
+    if (values.json_schema || values.tools) $("agents").open = true;
     if (values.model && server.models.includes(values.model)) $("model").value = values.model;
   }
 
@@ -48,7 +55,19 @@
     localStorage.setItem(SETTINGS_ITEM, JSON.stringify(settingsFromFields()));
   }
 
-  // The chat request's body: the conversation so far and every setting given a value.
+  // A settings box's JSON, or an error naming the box.
+  function parsedBox(id, what) {
+    const text = $(id).value.trim();
+    if (!text) return undefined;
+    try {
+      return JSON.parse(text);
+    } catch (error) {
+      throw new Error(`The ${what} box is not valid JSON: ${error.message}`);
+    }
+  }
+
+  // The chat request's body: the conversation so far and every setting given a value; throws
+  // when a JSON box does not parse.
   function requestBody(messages) {
     const settings = settingsFromFields();
     const body = {
@@ -58,7 +77,7 @@
       stream_options: { include_usage: true },
     };
     if (settings.system.trim()) body.messages.push({ role: "system", content: settings.system });
-    for (const message of messages) body.messages.push({ role: message.role, content: message.content });
+    for (const message of messages) body.messages.push({ role: message.role, content: historyText(message) });
     for (const name of SAMPLING_FIELDS) {
       const text = settings[name].trim();
       if (text === "") continue;
@@ -70,7 +89,20 @@
       body.logprobs = true;
       body.top_logprobs = NUM_TOP_LOGPROBS;
     }
+    const schema = parsedBox("json-schema", "JSON schema");
+    if (schema !== undefined) body.response_format = { type: "json_schema", json_schema: { name: "answer", schema } };
+    const tools = parsedBox("tools", "tools");
+    if (tools !== undefined) {
+      body.tools = tools;
+      body.tool_choice = settings.tool_choice;
+    }
     return body;
+  }
+
+  // What a message says, as the next request's history has it: an answer's tool calls as their JSON.
+  function historyText(message) {
+    const calls = (message.tool_calls || []).map((call) => ({ name: call.name, arguments: call.arguments }));
+    return calls.length ? [message.content, JSON.stringify(calls)].filter((text) => text).join("\n") : message.content;
   }
 
   // Conversations.
@@ -200,6 +232,11 @@
     } else {
       content.innerHTML = markdown(message.content);
     }
+    for (const call of message.tool_calls || []) {
+      const block = zs.element("pre", { class: "tool-call" });
+      block.append(zs.element("code", {}, `${call.name}(${call.arguments})`));
+      content.append(block);
+    }
     const children = [zs.element("div", { class: "role" }, message.role === "user" ? "You" : "Assistant"), content];
     if (message.error) children.push(zs.element("div", { class: "error", role: "alert" }, message.error));
     if (message.role === "assistant") children.push(statsLine(message));
@@ -238,10 +275,18 @@
     const text = $("prompt").value;
     if (!text.trim() || running) return;
     const conversation = current();
-    conversation.messages.push({ role: "user", content: text });
+    const question = { role: "user", content: text };
+    let body;
+    try {
+      body = requestBody([...conversation.messages, question]);
+    } catch (error) {
+      banner(error.message, true);
+      return;
+    }
+    banner("");
+    conversation.messages.push(question);
     if (conversation.title === "New chat") conversation.title = text.trim().slice(0, 60);
-    const answer = { role: "assistant", content: "", tokens: [], stats: {} };
-    const body = requestBody(conversation.messages);
+    const answer = { role: "assistant", content: "", tokens: [], tool_calls: [], stats: {} };
     conversation.messages.push(answer);
     $("prompt").value = "";
     running = { controller: new AbortController(), answer };
@@ -272,6 +317,13 @@
             if (delta.content) {
               if (firstTokenAt === null) firstTokenAt = performance.now();
               answer.content += delta.content;
+              numChunks += 1;
+            }
+            for (const call of delta.tool_calls || []) {
+              if (firstTokenAt === null) firstTokenAt = performance.now();
+              const kept = answer.tool_calls[call.index] || (answer.tool_calls[call.index] = { name: "", arguments: "" });
+              if (call.function && call.function.name) kept.name += call.function.name;
+              if (call.function && call.function.arguments) kept.arguments += call.function.arguments;
               numChunks += 1;
             }
             const logprobs = choice.logprobs && choice.logprobs.content;
@@ -363,11 +415,14 @@
       renderAll();
       $("prompt").focus();
     });
-    for (const id of [...SAMPLING_FIELDS, "stop-strings", "system", "logprobs", "model"]) {
+    for (const id of [...SAMPLING_FIELDS, "stop-strings", "system", "logprobs", "model", "json-schema", "tools", "tool-choice"]) {
       $(id).addEventListener("change", saveSettings);
     }
     $("reset-settings").addEventListener("click", () => {
-      fillFields({ model: $("model").value, system: $("system").value });
+      fillFields({
+        model: $("model").value, system: $("system").value, json_schema: $("json-schema").value,
+        tools: $("tools").value, tool_choice: $("tool-choice").value,
+      });
       saveSettings();
     });
     for (const [button, className] of [["toggle-conversations", "show-conversations"], ["toggle-settings", "show-settings"]]) {

@@ -232,6 +232,40 @@ def test_the_sampling_settings_ride_on_the_request_and_are_kept(watched: Watched
     assert page.locator("#seed").input_value() == ""
 
 
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+}}}
+CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def test_the_json_schema_and_tools_boxes_constrain_the_answer(watched: Watched, server: ServerProcess) -> None:
+    page = watched.page
+    open_playground(page)
+    page.locator("#agents summary").click()
+    page.locator("#json-schema").fill("{not json")
+    page.locator("#prompt").fill(QUESTION)
+    page.locator("#prompt").press("Enter")
+    expect(page.locator("#banner")).to_contain_text("JSON schema box is not valid JSON")
+    assert page.locator(".message").count() == 0
+    page.locator("#json-schema").fill(json.dumps(CITY_SCHEMA))
+    with page.expect_request(lambda request: request.url.endswith("/v1/chat/completions")) as sent:
+        page.locator("#prompt").press("Enter")
+    assert json.loads(sent.value.post_data or "{}")["response_format"]["json_schema"]["schema"] == CITY_SCHEMA
+    expect(assistant(page).locator("[data-stat=finish]")).to_have_text("stop", timeout=60_000)
+    kept = json.loads(page.evaluate("localStorage.getItem('zeroserve.conversations')"))
+    assert set(json.loads(kept[0]["messages"][-1]["content"])) == {"city"}
+
+    page.locator("#json-schema").fill("")
+    page.locator("#tools").fill(json.dumps([WEATHER_TOOL]))
+    page.locator("#tool-choice").select_option("required")
+    page.locator("#prompt").fill("What is the weather in Paris?")
+    page.locator("#prompt").press("Enter")
+    expect(assistant(page).locator("[data-stat=finish]")).to_have_text("tool_calls", timeout=60_000)
+    call = assistant(page).locator(".tool-call").inner_text()
+    name, arguments = call.split("(", 1)
+    assert name == "get_weather" and set(json.loads(arguments.removesuffix(")"))) == {"city"}
+
+
 def _stream(server: ServerProcess) -> None:
     with httpx.stream("POST", f"{server.base_url}/v1/completions", timeout=120, json={
         "model": DEFAULT_MODEL, "prompt": "Once upon a time", "max_tokens": 192, "ignore_eos": True, "stream": True,
