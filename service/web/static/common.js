@@ -16,9 +16,26 @@ const zs = (() => {
     return all;
   }
 
+  // The dialog that asks for the key (made on first use).
+  function keyDialog() {
+    let dialog = document.getElementById("key-dialog");
+    if (dialog) return dialog;
+    dialog = element("dialog", { id: "key-dialog", "aria-labelledby": "key-title" });
+    const form = element("form");
+    const submit = element("button", { class: "primary", type: "submit" }, "Use this key");
+    const buttons = element("p");
+    buttons.append(submit);
+    form.append(element("h2", { id: "key-title" }, "API key"), element("p", { class: "key-message" }),
+      element("label", { for: "api-key" }, "Key"),
+      element("input", { id: "api-key", type: "password", autocomplete: "off", required: "" }), buttons);
+    dialog.append(form);
+    document.body.append(dialog);
+    return dialog;
+  }
+
   // Asks for the key in the page's dialog; resolves once one is given.
   function askForKey(message) {
-    const dialog = document.getElementById("key-dialog");
+    const dialog = keyDialog();
     const form = dialog.querySelector("form");
     const input = dialog.querySelector("input");
     dialog.querySelector(".key-message").textContent = message;
