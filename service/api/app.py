@@ -24,7 +24,7 @@ from service.api.metrics_route import metrics
 from service.api.openapi import openapi
 from service.api.responses import create_response
 from service.api.server_state import ServerState
-from service.api.sse import DEFAULT_SSE_KEEPALIVE_S, get_stream
+from service.api.sse import DEFAULT_SSE_KEEPALIVE_S, delete_stream, get_stream
 from service.api.stream_store import StreamStore
 from service.api.tokenize import detokenize, tokenize
 from service.client.core_client import EngineDeadError
@@ -165,6 +165,7 @@ def create_app(
             Route("/v1/completions", create_completion, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
             Route("/v1/streams/{request_id:path}", get_stream, methods=["GET"]),
+            Route("/v1/streams/{request_id:path}", delete_stream, methods=["DELETE"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
             *web_routes(),

@@ -80,6 +80,10 @@ def openapi_document() -> dict[str, Any]:
         paths[path] = {"get": {"summary": summary, "responses": {"200": {"description": summary}}}}
         if path in _GET_PARAMETERS:
             paths[path]["get"]["parameters"] = _GET_PARAMETERS[path]
+    paths["/v1/streams/{request_id}"]["delete"] = {
+        "summary": "Aborts a kept stream's request now.", "parameters": _GET_PARAMETERS["/v1/streams/{request_id}"][:1],
+        "responses": {"200": {"description": "The stream was aborted."}, "404": errors["404"]},
+    }
     try:
         version = importlib.metadata.version("zeroserve")
     except importlib.metadata.PackageNotFoundError:

@@ -10,7 +10,7 @@ import orjson
 from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
 from service.api.stream_store import StreamStore
@@ -130,6 +130,17 @@ async def get_stream(request: Request) -> Response:
                        f"{store.retention_s:g} s ago (--stream-retention).", 404, error_type="not_found_error",
                        code="stream_not_found")
     return _stream(log.follow(last_event_id(request)), stream_id)
+
+
+async def delete_stream(request: Request) -> Response:
+    """DELETE /v1/streams/{request_id}: aborts a kept stream's request now (a client that leaves
+    a kept stream otherwise lets it generate on for the window)."""
+    store: StreamStore = request.app.state.streams
+    stream_id = request.path_params["request_id"]
+    if not store.cancel(stream_id):
+        raise APIError(f"No stream {stream_id!r} is kept here.", 404, error_type="not_found_error",
+                       code="stream_not_found")
+    return JSONResponse({"id": stream_id, "object": "stream", "deleted": True})
 
 
 def last_event_id(request: Request) -> int:

@@ -134,6 +134,15 @@ class StreamStore:
             if self.num_bytes <= self.max_bytes:
                 return
 
+    def cancel(self, key: str) -> bool:
+        """Aborts the stream `key` names (its request stops generating) and forgets it; False
+        when no such stream is kept."""
+        log = self.logs.get(key)
+        if log is None:
+            return False
+        self._drop(log, "its client cancelled it")
+        return True
+
     def _drop(self, log: StreamLog, reason: str) -> None:
         for key in log.keys:
             if self.logs.get(key) is log:

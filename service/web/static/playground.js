@@ -289,7 +289,9 @@
     const answer = { role: "assistant", content: "", tokens: [], tool_calls: [], stats: {} };
     conversation.messages.push(answer);
     $("prompt").value = "";
-    running = { controller: new AbortController(), answer };
+    // NOTE: named, so that Stop can cancel it where the server keeps streams (--stream-retention).
+    const requestId = "playground-" + Date.now().toString(36) + Math.random().toString(36).slice(2, 10);
+    running = { controller: new AbortController(), answer, requestId };
     setRunning(true);
     saveConversations();
     renderAll();
@@ -298,7 +300,8 @@
     let numChunks = 0;
     try {
       const response = await zs.request("/v1/chat/completions", {
-        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+        method: "POST", headers: { "Content-Type": "application/json", "X-Request-Id": requestId },
+        body: JSON.stringify(body),
         signal: running.controller.signal,
       });
       if (!response.ok) {
@@ -362,8 +365,13 @@
   }
 
   function stop() {
-    // NOTE: closing the response aborts the request at the gateway, which frees its place in the batch.
-    if (running) running.controller.abort();
+    // NOTE: closing the response aborts the request at the gateway, which frees its place in the
+    // batch; a server that keeps streams would let it generate on, so it is told to cancel it.
+    if (!running) return;
+    running.controller.abort();
+    if (server.is_stream_kept) {
+      zs.request("/v1/streams/" + encodeURIComponent(running.requestId), { method: "DELETE" }).catch(() => {});
+    }
   }
 
   function setRunning(isRunning) {

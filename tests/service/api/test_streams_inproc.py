@@ -160,6 +160,22 @@ async def test_a_stream_no_client_comes_back_to_is_aborted_after_the_window(
         assert engine.aborted_ids == [engine.requests[0].request_id]
 
 
+async def test_deleting_a_kept_stream_aborts_its_request_at_once(serve: Serve, engine: FakeEngineClient) -> None:
+    engine.seconds_per_step = 0.01
+    async with serve(stream_retention_s=60.0) as client:
+        await started_and_left(client, "team/left", 2000)
+        deleted = await client.delete("/v1/streams/team/left")
+        assert deleted.status_code == 200 and deleted.json() == {"id": "team/left", "object": "stream", "deleted": True}
+        deadline = time.monotonic() + 5
+        while not engine.aborted_ids:
+            assert time.monotonic() < deadline, "the deleted stream's request kept generating"
+            await asyncio.sleep(0.02)
+        assert engine.aborted_ids == [engine.requests[0].request_id]
+        assert (await client.get("/v1/streams/team/left")).status_code == 404
+        again = await client.delete("/v1/streams/team/left")
+        assert again.status_code == 404 and again.json()["error"]["code"] == "stream_not_found"
+
+
 async def test_keepalive_comments_between_numbered_events_do_not_trip_the_openai_sdk(
     serve: Serve, engine: FakeEngineClient
 ) -> None:

@@ -305,7 +305,8 @@ def test_the_dashboard_shows_eight_streams_running_and_then_their_figures(
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
-    with running_server(tiny_model_dir, "--api-key", API_KEY) as server:
+    # NOTE: it keeps streams too, where Stop must cancel the request rather than drop its connection.
+    with running_server(tiny_model_dir, "--api-key", API_KEY, "--stream-retention", "60") as server:
         yield server
 
 
@@ -331,6 +332,20 @@ def test_with_an_api_key_the_pages_show_nothing_until_given_it(browser: Any, key
     page.locator("#prompt").fill("Hello")
     page.locator("#prompt").press("Enter")
     expect(assistant(page).locator("[data-stat=finish]")).to_have_text("length", timeout=60_000)
+    # NOTE: where streams are kept, Stop cancels the request by its X-Request-Id.
+    before = num_aborted(keyed_server)
+    page.locator("#max_tokens").fill("1500")
+    page.locator("#prompt").fill("Hello again")
+    with page.expect_request(lambda request: request.method == "DELETE") as cancelled:
+        page.locator("#prompt").press("Enter")
+        expect(assistant(page).locator(".content")).not_to_have_text("", timeout=60_000)
+        page.locator("#stop").click()
+    assert cancelled.value.url.startswith(f"{base_url}/v1/streams/playground-")
+    expect(assistant(page).locator("[data-stat=finish]")).to_have_text("stopped")
+    deadline = time.monotonic() + 10
+    while num_aborted(keyed_server) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert num_aborted(keyed_server) == before + 1
     # NOTE: the key is kept in this browser: the dashboard's stream gets it too.
     page.goto("/dashboard")
     expect(page.locator("#app")).to_be_visible()
