@@ -315,6 +315,11 @@ def test_with_an_api_key_the_pages_show_nothing_until_given_it(browser: Any, key
     dashboard_stream = httpx.get(f"{base_url}/dashboard/events", timeout=10)
     assert dashboard_stream.status_code == 401 and dashboard_stream.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(f"{base_url}/playground/settings").status_code == 401
+    stranger = Watched(browser, base_url)
+    stranger.page.goto("/dashboard")
+    expect(stranger.page.locator("#key-dialog")).to_be_visible()
+    assert stranger.page.locator("#app").is_hidden() and stranger.page.locator("#num-running").inner_text() == "–"
+    stranger.check_and_close(expected_errors=lambda error: "401" in error)
     watched = Watched(browser, base_url)
     page = watched.page
     page.goto("/")
