@@ -44,13 +44,8 @@ async def health(request: Request) -> Response:
     if admission.phase is not Phase.SERVING:
         return JSONResponse({"status": admission.phase.value}, status_code=503)
     state: ServerState = request.app.state.server
-    if state.llm.is_dead:
-        return JSONResponse({"status": "dead"}, status_code=503)
-    if state.llm.engine_client.is_recovering:
-        return JSONResponse({"status": "recovering"}, status_code=503)
-    if not state.llm.engine_client.live_engine_indices:
-        # NOTE: every engine left cleanly: not dead, waiting for one to join (remote engines).
-        return JSONResponse({"status": "waiting_for_engine"}, status_code=503)
+    if state.engine_status != "ok":
+        return JSONResponse({"status": state.engine_status}, status_code=503)
     try:
         async with asyncio.timeout(HEALTH_PING_TIMEOUT_S):
             await state.llm.engine_client.call_utility_async("ping")

@@ -49,6 +49,18 @@ class ServerState:
         # NOTE: the last finished requests, for the dashboard (None: it lists none).
         self.recent_requests = recent_requests
 
+    @property
+    def engine_status(self) -> str:
+        """"ok" while an engine serves, else why none does: "dead", "recovering" (a lost engine
+        restarts) or "waiting_for_engine" (every engine left cleanly; remote ones may join)."""
+        if self.llm.is_dead:
+            return "dead"
+        if self.llm.engine_client.is_recovering:
+            return "recovering"
+        if not self.llm.engine_client.live_engine_indices:
+            return "waiting_for_engine"
+        return "ok"
+
     def model_name(self, model: str | None) -> str:
         """The served name the request asks for (the first one when it names none)."""
         if model is None or model == "":

@@ -68,13 +68,16 @@ async def dashboard_events(request: Request) -> Response:
                        error_type="not_found_error")
     feed = DashboardFeed(state.metrics_registry, state.recent_requests)
     interval_s: float = getattr(request.app.state, "dashboard_interval_s", DEFAULT_DASHBOARD_INTERVAL_S)
-    return EventSourceResponse(_frames(feed, request.app.state.admission, interval_s), sep="\n")
+    return EventSourceResponse(_frames(feed, state, request.app.state.admission, interval_s), sep="\n")
 
 
-async def _frames(feed: DashboardFeed, admission: Admission, interval_s: float) -> AsyncIterator[dict[str, str]]:
+async def _frames(
+    feed: DashboardFeed, state: ServerState, admission: Admission, interval_s: float
+) -> AsyncIterator[dict[str, str]]:
     # NOTE: the first frame at once (no rates yet), then one per interval; a drain ends the stream.
     while admission.phase is Phase.SERVING:
-        yield {"data": json.dumps(feed.frame(), separators=(",", ":"))}
+        frame = {**feed.frame(), "engine_status": state.engine_status}
+        yield {"data": json.dumps(frame, separators=(",", ":"))}
         await asyncio.sleep(interval_s)
 
 

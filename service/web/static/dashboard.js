@@ -8,6 +8,10 @@
   const SVG = "http://www.w3.org/2000/svg";
   const $ = (id) => document.getElementById(id);
   const history = [];
+  const STATUS_TEXT = {
+    ok: "serving", recovering: "an engine is restarting", dead: "no engine (dead)",
+    waiting_for_engine: "waiting for an engine to join",
+  };
 
   function banner(text, isError) {
     const node = $("banner");
@@ -73,6 +77,9 @@
     $("generation-tokens-per-s").textContent = rate(frame.generation_tokens_per_s);
     $("prompt-tokens-per-s").textContent = rate(frame.prompt_tokens_per_s);
     $("updated").textContent = "updated " + new Date(frame.time * 1000).toLocaleTimeString();
+    const status = $("engine-status");
+    status.textContent = STATUS_TEXT[frame.engine_status] || frame.engine_status;
+    status.dataset.status = frame.engine_status;
     drawChart("chart-requests", [[(f) => f.num_running, "s1"], [(f) => f.num_waiting, "s2"]], 4, "");
     drawChart("chart-tokens", [[(f) => f.generation_tokens_per_s, "s1"], [(f) => f.prompt_tokens_per_s, "s2"]], 10, " tok/s");
     drawChart("chart-cache", [[(f) => f.kv_cache_usage * 100, "s1"],

@@ -281,6 +281,7 @@ def test_the_dashboard_shows_eight_streams_running_and_then_their_figures(
     page.goto("/dashboard")
     expect(page.locator("#app")).to_be_visible()
     expect(page.locator("#num-running")).to_have_text("0")
+    expect(page.locator("#engine-status")).to_have_text("serving")
     streams = [threading.Thread(target=_stream, args=(server,)) for _ in range(8)]
     for stream in streams:
         stream.start()
