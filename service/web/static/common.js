@@ -76,7 +76,8 @@ const zs = (() => {
     return "HTTP " + response.status;
   }
 
-  // Calls onData(data) for each event's data, until the stream ends or the signal aborts.
+  // Calls onData(data, id) for each event's data and `id:` (null without one), until the stream
+  // ends; a lost connection rejects (a TypeError).
   async function readEvents(response, onData) {
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
@@ -89,9 +90,11 @@ const zs = (() => {
       while ((end = buffer.indexOf("\n\n")) >= 0) {
         const block = buffer.slice(0, end);
         buffer = buffer.slice(end + 2);
-        const data = block.split("\n").filter((line) => line.startsWith("data:"))
+        const lines = block.split("\n");
+        const data = lines.filter((line) => line.startsWith("data:"))
           .map((line) => line.slice(line.startsWith("data: ") ? 6 : 5)).join("\n");
-        if (data) onData(data);
+        const idLine = lines.find((line) => line.startsWith("id:"));
+        if (data) onData(data, idLine === undefined ? null : parseInt(idLine.slice(3), 10));
       }
     }
   }
@@ -103,5 +106,18 @@ const zs = (() => {
     return node;
   }
 
-  return { apiKey, request, errorOf, readEvents, askForKey, element };
+  // Resolves after `ms`, or rejects with an AbortError when the signal aborts first.
+  function sleep(ms, signal) {
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(resolve, ms);
+      if (signal) {
+        signal.addEventListener("abort", () => {
+          clearTimeout(timer);
+          reject(new DOMException("Aborted", "AbortError"));
+        }, { once: true });
+      }
+    });
+  }
+
+  return { apiKey, request, errorOf, readEvents, askForKey, element, sleep };
 })();

@@ -12,6 +12,7 @@
   const CURRENT_ITEM = "zeroserve.currentConversation";
   const SETTINGS_ITEM = "zeroserve.settings";
   const NUM_TOP_LOGPROBS = 5;
+  const MAX_RESUME_TRIES = 30;
 
   const $ = (id) => document.getElementById(id);
   let server = null; // GET /playground/settings
@@ -307,7 +308,7 @@
       if (!response.ok) {
         answer.error = await zs.errorOf(response);
       } else {
-        await zs.readEvents(response, (data) => {
+        await readResuming(response, running.requestId, running.controller.signal, (data) => {
           if (data === "[DONE]") return;
           const chunk = JSON.parse(data);
           if (chunk.error) {
@@ -342,6 +343,7 @@
         });
       }
     } catch (error) {
+      banner("");
       if (error.name === "AbortError") {
         answer.stats.finish_reason = "stopped";
       } else {
@@ -362,6 +364,43 @@
     saveConversations();
     renderMessage(answer);
     $("prompt").focus();
+  }
+
+  // Reads the answer's events; where the server keeps streams, a lost connection is resumed
+  // after the last event read (GET /v1/streams/{id} with Last-Event-ID), so nothing is lost.
+  async function readResuming(response, requestId, signal, onData) {
+    let lastEventId = null;
+    for (;;) {
+      try {
+        await zs.readEvents(response, (data, id) => {
+          if (id !== null) lastEventId = id;
+          onData(data);
+        });
+        return;
+      } catch (error) {
+        if (error.name === "AbortError" || !server.is_stream_kept || lastEventId === null) throw error;
+        response = await resumed(requestId, lastEventId, signal);
+      }
+    }
+  }
+
+  async function resumed(requestId, lastEventId, signal) {
+    for (let attempt = 1; attempt <= MAX_RESUME_TRIES; attempt++) {
+      banner(`The connection was lost; resuming the answer (try ${attempt})…`);
+      await zs.sleep(1000, signal);
+      try {
+        const response = await zs.request("/v1/streams/" + encodeURIComponent(requestId), {
+          headers: { "Last-Event-ID": String(lastEventId) }, signal,
+        });
+        if (!response.ok) throw new Error(await zs.errorOf(response));
+        banner("");
+        return response;
+      } catch (error) {
+        // NOTE: a TypeError is a network failure: try again; anything else ends the answer.
+        if (!(error instanceof TypeError)) throw error;
+      }
+    }
+    throw new Error("The server could not be reached to resume the answer.");
   }
 
   function stop() {

@@ -5,8 +5,11 @@ Screenshots of both pages, desktop and phone width, go to build/screenshots/."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -358,3 +361,80 @@ def test_with_an_api_key_the_pages_show_nothing_until_given_it(browser: Any, key
     expect(page.locator("#finished-totals")).to_contain_text("length 1")
     # NOTE: the two 401s the key prompt answered are the only errors the page logged.
     watched.check_and_close(expected_errors=lambda error: "401" in error)
+
+
+class CuttableProxy:
+    """A TCP proxy to a server whose open connections the test can cut, as a dropped network
+    would (a reset, which the browser sees mid-stream)."""
+
+    def __init__(self, target: ServerProcess) -> None:
+        self.target_port = int(target.base_url.rsplit(":", 1)[1])
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self.sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        for sock in self.sockets:
+            # NOTE: shutdown first: it wakes the pump blocked on the socket, which close alone would not.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self.sockets.clear()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+
+def test_where_streams_are_kept_a_dropped_connection_resumes_the_answer_with_nothing_lost(
+    browser: Any, keyed_server: ServerProcess
+) -> None:
+    proxy = CuttableProxy(keyed_server)
+    watched = Watched(browser, proxy.base_url)
+    watched.context.add_init_script(f"localStorage.setItem('zeroserve.apiKey', {json.dumps(API_KEY)})")
+    page = watched.page
+    open_playground(page)
+    page.locator("#max_tokens").fill("1500")
+    page.locator("#seed").fill("7")
+    page.locator("#logprobs").uncheck()
+    page.locator("#prompt").fill("Tell me a story.")
+    with page.expect_request(lambda request: request.url.endswith("/v1/chat/completions")) as sent:
+        page.locator("#prompt").press("Enter")
+    request_id = sent.value.headers["x-request-id"]
+    expect(assistant(page).locator(".content")).not_to_have_text("", timeout=60_000)
+    proxy.cut()
+    expect(page.locator("#banner")).to_contain_text("resuming the answer", timeout=10_000)
+    expect(assistant(page).locator("[data-stat=finish]")).to_have_text("length", timeout=60_000)
+    expect(page.locator("#banner")).to_be_hidden()
+    # NOTE: the whole kept stream, as the server sent it: the page's answer is all of it, once.
+    kept = httpx.get(f"{keyed_server.base_url}/v1/streams/{request_id}",
+                     headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+    events = [line[len("data: "):] for line in kept.text.splitlines() if line.startswith("data: ")]
+    chunks = [json.loads(event) for event in events if event != "[DONE]"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    answer = json.loads(page.evaluate("localStorage.getItem('zeroserve.conversations')"))[0]["messages"][-1]
+    assert answer["content"] == text and answer["stats"]["num_tokens"] == 1500
+    # NOTE: the cut stream is the one error the page may log.
+    watched.check_and_close(expected_errors=lambda error: "ERR_" in error or "network" in error)
+    proxy.close()
