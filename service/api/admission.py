@@ -15,9 +15,11 @@ from service.frontend.outputs import CompletionOutput, RequestOutput
 from service.openai.errors import APIError
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
-ALWAYS_OPEN_PATHS = frozenset({"/health", "/version", "/", "/dashboard"})
-# NOTE: the pages' scripts, open while loading too, so a page can say the model is loading.
-ALWAYS_OPEN_PREFIXES = ("/static/",)
+# The pages (service/web) and their files: open while loading, so a page can say the model is
+# loading, and open without an API key, since they show nothing until given it.
+PAGE_PATHS = frozenset({"/", "/dashboard"})
+PAGE_PREFIXES = ("/static/",)
+ALWAYS_OPEN_PATHS = frozenset({"/health", "/version"}) | PAGE_PATHS
 OPEN_WHILE_DRAINING_PATHS = ALWAYS_OPEN_PATHS | {"/metrics"}
 RETRY_AFTER_S = 1
 
@@ -60,7 +62,7 @@ class Admission:
         if self.max_header_bytes is not None and num_header_bytes > self.max_header_bytes:
             return error_response(APIError(f"The request's headers are larger than {self.max_header_bytes} bytes.",
                                            431, code="request_header_fields_too_large"))
-        if self.phase is Phase.LOADING and path not in ALWAYS_OPEN_PATHS and not path.startswith(ALWAYS_OPEN_PREFIXES):
+        if self.phase is Phase.LOADING and path not in ALWAYS_OPEN_PATHS and not path.startswith(PAGE_PREFIXES):
             response = error_response(APIError("The model is loading; retry shortly.", 503,
                                                error_type="server_error", code="model_loading"))
             response.headers["Retry-After"] = str(RETRY_AFTER_S)

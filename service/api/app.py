@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from service.api.admission import Admission, AdmissionMiddleware, Phase, RequestTimeoutError
+from service.api.admission import PAGE_PATHS, PAGE_PREFIXES, Admission, AdmissionMiddleware, Phase, RequestTimeoutError
 from service.api.auth import APIKeyMiddleware
 from service.api.chat_completions import create_chat_completion
 from service.api.completions import create_completion
@@ -142,11 +142,10 @@ def create_app(
         admission = Admission() if state is None else state.admission
     middleware = [Middleware(AdmissionMiddleware, admission=admission)]
     if api_keys:
-        # NOTE: the pages and their scripts are open: they show nothing until given the key, and
-        # everything they read (the settings, the dashboard's stream) asks for it.
-        open_paths = {"/health", "/openapi.json", "/", "/dashboard"} | (set() if is_metrics_auth else {"/metrics"})
+        # NOTE: everything the pages read (the settings, the dashboard's stream) asks for the key.
+        open_paths = {"/health", "/openapi.json", *PAGE_PATHS} | (set() if is_metrics_auth else {"/metrics"})
         middleware.insert(0, Middleware(
-            APIKeyMiddleware, api_keys=api_keys, open_paths=open_paths, open_prefixes=("/static/",)
+            APIKeyMiddleware, api_keys=api_keys, open_paths=open_paths, open_prefixes=PAGE_PREFIXES
         ))
     app = Starlette(
         middleware=middleware,

@@ -21,7 +21,7 @@ from service.observability.dashboard import DashboardFeed
 from service.openai.errors import APIError
 
 STATIC_DIR = Path(__file__).parent / "static"
-DEFAULT_DASHBOARD_INTERVAL_S = 1.0
+DASHBOARD_INTERVAL_S = 1.0
 
 # NOTE: the pages may load and ask nothing but this origin: no inline script, no other host.
 CONTENT_SECURITY_POLICY = (
@@ -67,18 +67,15 @@ async def dashboard_events(request: Request) -> Response:
         raise APIError("Metrics are not enabled on this server, so there is no dashboard.", 404,
                        error_type="not_found_error")
     feed = DashboardFeed(state.metrics_registry, state.recent_requests)
-    interval_s: float = getattr(request.app.state, "dashboard_interval_s", DEFAULT_DASHBOARD_INTERVAL_S)
-    return EventSourceResponse(_frames(feed, state, request.app.state.admission, interval_s), sep="\n")
+    return EventSourceResponse(_frames(feed, state, request.app.state.admission), sep="\n")
 
 
-async def _frames(
-    feed: DashboardFeed, state: ServerState, admission: Admission, interval_s: float
-) -> AsyncIterator[dict[str, str]]:
+async def _frames(feed: DashboardFeed, state: ServerState, admission: Admission) -> AsyncIterator[dict[str, str]]:
     # NOTE: the first frame at once (no rates yet), then one per interval; a drain ends the stream.
     while admission.phase is Phase.SERVING:
         frame = {**feed.frame(), "engine_status": state.engine_status}
         yield {"data": json.dumps(frame, separators=(",", ":"))}
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(DASHBOARD_INTERVAL_S)
 
 
 def web_routes() -> list[BaseRoute]:
