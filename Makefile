@@ -8,6 +8,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2-135m-instruct
 ARGS ?=
+# `make test` runs the suite on this many pytest-xdist workers, one test module to a worker.
+TEST_WORKERS ?= 2
 
 .PHONY: serve test test-fast install model clean
 
@@ -17,7 +19,7 @@ serve: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check
 	$(PY) -m mypy
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope $(ARGS)
 
 # The quick run: lint, types, and the tests that start no process and load no real model.
 test-fast: $(VENV)/.installed-test

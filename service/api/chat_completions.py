@@ -30,7 +30,7 @@ async def create_chat_completion(request: Request) -> Response:
     model = state.model_name(body.model)
     body.check_supported()
     prompt = chat_prompt(body, state.llm.input_processor)
-    params = state.sampling_params(body, [prompt])
+    params = await state.sampling_params(body, [prompt])
     response_id, request_id = request_ids("chatcmpl", body)
     outputs = await state.generate(request_id, [prompt], params, body)
     header = {"id": response_id, "created": now(), "model": model}

@@ -27,7 +27,7 @@ async def create_completion(request: Request) -> Response:
     model = state.model_name(body.model)
     body.check_supported()
     prompts = completion_prompts(body, state.llm.input_processor)
-    params = state.sampling_params(body, prompts)
+    params = await state.sampling_params(body, prompts)
     response_id, request_id = request_ids("cmpl", body)
     outputs = await state.generate(request_id, prompts, params, body)
     header = {"id": response_id, "created": now(), "model": model}

@@ -33,7 +33,7 @@ async def create_response(request: Request) -> Response:
     with responses_params():
         chat.check_supported()
         prompt = chat_prompt(chat, state.llm.input_processor)
-        params = state.sampling_params(chat, [prompt])
+        params = await state.sampling_params(chat, [prompt])
         response_id = new_item_id("resp") if body.request_id is None else f"resp_{body.request_id}"
         # NOTE: engine request ids stay unique when two bodies name the same request_id.
         outputs = await state.generate(new_item_id(response_id), [prompt], params, chat)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import signal
 from dataclasses import replace
@@ -117,10 +116,7 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
         engine_config, config.data_parallel_size, config.link, config.engine_addresses, config.log_format
     )
     try:
-        # NOTE: the tokenizer loads here while the engine loads its weights, and so does xgrammar
-        # (2 s of imports, torch's among them), which checks structured outputs: in a thread, not
-        # on the event loop under the first constrained request, and not delaying readiness.
-        app.state.xgrammar_import = asyncio.create_task(asyncio.to_thread(importlib.import_module, "xgrammar"))
+        # NOTE: the tokenizer loads here while the engine loads its weights.
         tokenizer = await asyncio.to_thread(Tokenizer.from_model, resolved.path)
         ready = await client.wait_ready()
     except BaseException:

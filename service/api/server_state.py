@@ -11,6 +11,7 @@ from service.frontend.async_llm import AsyncLLM
 from service.frontend.input_processor import Prompt
 from service.frontend.outputs import RequestOutput
 from service.frontend.sampling_params import SamplingParams
+from service.frontend.structured_output import load_library
 from service.observability.dashboard import RecentRequests
 from service.openai.errors import APIError
 from service.openai.protocol import ChatCompletionRequest, SamplingRequest
@@ -74,9 +75,11 @@ class ServerState:
             )
         return model
 
-    def sampling_params(self, body: SamplingRequest, prompts: list[Prompt]) -> SamplingParams:
+    async def sampling_params(self, body: SamplingRequest, prompts: list[Prompt]) -> SamplingParams:
         """The body's SamplingParams; a chat answer's constraint holds after its reasoning, with a
         reasoning parser."""
+        if body.names_a_constraint:
+            await load_library(self.llm.input_processor.grammar_backend)
         params = build_sampling_params(body, self.llm.input_processor, prompts, self.generation_defaults, self.max_n)
         spec = params.structured_output
         if spec is not None and self.reasoning_parser is not None and isinstance(body, ChatCompletionRequest):

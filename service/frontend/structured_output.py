@@ -4,8 +4,11 @@ engine compiles it for the model's vocabulary)."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import json
 import re
+import sys
 from typing import Any, Literal
 
 from proto.engine_input import StructuredOutput
@@ -79,6 +82,19 @@ def _spec_of(kind: str, value: Any) -> StructuredOutput:
     if not isinstance(value, str) or not value:
         raise StructuredOutputError(f"'{param}' must be a non-empty string.", param)
     return StructuredOutput(kind, value)
+
+
+# The module each grammar backend's checks import.
+_LIBRARIES = {"xgrammar": "xgrammar", "guidance": "llguidance"}
+
+
+async def load_library(backend: str) -> None:
+    """Imports the backend's library in a thread, once: xgrammar's import (torch's and
+    transformers' among it) takes 1.5 s of CPU, so a gateway pays it at its first request that
+    may be constrained, not at every start, and never on its event loop."""
+    name = _LIBRARIES.get(backend)
+    if name is not None and name not in sys.modules:
+        await asyncio.to_thread(importlib.import_module, name)
 
 
 def checked(spec: StructuredOutput, param: str, backend: str = "xgrammar") -> StructuredOutput:

@@ -200,6 +200,11 @@ class SamplingRequest(OpenAIModel):
         return from_format or from_params
 
     @property
+    def names_a_constraint(self) -> bool:
+        """Whether the body has a field that may constrain the answer (its check needs the grammar library)."""
+        return self.response_format is not None or self.structured_outputs is not None
+
+    @property
     def constraint_param(self) -> str:
         """The field the request's output constraint came from (for errors about it)."""
         return "structured_outputs" if self.structured_outputs is not None else "response_format"
@@ -287,6 +292,10 @@ class ChatCompletionRequest(SamplingRequest):
         if not isinstance(name, str) or function_of(self.tools, name) is None:
             raise APIError(f"'tool_choice' must be 'auto', 'none', 'required' or a function of 'tools', got {choice!r}.",
                            param="tool_choice")
+
+    @property
+    def names_a_constraint(self) -> bool:
+        return super().names_a_constraint or bool(self.tools)
 
     def structured_output(self, grammar_backend: str = "xgrammar") -> StructuredOutput | None:
         """A forced tool call's schema (tool_choice "required" or a named function), else the answer's."""

@@ -88,3 +88,21 @@ def test_without_restart_a_killed_engine_ends_the_stream_with_an_error_and_healt
         after = client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 1})
         assert after.status_code == 503
         assert after.json()["error"]["code"] == "engine_dead"
+
+
+def test_the_gateway_loads_the_grammar_library_at_its_first_constrained_request_not_at_start(
+    tiny_model_dir: Path,
+) -> None:
+    def gateway_maps(server: ServerProcess) -> str:
+        return Path(f"/proc/{server.proc.pid}/maps").read_text()
+
+    bad_schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": 7}}}
+    with running_server(tiny_model_dir) as server, httpx.Client(base_url=server.base_url, timeout=60) as client:
+        assert client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+        assert "xgrammar" not in gateway_maps(server) and "libtorch" not in gateway_maps(server)
+        refused = client.post(COMPLETIONS, json={"prompt": "A number:", "response_format": bad_schema})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format", refused.text
+        assert "xgrammar" in gateway_maps(server)
+        choice = {"prompt": "Yes or no?", "max_tokens": 8, "structured_outputs": {"choice": ["yes", "no"]}}
+        answer = client.post(COMPLETIONS, json=choice)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["text"] in ("yes", "no"), answer.text
