@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams, UtilityCall
 from proto.engine_output import FinishReason
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [list(range(100 + i, 100 + i + n)) for i, n in enumerate([3, 17, 40, 5, 64, 1])]
 
 
@@ -230,3 +233,23 @@ def test_a_resumed_request_continues_as_it_would_have(tiny_model_dir: Path, kind
         for i, mate in enumerate(PROMPTS[:3]):
             core.add_request(EngineCoreRequest(f"mate{i}", mate, SamplingParams(temperature=1.0, max_tokens=30)))
         assert run(core, undisturbed[:num_done]) == undisturbed[num_done:]
+
+
+@pytest.mark.slow  # NOTE: a process of its own
+def test_an_engine_starts_and_steps_without_importing_torchs_compiler(tiny_model_dir: Path) -> None:
+    # NOTE: torch._dynamo's import is 1.5 s of CPU, which every engine start and restart paid
+    # once (for the random initialisation of an embedding about to be overwritten).
+    script = (
+        "import sys\n"
+        "from engine_proc.core import EngineCore\n"
+        "from proto.engine_config import EngineConfig\n"
+        "from proto.engine_input import EngineCoreRequest, SamplingParams\n"
+        f"core = EngineCore(EngineConfig(model_path={str(tiny_model_dir)!r}, kv_cache_memory_gib=0.05))\n"
+        "core.add_request(EngineCoreRequest('0', [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)))\n"
+        "while core.has_work:\n"
+        "    core.step()\n"
+        "print(sorted(name for name in sys.modules if name.startswith(('torch._dynamo', 'torch._inductor'))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout[:300]
