@@ -19,7 +19,7 @@ serve: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check
 	$(PY) -m mypy
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(ARGS)
 
 # The quick run: lint, types, and the tests that start no process and load no real model.
 test-fast: $(VENV)/.installed-test

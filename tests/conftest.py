@@ -85,9 +85,52 @@ _PROCESS_FIXTURES = frozenset({"tiny_server", "sdk", "hf_reference_model"})
 _ROOT = Path(__file__).resolve().parent.parent
 
 
+# NOTE: `make test` hands whole modules to its two pytest-xdist workers in collection order
+# (`--dist loadscope --no-loadscope-reorder`), so the longest go first, longest first (seconds on
+# a 2-core Zen 4, both workers busy), and the two workers end together.
+_LONGEST_FIRST = (
+    "tests/test_readme.py",  # 103
+    "tests/test_emulated_cpus.py",  # 85
+    "tests/service/api/test_openai_sdk.py",  # 80
+    "tests/engine_proc/test_fidelity_int4.py",  # 75 with the two below: one worker's transformers reference
+    "tests/service/api/test_operations.py",  # 57
+    "tests/service/client/test_chaos.py",  # 52
+    "tests/service/api/test_openapi_fuzz_inproc.py",  # 45
+    "tests/service/web/test_pages_browser.py",  # 44
+    "tests/service/client/test_engine_membership.py",  # 35
+    "tests/service/frontend/test_batch_generate.py",  # 24
+    "tests/service/client/test_remote_engines.py",  # 22
+)
+# The modules that use transformers' reference model (14 s to load) run on one worker, as one unit.
+_REFERENCE_MODULES = (
+    "tests/engine_proc/test_fidelity_int4.py", "tests/engine_proc/test_fidelity.py",
+    "tests/engine_proc/loader/test_gguf_loader.py", "tests/engine_proc/test_cuda.py",
+)
+
+
+def _module_rank(module: str) -> int:
+    unit = _REFERENCE_MODULES[0] if module in _REFERENCE_MODULES else module
+    return _LONGEST_FIRST.index(unit) if unit in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.path.relative_to(_ROOT).as_posix()
         fixtures = set(getattr(item, "fixturenames", ()))
         if item.get_closest_marker("real_model") or module in _PROCESS_MODULES or fixtures & _PROCESS_FIXTURES:
             item.add_marker(pytest.mark.slow)
+        if "hf_reference_model" in fixtures and module not in _REFERENCE_MODULES:
+            raise pytest.UsageError(f"{module} uses hf_reference_model: add it to _REFERENCE_MODULES in {__file__}")
+    items.sort(key=lambda item: _module_rank(item.path.relative_to(_ROOT).as_posix()))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist's loadscope (a module to a worker), with the reference model's modules one unit."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return _REFERENCE_MODULES[0] if module in _REFERENCE_MODULES else module
+
+    return Scheduling(config, log)  # type: ignore[arg-type]

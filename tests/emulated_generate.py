@@ -1,5 +1,6 @@
-"""Greedy tokens of the default model under default flags, as JSON on stdout: run natively and under
-QEMU's emulated CPUs by test_emulated_cpus (in-process: qemu-user does not follow a child process)."""
+"""Greedy tokens of the default model under default flags, as JSON on stdout: run by
+test_emulated_cpus natively and with torch's and oneDNN's CPU overrides, the references an engine
+under QEMU's emulated Haswell must match."""
 
 from __future__ import annotations
 
