@@ -124,6 +124,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: _module_rank(item.path.relative_to(_ROOT).as_posix()))
 
 
+@pytest.hookimpl(optionalhook=True)  # NOTE: a hook of pytest-xdist's, which a run may leave out
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """pytest-xdist's loadscope (a module to a worker), with the reference model's modules one unit."""
     from xdist.scheduler import LoadScopeScheduling

@@ -29,6 +29,9 @@ pytestmark = [
 
 # NOTE: its greedy answer wins by a clear margin at every token (see test_openai_sdk.py) and is plain text.
 QUESTION = "What is the capital of Japan?"
+# NOTE: 87 greedy tokens, ending with a stop: long enough that a browser short of CPU (the suite
+# runs beside it) still renders the answer at several lengths on its way.
+STREAMED_QUESTION = "Why is the sky blue? Answer in one short paragraph."
 LONG_QUESTION = "Tell me a long story about a dragon who learns to read."
 API_KEY = "sekrit-key"
 ABORTED = 'finished_reason="abort"'
@@ -93,14 +96,14 @@ new MutationObserver(() => {
 def test_a_question_streams_in_token_by_token_and_ends_as_the_apis_greedy_answer(
     watched: Watched, server: ServerProcess
 ) -> None:
-    expected = greedy_answer(server, QUESTION)
+    expected = greedy_answer(server, STREAMED_QUESTION)
     expected_text = expected["choices"][0]["message"]["content"]
     page = watched.page
     page.add_init_script(RECORD_ANSWER_TEXT)
     open_playground(page)
     # NOTE: the sampling fields start at the model's generation config (greedy for this model).
     assert page.locator("#temperature").input_value() == "0"
-    page.locator("#prompt").fill(QUESTION)
+    page.locator("#prompt").fill(STREAMED_QUESTION)
     page.locator("#prompt").press("Enter")
     expect(assistant(page).locator("[data-stat=finish]")).to_have_text("stop", timeout=60_000)
 
@@ -118,7 +121,7 @@ def test_a_question_streams_in_token_by_token_and_ends_as_the_apis_greedy_answer
     assert stats.locator("[data-stat=ttft]").inner_text().startswith("TTFT ")
     assert stats.locator("[data-stat=speed]").inner_text().endswith(" tok/s")
     kept = json.loads(page.evaluate("localStorage.getItem('zeroserve.conversations')"))
-    assert [m["content"] for m in kept[0]["messages"]] == [QUESTION, expected_text]
+    assert [m["content"] for m in kept[0]["messages"]] == [STREAMED_QUESTION, expected_text]
     screenshot(page, "playground-desktop.png")
 
     # The logprobs view: a shaded span per token, its probability and alternatives on hover.
