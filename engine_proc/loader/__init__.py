@@ -69,7 +69,9 @@ def load_model(
     # NOTE: built on the meta device so no memory or time goes to random initialisation.
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    model = model.to(dtype=dtype).to_empty(device=device)
+    # NOTE: `to_empty` but with `torch.empty` of each shape: `to_empty`'s `empty_like` of a meta
+    # tensor runs torch's Python reference, which imports sympy (0.3 s of every engine's start).
+    model = model.to(dtype=dtype)._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     if weights is None:
         _fill_random(model)
     else:

@@ -236,9 +236,9 @@ def test_a_resumed_request_continues_as_it_would_have(tiny_model_dir: Path, kind
 
 
 @pytest.mark.slow  # NOTE: a process of its own
-def test_an_engine_starts_and_steps_without_importing_torchs_compiler(tiny_model_dir: Path) -> None:
-    # NOTE: torch._dynamo's import is 1.5 s of CPU, which every engine start and restart paid
-    # once (for the random initialisation of an embedding about to be overwritten).
+def test_an_engine_starts_and_steps_without_importing_torchs_compiler_or_sympy(tiny_model_dir: Path) -> None:
+    # NOTE: torch._dynamo's import is 1.5 s of CPU and sympy's 0.3 s, which every engine start and
+    # restart paid (a random initialisation of an embedding about to be overwritten; `to_empty`).
     script = (
         "import sys\n"
         "from engine_proc.core import EngineCore\n"
@@ -248,7 +248,7 @@ def test_an_engine_starts_and_steps_without_importing_torchs_compiler(tiny_model
         "core.add_request(EngineCoreRequest('0', [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)))\n"
         "while core.has_work:\n"
         "    core.step()\n"
-        "print(sorted(name for name in sys.modules if name.startswith(('torch._dynamo', 'torch._inductor'))))\n"
+        "print(sorted(name for name in sys.modules if name.startswith(('torch._dynamo', 'torch._inductor', 'sympy'))))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
