@@ -6,9 +6,9 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from service.bench.local_server import ServerProcess, free_port, local_server
+from service.bench.local_server import ServerProcess, free_engine_port, free_port, local_server
 
-__all__ = ["ServerProcess", "free_port", "running_server"]
+__all__ = ["ServerProcess", "free_engine_port", "free_port", "running_server"]
 
 TEST_SIZES = ("--num-threads", "1", "--kv-cache-memory", "0.25", "--max-model-len", "2048")
 

@@ -25,7 +25,7 @@ from proto.engine_config import EngineConfig
 from service.client.engine_launcher import engine_argv
 from service.model_files.model_registry import DEFAULT_MODEL
 from tests.emulated_generate import NUM_TOKENS, PROMPT
-from tests.server_process import free_port, running_server
+from tests.server_process import free_engine_port, running_server
 
 QEMU = shutil.which("qemu-x86_64")
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_a_gateway_serves_the_native_greedy_tokens_from_the_default_model_on_an_
     # (default flags; a small KV cache only because zeroing the default 4 GiB takes minutes under
     # emulation) and joins the gateway as a remote engine does.
     assert QEMU is not None
-    engine_port = free_port()
+    engine_port = free_engine_port()
     engine = EngineConfig(model_path=str(default_model_path), model_name=DEFAULT_MODEL, max_model_len=2048, kv_cache_memory_gib=0.25)
     argv = engine_argv(engine, -1, f"tcp://127.0.0.1:{engine_port}", f"tcp://127.0.0.1:{engine_port + 1}")
     with running_server(

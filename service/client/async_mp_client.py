@@ -260,6 +260,14 @@ class AsyncMPClient(MPClient):
         engine = self._route(request)
         try:
             await self.input_socket.send_multipart(self._frames(engine.identity, RequestType.ADD, request), copy=False)
+        except zmq.ZMQError as exc:
+            self._owners([request.request_id])
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            # NOTE: the engine's connection is gone (its process died and is not yet seen as lost):
+            # the request waits, as a lost engine's requests do, for a serving engine.
+            logger.warning("engine %d unreachable: request %s waits for a serving engine", engine.index, request.request_id)
+            self._parked[request.request_id] = (request, time.monotonic() + self.link.engine_recovery_timeout_s)
         except BaseException:
             self._owners([request.request_id])
             raise
@@ -270,9 +278,13 @@ class AsyncMPClient(MPClient):
         for request_id in request_ids:
             self._parked.pop(request_id, None)
         for index, ids in self._owners(request_ids).items():
-            await self.input_socket.send_multipart(
-                self._frames(self.engines[index].identity, RequestType.ABORT, ids), copy=False
-            )
+            try:
+                await self.input_socket.send_multipart(
+                    self._frames(self.engines[index].identity, RequestType.ABORT, ids), copy=False
+                )
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise  # NOTE: unreachable, the engine is gone, and so are these requests there
 
     async def call_utility_async(self, method: str, *args: Any) -> Any:
         """Calls every serving engine; the first engine's answer (all must answer)."""

@@ -18,14 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server_process import ServerProcess, free_port, running_server
+from tests.server_process import ServerProcess, free_engine_port, running_server
 
 ENGINE_FLAGS = ["--num-threads", "1", "--kv-cache-memory", "0.05", "--max-model-len", "1024"]
 
 
 @pytest.fixture
 def gateway(tiny_model_dir: Path, tmp_path: Path) -> Iterator[tuple[ServerProcess, str, Path]]:
-    engine_address = f"tcp://127.0.0.1:{free_port()}"
+    engine_address = f"tcp://127.0.0.1:{free_engine_port()}"
     log = tmp_path / "gateway.log"
     with running_server(
         tiny_model_dir, "--data-parallel-size", "0", "--engine-address", engine_address, "--heartbeat-timeout", "2",
@@ -118,7 +118,7 @@ async def test_after_the_last_engine_leaves_the_gateway_waits_for_another(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ZEROSERVE_STATS_LOG_INTERVAL", "0.2")
-    engine_address = f"tcp://127.0.0.1:{free_port()}"
+    engine_address = f"tcp://127.0.0.1:{free_engine_port()}"
     log = tmp_path / "gateway.log"
     engines = []
     with running_server(
@@ -178,7 +178,7 @@ def test_an_engine_with_an_unauthorised_key_is_refused_and_both_sides_say_so(tin
         )
     authorized.mkdir()
     shutil.copy(keys / "engine-a.key", authorized)
-    engine_address = f"tcp://127.0.0.1:{free_port()}"
+    engine_address = f"tcp://127.0.0.1:{free_engine_port()}"
     log = tmp_path / "gateway.log"
     with running_server(
         tiny_model_dir, "--data-parallel-size", "0", "--engine-address", engine_address, "--curve-secret-key",
