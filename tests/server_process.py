@@ -3,10 +3,11 @@ small for tests that speak HTTP to it."""
 
 from __future__ import annotations
 
+import socket
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from service.bench.local_server import ServerProcess, free_engine_port, free_port, local_server
+from service.bench.local_server import ServerProcess, free_port, local_server
 
 __all__ = ["ServerProcess", "free_engine_port", "free_port", "running_server"]
 
@@ -23,3 +24,16 @@ def running_server(
         [str(model), *TEST_SIZES, *args], timeout_s=timeout, log_file=log_file, wait_healthy=wait_healthy,
         stop_timeout_s=15.0,
     )
+
+
+def free_engine_port() -> int:
+    """A free port whose next one is free too: an `--engine-address` takes PORT and PORT + 1."""
+    while True:
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port

@@ -35,19 +35,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def free_engine_port() -> int:
-    """A free port whose next one is free too: an `--engine-address` takes PORT and PORT + 1."""
-    while True:
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            port = int(first.getsockname()[1])
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-
-
 @contextmanager
 def local_server(
     serve_args: Sequence[str], *, timeout_s: float = 300.0, log_file: Path | None = None,

@@ -260,17 +260,14 @@ class AsyncMPClient(MPClient):
         engine = self._route(request)
         try:
             await self.input_socket.send_multipart(self._frames(engine.identity, RequestType.ADD, request), copy=False)
-        except zmq.ZMQError as exc:
+        except BaseException as exc:
             self._owners([request.request_id])
-            if exc.errno != zmq.EHOSTUNREACH:
+            if not (isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH):
                 raise
             # NOTE: the engine's connection is gone (its process died and is not yet seen as lost):
             # the request waits, as a lost engine's requests do, for a serving engine.
             logger.warning("engine %d unreachable: request %s waits for a serving engine", engine.index, request.request_id)
             self._parked[request.request_id] = (request, time.monotonic() + self.link.engine_recovery_timeout_s)
-        except BaseException:
-            self._owners([request.request_id])
-            raise
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
         if not request_ids or self.is_dead:
