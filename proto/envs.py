@@ -62,6 +62,11 @@ ENV_VARS: dict[str, EnvVar] = {
             "Seconds between stats log lines (0: no stats log).",
         ),
         EnvVar(
+            "ZEROSERVE_PLAN_CACHE", "", _text,
+            "Where the engine keeps the matmul plans it measured at load, for the next load of the same"
+            " model on the same machine (empty: ZEROSERVE_CACHE/plans; off: measure at every load).",
+        ),
+        EnvVar(
             "ZEROSERVE_CPU_KERNELS", "1", _bool,
             "The engine builds and runs its C++ CPU kernels where the CPU has them (0: torch ops only).",
         ),
@@ -90,6 +95,14 @@ def read(name: str) -> Any:
 def cache_dir() -> Path:
     """Root folder for fetched models (ZEROSERVE_CACHE)."""
     return cast(Path, read("ZEROSERVE_CACHE"))
+
+
+def plan_cache_dir() -> Path | None:
+    """Folder of saved matmul plans (ZEROSERVE_PLAN_CACHE), or None when plans are not kept."""
+    value = cast(str, read("ZEROSERVE_PLAN_CACHE")).strip()
+    if value.lower() in ("off", "0", "none", "false", "no"):
+        return None
+    return _path(value) if value else cache_dir() / "plans"
 
 
 def enable_multiprocessing() -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,16 @@ import pytest
 # others waited for (18 minutes on two workers against 8.6 with this). Set before torch loads,
 # and inherited by every process a test starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# NOTE: the matmul plans engines measure at load are kept for this run's later loads (every
+# process a test starts inherits the folder, made once by the run's first process), not in the
+# user's cache: plans timed while the suite loads the machine would serve their `make serve`.
+if "ZEROSERVE_PLAN_CACHE" not in os.environ:
+    os.environ["ZEROSERVE_PLAN_CACHE"] = _OWN_PLAN_CACHE = tempfile.mkdtemp(prefix="zeroserve-test-plans-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if "_OWN_PLAN_CACHE" in globals():
+        shutil.rmtree(_OWN_PLAN_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -84,7 +84,8 @@ def load_model(
     model.eval().requires_grad_(False)
     started = time.perf_counter()
     model.prepack(is_measured=True)
-    logger.info("%s (chosen in %.1f s)", describe_choices(model.choices), time.perf_counter() - started)
+    saved = f"; {model.num_saved_plans} plans measured by an earlier load" if model.num_saved_plans else ""
+    logger.info("%s (chosen in %.1f s%s)", describe_choices(model.choices), time.perf_counter() - started, saved)
     return model
 
 

@@ -243,6 +243,7 @@ class LlamaForCausalLM(nn.Module):
         self.head: MatmulForms | None = None
         self.greedy_head: GreedyHead | None = None
         self.choices: dict[str, str] = {}  # what runs each piece of a step here, for the log and /version
+        self.num_saved_plans = 0  # matmul plans an earlier load here measured (see saved_plans)
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
         """Final-normed hidden states [num_tokens, hidden_size] for the tokens of several sequences."""
@@ -287,12 +288,14 @@ class LlamaForCausalLM(nn.Module):
                 module.kernels = kernels if module.down_proj.in_features % 16 == 0 else None
         forms = ("packed", "int8", "float32") if is_cpu else ()
         linears = [(name, module) for name, module in self.named_modules() if isinstance(module, Linear)]
-        self.choices = {"linears": plan_linears(linears, forms, is_measured)}
+        self.choices = {}
+        self.choices["linears"], num_saved = plan_linears(linears, forms, is_measured)
         int8_head = None
         if self.int8_lm_head_weight is not None:
             int8_head = Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales)
         self.head = MatmulForms(weight)
-        self.choices["head"] = plan_head(self.head, forms, int8_head, is_measured)
+        self.choices["head"], is_head_saved = plan_head(self.head, forms, int8_head, is_measured)
+        self.num_saved_plans = num_saved + is_head_saved
         # NOTE: the head's forms hold the int8 rows where the plan uses them; unused, they are freed.
         self.int8_lm_head_weight = self.int8_lm_head_scales = None
         self.greedy_head = None
