@@ -15,7 +15,7 @@ from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.models.matmul_forms import Int8Rows, MatmulForms
-from engine_proc.models.matmul_plan import plan_head, plan_linears
+from engine_proc.models.matmul_plan import TimingBudget, plan_head, plan_linears
 from engine_proc.models.quantized_linear import Linear, Q4Blocks
 
 logger = logging.getLogger(__name__)
@@ -289,12 +289,13 @@ class LlamaForCausalLM(nn.Module):
         forms = ("packed", "int8", "float32") if is_cpu else ()
         linears = [(name, module) for name, module in self.named_modules() if isinstance(module, Linear)]
         self.choices = {}
-        self.choices["linears"], num_saved = plan_linears(linears, forms, is_measured)
+        budget = TimingBudget()
+        self.choices["linears"], num_saved = plan_linears(linears, forms, is_measured, budget)
         int8_head = None
         if self.int8_lm_head_weight is not None:
             int8_head = Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales)
         self.head = MatmulForms(weight)
-        self.choices["head"], is_head_saved = plan_head(self.head, forms, int8_head, is_measured)
+        self.choices["head"], is_head_saved = plan_head(self.head, forms, int8_head, is_measured, budget)
         self.num_saved_plans = num_saved + is_head_saved
         # NOTE: the head's forms hold the int8 rows where the plan uses them; unused, they are freed.
         self.int8_lm_head_weight = self.int8_lm_head_scales = None

@@ -158,7 +158,8 @@ class MatmulForms:
 
 
 def measure_plan(
-    forms: Sequence[MatmulForms], measured_tokens: Sequence[int] = MEASURED_TOKENS, preferred: str = ""
+    forms: Sequence[MatmulForms], measured_tokens: Sequence[int] = MEASURED_TOKENS, preferred: str = "",
+    deadline: float = math.inf,
 ) -> Plan:
     """The fastest form at each measured token count, timed over `forms` (weights of one shape, run
     one after another as in a step) and merged into a plan.
@@ -167,7 +168,8 @@ def measure_plan(
     (a few layers' weights stay in cache and favour the wider int8 rows: 125 µs a projection in a
     step against 85 for int4, where three cached layers had timed int8 ahead); above, where the
     arithmetic dominates, a few spread over the layers. `preferred` wins unless another form is
-    at least 5% faster (fewer switches on noise)."""
+    at least 5% faster (fewer switches on noise). Past `deadline` (a `time.perf_counter()`: the
+    load's whole timing budget) no further size is timed."""
     sampled = forms[:: max(1, len(forms) // _NUM_SAMPLED)][:_NUM_SAMPLED]
     candidates = [form for form in forms[0].runs if all(form in f.runs for f in forms)]
     if "packed" in candidates:
@@ -177,7 +179,7 @@ def measure_plan(
     previous_behind: dict[str, float] = {}
     started = time.perf_counter()
     for num_tokens in measured_tokens:
-        if winners and time.perf_counter() - started > _WEIGHT_BUDGET_S:
+        if winners and ((now := time.perf_counter()) - started > _WEIGHT_BUDGET_S or now > deadline):
             winners.append(preferred if preferred in candidates else winners[-1])
             continue
         x = torch.randn(num_tokens, in_features, dtype=dtype, device=device)

@@ -3,46 +3,91 @@
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Sequence
-from functools import partial
 
-from engine_proc.models.matmul_forms import MEASURED_TOKENS, Int8Rows, MatmulForms, describe_plan, measure_plan
+from engine_proc.models.matmul_forms import MEASURED_TOKENS, Int8Rows, MatmulForms, Plan, describe_plan, measure_plan
 from engine_proc.models.quantized_linear import Linear
-from engine_proc.models.saved_plans import saved_or_measured
+from engine_proc.models.saved_plans import saved_plan
 
 logger = logging.getLogger(__name__)
 
 # The output head is timed up to this many rows (a row per sampled sequence): past it, the
 # winner at 64 serves, since timing a 49152-wide head at 256 rows would slow every start.
 HEAD_MEASURED_ROWS = (1, 4, 16, 64)
+# NOTE: a load's timing stops growing past this many seconds, so a slow or emulated CPU starts in
+# bounded time (QEMU's Haswell timed the default model's matmuls for 20.6 s): each kind still
+# timed gets one size, a kind not yet timed takes the plan of the kind before. A 2-core Zen 4
+# times everything in about 2 s.
+LOAD_BUDGET_S = 4.0
 
 
-def plan_linears(linears: Sequence[tuple[str, Linear]], forms: tuple[str, ...], is_measured: bool) -> tuple[str, int]:
-    """Builds each projection's forms and, when `is_measured`, times them per kind (q/k/v, o,
-    gate/up, down: see `measure_plan`; a plan saved by an earlier load of the same shapes here is
-    reused) to plan them all; returns the plan in words and how many plans were reused."""
+class TimingBudget:
+    """The seconds one load may spend timing matmuls, counted from its first timing (the packing
+    before it is not timing)."""
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds = LOAD_BUDGET_S if seconds is None else seconds
+        self.deadline = math.inf  # a time.perf_counter(), once started
+
+    def start(self) -> float:
+        if self.deadline == math.inf:
+            self.deadline = time.perf_counter() + self.seconds
+        return self.deadline
+
+    def is_spent(self) -> bool:
+        return time.perf_counter() > self.deadline
+
+
+def plan_linears(
+    linears: Sequence[tuple[str, Linear]], forms: tuple[str, ...], is_measured: bool, budget: TimingBudget | None = None
+) -> tuple[str, int]:
+    """Builds each projection's forms and, when `is_measured`, plans them per kind (q/k/v, o,
+    gate/up, down): a plan an earlier load of the same shapes here saved, else timed (see
+    `measure_plan`), or once the `budget` is spent the kind before's plan. Returns the plan in words and how
+    many plans were saved ones."""
     groups: dict[str, list[MatmulForms]] = {}
     for name, linear in linears:
         groups.setdefault(name.rpartition(".")[2], []).append(linear.prepack(forms))
     plans = {}
     num_saved = 0
+    previous: Plan | None = None
+    budget = budget or TimingBudget()
     for kind, group in groups.items():
         if is_measured and len(group[0].runs) > 1:
-            plan, is_saved = saved_or_measured(group, MEASURED_TOKENS, partial(measure_plan, group, preferred="packed"))
+            plan, is_saved = _saved_timed_or_copied(kind, group, previous, budget)
             num_saved += is_saved
             for matmul in group:
                 matmul.set_plan(plan)
+            previous = plan
         plans[kind] = describe_plan(group[0].plan)
     if len(set(plans.values())) == 1:
         return next(iter(plans.values())), num_saved
     return "; ".join(f"{kind}: {plan}" for kind, plan in plans.items()), num_saved
 
 
+def _saved_timed_or_copied(
+    kind: str, group: list[MatmulForms], previous: Plan | None, budget: TimingBudget
+) -> tuple[Plan, bool]:
+    saved, save = saved_plan(group, MEASURED_TOKENS)
+    if saved is not None:
+        return saved, True
+    if budget.is_spent() and previous is not None and all(form in group[0].runs for _, form in previous):
+        # NOTE: not saved: the next load may have the time to measure it.
+        logger.info("matmul timing budget (%.0f s) spent: %s takes the plan of the kind before", budget.seconds, kind)
+        return previous, False
+    plan = measure_plan(group, preferred="packed", deadline=budget.start())
+    save(plan)
+    return plan, False
+
+
 def plan_head(
-    head: MatmulForms, forms: tuple[str, ...], int8_rows: Int8Rows | None, is_measured: bool
+    head: MatmulForms, forms: tuple[str, ...], int8_rows: Int8Rows | None, is_measured: bool,
+    budget: TimingBudget | None = None,
 ) -> tuple[str, int]:
     """Builds the output head's forms (int8 rows only if given: they come from float32 weights) and
-    plans them (or reuses a saved plan); without measuring, packed where it packs, else dense (the
+    plans them (a saved plan, or timed: once the `budget` is spent, one row count only); without measuring, packed where it packs, else dense (the
     other forms kept, unused). Returns the plan in words and whether it was a saved one."""
     is_packed = "packed" in forms and head.add_packed()
     if is_packed:
@@ -56,9 +101,11 @@ def plan_head(
     default = "packed" if is_packed else "dense"
     is_saved = False
     if is_measured and len(head.runs) > 1:
-        plan, is_saved = saved_or_measured(
-            [head], HEAD_MEASURED_ROWS, partial(measure_plan, [head], HEAD_MEASURED_ROWS, preferred=default)
-        )
+        plan, save = saved_plan([head], HEAD_MEASURED_ROWS)
+        is_saved = plan is not None
+        if plan is None:
+            plan = measure_plan([head], HEAD_MEASURED_ROWS, preferred=default, deadline=(budget or TimingBudget()).start())
+            save(plan)
         head.set_plan(plan)
     else:
         head.plan = ((head.plan[-1][0], default),)

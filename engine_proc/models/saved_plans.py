@@ -33,22 +33,19 @@ logger = logging.getLogger(__name__)
 FORMAT = 1
 
 
-def saved_or_measured(
-    forms: Sequence[MatmulForms], measured_tokens: Sequence[int], measure: Callable[[], Plan]
-) -> tuple[Plan, bool]:
-    """(the plan, whether it was saved earlier): read from the plan folder when a load with the same
-    inputs measured it before, else `measure()`d now and saved for the next load."""
+def saved_plan(forms: Sequence[MatmulForms], measured_tokens: Sequence[int]) -> tuple[Plan | None, Callable[[Plan], None]]:
+    """(the plan an earlier load here measured for these weights, or None; a function that saves
+    the plan this load measures for them). Without a plan folder, None and a no-op."""
     folder = envs.plan_cache_dir()
     if folder is None:
-        return measure(), False
+        return None, lambda plan: None
     what = _what_was_timed(forms, measured_tokens)
     path = folder / (hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24] + ".json")
-    saved = _read(path, usable=set(forms[0].runs))
-    if saved is not None:
-        return saved, True
-    plan = measure()
-    _write(path, {"what": what, "plan": [list(entry) for entry in plan]})
-    return plan, False
+
+    def save(plan: Plan) -> None:
+        _write(path, {"what": what, "plan": [list(entry) for entry in plan]})
+
+    return _read(path, usable=set(forms[0].runs)), save
 
 
 def _what_was_timed(forms: Sequence[MatmulForms], measured_tokens: Sequence[int]) -> dict[str, Any]:
