@@ -45,8 +45,8 @@ def plan_linears(
 ) -> tuple[str, int]:
     """Builds each projection's forms and, when `is_measured`, plans them per kind (q/k/v, o,
     gate/up, down): a plan an earlier load of the same shapes here saved, else timed (see
-    `measure_plan`), or once the `budget` is spent the kind before's plan. Returns the plan in words and how
-    many plans were saved ones."""
+    `measure_plan`), or once the `budget` is spent the kind before's plan. Returns the plan in
+    words and how many plans were saved ones."""
     groups: dict[str, list[MatmulForms]] = {}
     for name, linear in linears:
         groups.setdefault(name.rpartition(".")[2], []).append(linear.prepack(forms))
@@ -87,8 +87,9 @@ def plan_head(
     budget: TimingBudget | None = None,
 ) -> tuple[str, int]:
     """Builds the output head's forms (int8 rows only if given: they come from float32 weights) and
-    plans them (a saved plan, or timed: once the `budget` is spent, one row count only); without measuring, packed where it packs, else dense (the
-    other forms kept, unused). Returns the plan in words and whether it was a saved one."""
+    plans them: a saved plan, or timed (once the `budget` is spent, at one row count only).
+    Without measuring, packed where it packs, else dense (the other forms kept, unused). Returns
+    the plan in words and whether it was a saved one."""
     is_packed = "packed" in forms and head.add_packed()
     if is_packed:
         # NOTE: a narrow head (64 inputs, 49152 outputs, 256 rows) ran 10.9 ms packed against 5.9 ms
