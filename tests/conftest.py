@@ -112,17 +112,18 @@ _ROOT = Path(__file__).resolve().parent.parent
 # (`--dist loadscope --no-loadscope-reorder`), so the longest go first, longest first (seconds on
 # a 2-core Zen 4, both workers busy), and the two workers end together.
 _LONGEST_FIRST = (
-    "tests/test_readme.py",  # 103
-    "tests/test_emulated_cpus.py",  # 85
-    "tests/service/api/test_openai_sdk.py",  # 80
-    "tests/engine_proc/test_fidelity_int4.py",  # 75 with the two below: one worker's transformers reference
-    "tests/service/api/test_operations.py",  # 57
-    "tests/service/client/test_chaos.py",  # 52
-    "tests/service/api/test_openapi_fuzz_inproc.py",  # 45
-    "tests/service/web/test_pages_browser.py",  # 44
-    "tests/service/client/test_engine_membership.py",  # 35
-    "tests/service/frontend/test_batch_generate.py",  # 24
-    "tests/service/client/test_remote_engines.py",  # 22
+    "tests/service/api/test_openai_sdk.py",  # 79
+    "tests/service/api/test_openapi_fuzz_inproc.py",  # 59
+    "tests/test_emulated_cpus.py",  # 55
+    "tests/test_readme.py",  # 52
+    "tests/engine_proc/test_fidelity_int4.py",  # 48 with the two below: one worker's transformers reference
+    "tests/service/api/test_operations.py",  # 46
+    "tests/service/web/test_pages_browser.py",  # 39
+    "tests/service/client/test_chaos.py",  # 36
+    "tests/service/client/test_engine_membership.py",  # 29
+    "tests/service/client/test_remote_engines.py",  # 16
+    "tests/service/frontend/test_batch_generate.py",  # 13
+    "tests/service/client/test_data_parallel.py",  # 13
 )
 # The modules that use transformers' reference model (14 s to load) run on one worker, as one unit.
 _REFERENCE_MODULES = (

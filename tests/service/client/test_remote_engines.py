@@ -140,7 +140,7 @@ def test_engines_on_another_host_serve_join_and_unauthorised_keys_are_refused(
         served = second["served"]
         assert isinstance(served, dict) and served.get("2", 0) > 0, served
 
-        rogue = start_engine("rogue", "--accept-timeout", "5", stderr=subprocess.PIPE)
+        rogue = start_engine("rogue", "--accept-timeout", "2", stderr=subprocess.PIPE)
         _, rogue_log = rogue.communicate(timeout=120)
         assert rogue.returncode == 1 and "did not accept this engine" in rogue_log
         assert joined() == 3

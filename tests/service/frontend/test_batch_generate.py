@@ -92,7 +92,7 @@ def test_a_rerun_skips_what_is_written_and_cuts_a_torn_line(engine: LLMEngine, t
 
 def test_a_killed_run_resumes_to_exactly_one_result_per_line(tiny_model_dir: Path, tmp_path: Path) -> None:
     input_path, output_path = tmp_path / "prompts.jsonl", tmp_path / "results.jsonl"
-    write_requests(input_path, 200, max_tokens=24)
+    write_requests(input_path, 100, max_tokens=24)
     command = [
         sys.executable, "-m", "service", "generate", str(tiny_model_dir), "--input", str(input_path),
         "--output", str(output_path), "--max-num-seqs", "2", "--max-in-flight", "4", "--num-threads", "1",
@@ -101,7 +101,7 @@ def test_a_killed_run_resumes_to_exactly_one_result_per_line(tiny_model_dir: Pat
     proc = subprocess.Popen(command)
     try:
         deadline = time.monotonic() + 180
-        while not output_path.exists() or output_path.read_bytes().count(b"\n") < 60:
+        while not output_path.exists() or output_path.read_bytes().count(b"\n") < 30:
             assert proc.poll() is None, "the batch ended before it could be interrupted"
             assert time.monotonic() < deadline
             time.sleep(0.02)
@@ -111,9 +111,9 @@ def test_a_killed_run_resumes_to_exactly_one_result_per_line(tiny_model_dir: Pat
         if proc.poll() is None:
             proc.kill()
     num_written = output_path.read_bytes().count(b"\n")
-    assert 60 <= num_written < 200
+    assert 30 <= num_written < 100
     assert subprocess.run(command, timeout=300).returncode == 0
     results = read_results(output_path)
-    assert [r["line"] for r in results] == list(range(200))
+    assert [r["line"] for r in results] == list(range(100))
     assert all(r["response"]["status_code"] == 200 for r in results)  # type: ignore[index]
     assert all(r["response"]["body"]["usage"]["completion_tokens"] == 24 for r in results)  # type: ignore[index]
