@@ -96,6 +96,11 @@ new MutationObserver(() => {
 def test_a_question_streams_in_token_by_token_and_ends_as_the_apis_greedy_answer(
     watched: Watched, server: ServerProcess
 ) -> None:
+    # NOTE: asked twice, and the second answer kept: the page's request finds the question's blocks
+    # cached, as the second does, and prefills only its tail. Where the load-time plan runs a
+    # few tokens in another form than a whole prompt (int4 against packed or int8), that tail
+    # can settle a near-tie another way than the first, uncached request did.
+    greedy_answer(server, STREAMED_QUESTION)
     expected = greedy_answer(server, STREAMED_QUESTION)
     expected_text = expected["choices"][0]["message"]["content"]
     page = watched.page
