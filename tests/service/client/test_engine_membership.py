@@ -88,13 +88,15 @@ async def test_a_lost_engines_streams_finish_on_the_others_and_a_leaving_one_dra
         async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as client:
             assert (await client.get("/health")).status_code == 200
             started = [asyncio.Event() for _ in range(6)]
-            long_streams = [asyncio.create_task(stream(client, f"long {i}", 600, started[i])) for i in range(6)]
+            # NOTE: 1,000 tokens (the model length allows 1,024): the lost engine's streams must still run
+            # when the last stream starts (600 ran out first once, at 3.6 ms a token, on a loaded machine).
+            long_streams = [asyncio.create_task(stream(client, f"long {i}", 1000, started[i])) for i in range(6)]
             await all_set(started)  # NOTE: every engine has streams under way (two each, least loaded first)
             engines[0].send_signal(signal.SIGKILL)
             lost_at = time.monotonic()
             # NOTE: the lost engine's streams continue on the others: every stream is whole.
             results = await asyncio.gather(*long_streams)
-            assert results == [(600, "length", "")] * 6, results
+            assert results == [(1000, "length", "")] * 6, results
             assert time.monotonic() - lost_at < 30
             assert "resuming 2 requests" in log.read_text()
             assert (await stream(client, "after the loss", 5)) == (5, "length", "")
