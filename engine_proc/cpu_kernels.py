@@ -1,7 +1,8 @@
 """zeroserve's C++ kernels for x86 CPUs (AVX-512 BF16 or AVX2 + FMA): decode attention that reads
 the paged cache in place, fused RMSNorm (alone or after the residual add), SiLU·up, and rotary
-with the K/V cache write for bfloat16 activations, and (AVX-512 build,
-run only with AMX) greedy picks straight from the output head.
+with the K/V cache write for bfloat16 activations, and in the AVX-512 BF16 build a matmul of
+bfloat16 rows by a GGUF's 4-bit blocks with bfloat16 dot products (`int4_dot`) and (run only with
+AMX) greedy picks straight from the output head.
 
 The same sources build for either instruction set (csrc/vec16.h holds the one part that
 differs). Built once per machine and instruction set with torch's extension builder (g++ and
@@ -36,7 +37,7 @@ _CFLAGS_BY_ISA = {
     ],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
 }
-_EXTRA_SOURCES_BY_ISA = {"avx512_bf16": [_CSRC / "greedy_head.cpp"], "avx2": []}
+_EXTRA_SOURCES_BY_ISA = {"avx512_bf16": [_CSRC / "greedy_head.cpp", _CSRC / "int4_dot.cpp"], "avx2": []}
 
 
 def _build_folder(name: str, sources: list[Path], cflags: list[str]) -> Path:
@@ -87,7 +88,7 @@ def _build_or_import(name: str, isa: str) -> Any:
 @functools.cache
 def load_cpu_kernels() -> Any | None:
     """The built module (`paged_decode_attention`, `rms_norm`, `add_rms_norm`, `silu_and_mul`,
-    `rotary_store_kv`, and in the AVX-512 build
+    `rotary_store_kv`, and in the AVX-512 build `pack_int4_dot` and `int4_dot`, and
     `pack_greedy_head` and `greedy_head`, run only where `has_amx`), or None where unavailable."""
     if not envs.cpu_kernels():
         return None
@@ -119,6 +120,8 @@ def load_cpu_kernels() -> Any | None:
         query, key = kernels.rotary_store_kv(qkv, table, torch.tensor([2]), cache, 1)
         is_right &= torch.equal(query[0, 0], qkv[0, :32] + qkv[0, :32].roll(16)) and torch.equal(cache[0, 0, 2], key[0, 0])
         is_right &= torch.equal(cache[1, 0, 2], qkv[0, 64:])
+        if hasattr(kernels, "int4_dot"):
+            is_right &= _is_int4_dot_right(kernels)
     except RuntimeError as exc:
         logger.warning("CPU kernels: not used (a trial call failed: %s)", exc)
         return None
@@ -127,6 +130,20 @@ def load_cpu_kernels() -> Any | None:
         return None
     logger.info("CPU kernels: built for %s", isa)
     return kernels
+
+
+def _is_int4_dot_right(kernels: Any) -> bool:
+    """One small 4-bit matmul (16 outputs, 64 inputs, 3 rows) against its dequantized weight."""
+    import torch
+
+    codes = (torch.arange(16 * 64) % 16).to(torch.uint8).view(16, 64)
+    scales = torch.full((16, 2), 0.25)
+    mins = torch.full((16, 2), -1.0)
+    x = torch.linspace(-1, 1, 3 * 64).view(3, 64).bfloat16()
+    weight = (codes.float().view(16, 2, 32) * 0.25 - 1.0).view(16, 64)
+    got = kernels.int4_dot(x, *kernels.pack_int4_dot(codes, scales, mins)).float()
+    expected = x.float() @ weight.t()
+    return bool((got - expected).abs().max() <= 0.01 * expected.abs().max())  # bfloat16 rounds ~34 to 0.25
 
 
 def _rms_norm(x: Any) -> Any:

@@ -10,7 +10,7 @@ within a tolerance, not bit for bit.
 from __future__ import annotations
 
 import sys
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -61,14 +61,22 @@ class Linear(nn.Linear):
         self.register_buffer("int4_scales_and_zeros", None, persistent=False)
         # NOTE: not buffers: oneDNN's layout cannot move devices; `unpack()` drops them.
         self.forms: MatmulForms | None = None
+        # NOTE: the 4-bit blocks as loaded, kept from `set_int4` until the first `prepack` gives them
+        # the CPU kernels' layout (`kernels`: see LlamaForCausalLM.prepack), kept until `unpack`.
+        self.int4_blocks: Q4Blocks | None = None
+        self.int4_dot_weight: tuple[Tensor, Tensor, Tensor] | None = None
+        self.kernels: Any | None = None
 
     def prepack(self, forms: tuple[str, ...] = ("packed",)) -> MatmulForms:
-        """Builds the named forms where they run here (int4 whenever loaded; int8 only beside int4;
-        float32 only where bfloat16 cannot be packed), with the plan int4 up to INT4_MAX_TOKENS,
-        then packed where there, else dense (`measure_plan` may replace it)."""
+        """Builds the named forms where they run here (int4 whenever loaded; int4_dot and int8 only
+        beside int4; float32 only where bfloat16 cannot be packed), with the plan int4 up to
+        INT4_MAX_TOKENS, then packed where there, else dense (`measure_plan` may replace it)."""
         matmul = MatmulForms(self.weight, self.bias)
         if self.int4_weight is not None:
             matmul.add("int4", self._int4)
+        if "int4_dot" in forms:
+            self._add_int4_dot(matmul)
+        self.int4_blocks = None
         is_packed = "packed" in forms and matmul.add_packed()
         if "int8" in forms and self.int4_weight is not None:
             matmul.add_int8()
@@ -81,12 +89,31 @@ class Linear(nn.Linear):
 
     def unpack(self) -> None:
         self.forms = None
+        self.int4_dot_weight = None
+
+    def _add_int4_dot(self, matmul: MatmulForms) -> None:
+        """The "int4_dot" form: the 4-bit blocks multiplied with bfloat16 dot products by the CPU
+        kernel, where it runs and takes this weight (rows a multiple of 16; scales and minimums
+        that a float16 holds, as a GGUF's are)."""
+        kernels, blocks = self.kernels, self.int4_blocks
+        if self.int4_dot_weight is None and blocks is not None and kernels is not None and not self.out_features % 16:
+            if all(torch.equal(t.half().float(), t) for t in (blocks.scales, blocks.mins)):
+                self.int4_dot_weight = kernels.pack_int4_dot(blocks.codes, blocks.scales, blocks.mins)
+        if self.int4_dot_weight is None or kernels is None:
+            return
+        codes, scales, mins = self.int4_dot_weight
+        bias = self.bias
+        if bias is None:
+            matmul.add("int4_dot", lambda x: kernels.int4_dot(x.contiguous(), codes, scales, mins))
+        else:
+            matmul.add("int4_dot", lambda x: kernels.int4_dot(x.contiguous(), codes, scales, mins) + bias)
 
     def set_int4(self, blocks: Q4Blocks, dtype: torch.dtype) -> None:
         """Packs the blocks (the same weight as `self.weight`) for the int4 kernel."""
         if blocks.codes.shape != self.weight.shape or self.in_features % GROUP_SIZE:
             raise ValueError(f"int4 blocks of shape {tuple(blocks.codes.shape)} for a {tuple(self.weight.shape)} weight")
         device = self.weight.device
+        self.int4_blocks = blocks
         self.int4_weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             blocks.codes.to(device=device, dtype=torch.int32), 1
         )

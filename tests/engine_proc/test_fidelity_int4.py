@@ -22,6 +22,8 @@ import pytest
 import torch
 
 from engine_proc.core import EngineCore
+from engine_proc.cpu_features import cpu_features
+from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear
 from proto.engine_config import EngineConfig
 from proto.engine_input import SamplingParams
@@ -42,7 +44,7 @@ def force_form(core: EngineCore, form: str) -> None:
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("form", ["int4", "int8", "planned"])
+@pytest.mark.parametrize("form", ["int4", "int4_dot", "int8", "planned"])
 def test_weight_only_greedy_tokens_follow_transformers(
     default_model_path: Path, hf_reference_model: object, chat_prompts: list[list[int]],
     reference_tokens: list[list[int]], form: str,
@@ -54,6 +56,8 @@ def test_weight_only_greedy_tokens_follow_transformers(
         max_num_batched_tokens=INT4_MAX_TOKENS if form != "planned" else 2048,
         kv_cache_memory_gib=0.25, max_model_len=2048,
     )
+    if form == "int4_dot" and not hasattr(load_cpu_kernels(), "int4_dot"):
+        pytest.skip(f"the int4_dot kernel needs x86 with AVX-512 BF16 and g++ ({cpu_features().describe()})")
     core = EngineCore(config)
     if form != "planned":
         force_form(core, form)

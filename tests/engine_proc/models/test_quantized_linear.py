@@ -1,4 +1,5 @@
-"""4-bit group-32 weights: the int4 kernel against the dequantized weights' matmul."""
+"""4-bit group-32 weights: the int4 kernels (torch's, and zeroserve's bfloat16 dot products) against the
+dequantized weights' matmul; the other forms a weight is kept in."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_proc.cpu_features import cpu_features
+from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.models.matmul_forms import PackedWeight
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, Q4Blocks
 
@@ -22,12 +24,19 @@ def random_blocks(rows: int, cols: int, has_min: bool = True) -> Q4Blocks:
     return Q4Blocks(codes, scales.half().float(), mins.half().float())
 
 
-def int4_linear(blocks: Q4Blocks) -> Linear:
+def int4_linear(blocks: Q4Blocks, bias: bool = False) -> Linear:
     rows, cols = blocks.codes.shape
-    linear = Linear(cols, rows).to(torch.bfloat16).requires_grad_(False)
+    linear = Linear(cols, rows, bias=bias).to(torch.bfloat16).requires_grad_(False)
     linear.weight.copy_(blocks.dequantize())
     linear.set_int4(blocks, torch.bfloat16)
+    linear.kernels = load_cpu_kernels()
     return linear
+
+
+needs_int4_dot = pytest.mark.skipif(
+    not hasattr(load_cpu_kernels(), "int4_dot"),
+    reason=f"the int4_dot kernel needs x86 with AVX-512 BF16 and g++ ({cpu_features().describe()})",
+)
 
 
 @pytest.mark.parametrize("has_min", [True, False], ids=["q4_1", "q4_0"])
@@ -107,3 +116,46 @@ def test_a_packing_that_fails_leaves_the_float32_form(monkeypatch: pytest.Monkey
     x = torch.randn(3, 64).bfloat16()
     with torch.no_grad():
         torch.testing.assert_close(linear(x), F.linear(x, linear.weight), rtol=0.01, atol=0.01)
+
+
+@needs_int4_dot
+@pytest.mark.parametrize("has_min", [True, False], ids=["q4_1", "q4_0"])
+@pytest.mark.parametrize("num_tokens", [1, 5, 12, 13, 16, 17, 40])
+def test_int4_dot_rounds_only_its_output(has_min: bool, num_tokens: int) -> None:
+    blocks = random_blocks(96, 256, has_min)
+    linear = int4_linear(blocks)
+    forms = linear.prepack(("packed", "int4_dot"))
+    assert "int4_dot" in forms.runs
+    x = torch.randn(num_tokens, 256).bfloat16()
+    expected = x.double() @ blocks.dequantize().double().T
+    with torch.no_grad():
+        forms.plan = ((sys.maxsize, "int4_dot"),)
+        out = linear(x).double()
+        forms.plan = ((sys.maxsize, "int4"),)
+        int4 = linear(x).double()
+    # NOTE: codes, scales and minimums exact, sums in float32: within one bfloat16 rounding (2**-8 relative)
+    # of the float64 result, where torch's int4 kernel also rounds its scales and zeros to bfloat16.
+    error = (out - expected).abs()
+    assert (error <= 2**-8 * expected.abs() + 1e-3 * expected.abs().max()).all()
+    assert error.max() <= (int4 - expected).abs().max()
+
+    with_bias = int4_linear(blocks, bias=True)
+    with_bias.bias.copy_(torch.linspace(-1, 1, 96))
+    with_bias.prepack(("int4_dot",)).plan = ((sys.maxsize, "int4_dot"),)
+    with torch.no_grad():
+        assert torch.equal(with_bias(x), out.bfloat16() + with_bias.bias)
+
+
+@needs_int4_dot
+def test_int4_dot_serves_only_weights_it_takes() -> None:
+    odd = random_blocks(32, 64)
+    odd = Q4Blocks(odd.codes, odd.scales + 1e-9, odd.mins)  # scales no float16 holds
+    assert "int4_dot" not in int4_linear(odd).prepack(("int4_dot",)).runs
+    linear = int4_linear(random_blocks(32, 64))
+    assert "int4_dot" not in linear.prepack(("packed",)).runs  # not asked for
+    assert linear.int4_blocks is None  # the blocks as loaded are not kept past the first prepack
+    linear = int4_linear(random_blocks(32, 64))
+    assert "int4_dot" in linear.prepack(("int4_dot",)).runs
+    assert "int4_dot" in linear.prepack(("int4_dot",)).runs  # a second prepack (forms forced in tests) keeps it
+    linear.unpack()
+    assert linear.int4_dot_weight is None
