@@ -6,10 +6,10 @@
 // per group in float32: y = Σ_g d_g · Σ_{k∈g} x_k q_k + m_g · Σ_{k∈g} x_k. No weight is rounded to
 // bfloat16 on the way (torch's int4 kernel rounds d and m; the packed bfloat16 weight rounds w).
 //
-// Layout (`pack_int4_dot`): for each block of 16 outputs, each group, each pair of inputs
-// (2p, 2p + 1) within the group, 16 bytes: the 32 codes of the pair for the 16 outputs, in the
-// order `vdpbf16ps` pairs them (output i's two codes in 16-bit words 2i and 2i + 1), word w in
-// byte w's low nibble for w < 16 and byte w − 16's high nibble above. Scales and minimums as
+// Layout (`pack_int4_dot`): for each block of 16 outputs, each group, each two pairs of inputs
+// (2p, 2p + 1 and 2p + 2, 2p + 3; p even) within the group, 32 bytes: the 32 codes of each pair for
+// the 16 outputs in the order `vdpbf16ps` pairs them (output i's two codes in 16-bit words 2i and
+// 2i + 1), word w in byte w's low nibble for the first pair, its high nibble for the second. Scales and minimums as
 // the file's float16 [N / 16, G, 16] (float32 would add half again to the bytes a step reads).
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
@@ -29,12 +29,12 @@ constexpr int64_t kGroup = 32;
 constexpr int64_t kBlock = 16;  // outputs per block: one register of float32 sums
 constexpr int kMaxTile = 16;    // rows per pass: their dot products stay in registers
 
-// The 32 codes of one input pair for one block of 16 outputs, as bfloat16 values.
-inline __m512i load_codes(const uint8_t* src, __m512i table) {
-  const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-  const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
-  const __m256i high = _mm256_srli_epi16(bytes, 4);
-  return _mm512_permutexvar_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1), table);
+// The codes of two input pairs for one block of 16 outputs (32 bytes), as bfloat16 values: the
+// pair in the low nibbles, then the next pair in the high ones.
+inline void load_codes(const uint8_t* src, __m512i table, __m512bh& first, __m512bh& second) {
+  const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  first = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(_mm512_and_si512(bytes, _mm512_set1_epi16(0x0F)), table));
+  second = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), table));
 }
 
 // 16 float16 values widened (exactly) to float.
@@ -54,12 +54,15 @@ void tile_block(
     for (int r = 0; r < TILE; ++r) dot[r] = _mm512_setzero_ps();
     const uint8_t* group_codes = codes + g * (kGroup / 2) * 16;
     const int64_t k0 = g * kGroup;
-    for (int64_t p = 0; p < kGroup / 2; ++p) {
-      const __m512bh w = reinterpret_cast<__m512bh>(load_codes(group_codes + p * 16, table));
-      for (int r = 0; r < TILE; ++r) {
-        int32_t pair;
-        std::memcpy(&pair, x + r * x_stride + k0 + 2 * p, sizeof(pair));
-        dot[r] = _mm512_dpbf16_ps(dot[r], reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair)), w);
+    for (int64_t p = 0; p < kGroup / 2; p += 2) {
+      __m512bh w[2];
+      load_codes(group_codes + p * 16, table, w[0], w[1]);
+      for (int half = 0; half < 2; ++half) {
+        for (int r = 0; r < TILE; ++r) {
+          int32_t pair;
+          std::memcpy(&pair, x + r * x_stride + k0 + 2 * (p + half), sizeof(pair));
+          dot[r] = _mm512_dpbf16_ps(dot[r], w[half], reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair)));
+        }
       }
     }
     const __m512 d = load_half16(scales + g * kBlock);
@@ -93,10 +96,11 @@ std::vector<at::Tensor> pack_int4_dot(const at::Tensor& codes, const at::Tensor&
   const int64_t n = codes.size(0), k = codes.size(1);
   TORCH_CHECK(n % kBlock == 0 && k % kGroup == 0 && scales.size(0) == n && scales.size(1) == k / kGroup && mins.sizes() == scales.sizes());
   const int64_t num_groups = k / kGroup;
-  // [N/16, 16, G, 16 pairs, 2] -> [N/16, G, pairs, 16 outputs, 2]: the 32 words of each pair in dot-product order.
-  auto words = codes.contiguous().view({n / kBlock, kBlock, num_groups, kGroup / 2, 2}).permute({0, 2, 3, 1, 4}).contiguous();
-  auto flat = words.view({-1, 32});
-  auto packed = flat.narrow(1, 0, 16).bitwise_or(flat.narrow(1, 16, 16).bitwise_left_shift(4));
+  // [N/16, 16, G, 8, 2 pairs, 2] -> [N/16, G, 8, 2 pairs, 16 outputs, 2]: the 32 words of each pair in
+  // dot-product order, two pairs (low and high nibbles) in 32 bytes.
+  auto words = codes.contiguous().view({n / kBlock, kBlock, num_groups, kGroup / 4, 2, 2}).permute({0, 2, 3, 4, 1, 5}).contiguous();
+  auto pairs = words.view({-1, 2, 32});
+  auto packed = pairs.select(1, 0).bitwise_or(pairs.select(1, 1).bitwise_left_shift(4));
   auto block_view = [&](const at::Tensor& t) {
     return t.contiguous().view({n / kBlock, kBlock, num_groups}).permute({0, 2, 1}).to(at::kHalf).contiguous();
   };

@@ -24,6 +24,7 @@ namespace {
 using namespace zeroserve;
 
 constexpr int64_t kBlockSize = 16;  // keys per cache block: the lanes of one V16
+constexpr int64_t kPrefetchBlocks = 1;
 
 // scores[i][0..16) = q[i] · keys of one block, for N rows; keys_t is the block as [head_dim][16].
 template <int N>
@@ -86,6 +87,11 @@ inline void by_row_groups(int64_t num_rows, Fn&& fn) {
   }
 }
 
+// Asks for the cache lines of `count` bfloat16 values from `src` to be loaded (a hint: never faults).
+inline void prefetch_lines(const uint16_t* src, int64_t count) {
+  for (int64_t i = 0; i < count; i += 32) _mm_prefetch(reinterpret_cast<const char*>(src + i), _MM_HINT_T0);
+}
+
 float* aligned(std::vector<float>& buffer) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
 }
@@ -132,11 +138,18 @@ at::Tensor paged_decode_attention(
       // 1) keys and values of the sequence's blocks, then the scores block by block.
       const uint16_t* k_cache = kv + head * num_slots * head_dim;
       const uint16_t* v_cache = kv + (num_kv_heads + head) * num_slots * head_dim;
+      const int64_t block_elems = kBlockSize * head_dim;
       for (int64_t b = 0; b < num_blocks; ++b) {
         const int64_t block = tables[seq * max_blocks + b];
-        const uint16_t* k_block = k_cache + block * kBlockSize * head_dim;
-        const uint16_t* v_block = v_cache + block * kBlockSize * head_dim;
+        const uint16_t* k_block = k_cache + block * block_elems;
+        const uint16_t* v_block = v_cache + block * block_elems;
         value_blocks[b] = v_block;
+        // NOTE: blocks lie anywhere in the cache, out of the hardware prefetcher's sight: keys a few
+        // blocks ahead and this block's values (read in 3) are asked for while this block's scores run.
+        if (b + kPrefetchBlocks < num_blocks) {
+          prefetch_lines(k_cache + tables[seq * max_blocks + b + kPrefetchBlocks] * block_elems, block_elems);
+        }
+        prefetch_lines(v_block, block_elems);
         load_bf16_block_transposed(k_block, head_dim, keys_t);
         by_row_groups(num_rows, [&](auto n, int64_t r) {
           score_rows<decltype(n)::value>(q + r * head_dim, head_dim, keys_t, scores + r * length + b * kBlockSize, length);
