@@ -90,3 +90,59 @@ def decode_step(
         reference(q.float(), k.float(), v.float(), c) for q, k, v, c in zip(queries, keys, values, context_lens, strict=True)
     ])
     return out, expected
+
+
+def mixed_step(
+    decode_contexts: list[int], spans: list[tuple[int, int]], *, is_kernel_allowed: bool = True,
+    num_heads: int = 9, num_kv_heads: int = 3, head_dim: int = 64, block_size: int = 16,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One bfloat16 step of decodes (one token after each of `decode_contexts`) then prefill spans
+    ((tokens already cached, new tokens) each), over scattered blocks whose earlier K/V are in the cache.
+
+    Returns the step's attention output and dense causal attention's (float32) for the same tokens.
+    """
+    torch.manual_seed(1)
+    rng = np.random.default_rng(1)
+    dtype = torch.bfloat16
+    totals = [c + 1 for c in decode_contexts] + [cached + new for cached, new in spans]
+    starts = list(decode_contexts) + [cached for cached, _ in spans]
+    num_blocks = sum(-(-t // block_size) for t in totals) + 8
+    attention = PagedAttention(1, num_blocks * block_size, num_kv_heads, head_dim, block_size, dtype, torch.device("cpu"))
+    if not is_kernel_allowed:
+        attention._decode_kernel = None
+    free_blocks = list(rng.permutation(num_blocks))
+    block_ids = [[int(free_blocks.pop()) for _ in range(-(-t // block_size))] for t in totals]
+    keys = [torch.randn(t, num_kv_heads, head_dim).to(dtype) for t in totals]
+    values = [torch.randn(t, num_kv_heads, head_dim).to(dtype) for t in totals]
+    queries = [torch.randn(t - s, num_heads, head_dim).to(dtype) for t, s in zip(totals, starts, strict=True)]
+
+    def slots(seq: int, positions: range) -> torch.Tensor:
+        return torch.tensor([block_ids[seq][p // block_size] * block_size + p % block_size for p in positions], dtype=torch.long)
+
+    cache = attention.kv_caches[0]
+    for seq, start in enumerate(starts):  # what earlier steps stored
+        cached = slots(seq, range(start))
+        cache[0][:, cached] = keys[seq][:start].transpose(0, 1)
+        cache[1][:, cached] = values[seq][:start].transpose(0, 1)
+    num_decodes = len(decode_contexts)
+    table = torch.zeros(max(num_decodes, 1), max(len(b) for b in block_ids), dtype=torch.long)
+    for seq in range(num_decodes):
+        table[seq, : len(block_ids[seq])] = torch.tensor(block_ids[seq])
+    prefills, flat = [], num_decodes
+    for seq, (cached, new) in enumerate(spans, start=num_decodes):
+        positions = np.arange(cached, cached + new)
+        mask = torch.from_numpy(np.arange(cached + new)[None, :] <= positions[:, None]) if cached else None
+        prefills.append(PrefillSpan(flat, new, cached + new, torch.tensor(block_ids[seq]), mask))
+        flat += new
+    attention.metadata = AttentionMetadata(
+        torch.cat([slots(seq, range(start, total)) for seq, (start, total) in enumerate(zip(starts, totals, strict=True))]),
+        num_decodes, table if num_decodes else None, torch.tensor(totals[:num_decodes]) if num_decodes else None, prefills,
+    )
+    out = attention.forward(
+        0, torch.cat(queries),
+        torch.cat([k[s:] for k, s in zip(keys, starts, strict=True)]), torch.cat([v[s:] for v, s in zip(values, starts, strict=True)]),
+    )
+    expected = torch.cat([
+        reference(q.float(), k.float(), v.float(), s) for q, k, v, s in zip(queries, keys, values, starts, strict=True)
+    ])
+    return out, expected

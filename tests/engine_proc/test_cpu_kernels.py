@@ -1,4 +1,4 @@
-"""The C++ kernels against the torch ops they replace: decode attention (also against dense attention), RMSNorm
+"""The C++ kernels against the torch ops they replace: decode and chunked prompt attention (also against dense attention), RMSNorm
 (alone and after the residual add), SiLU·up, rotary with the K/V cache write, greedy picks straight from the
 output head."""
 
@@ -19,7 +19,7 @@ from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.models.llama import RotaryEmbedding, apply_rotary
 from engine_proc.sampler import greedy_ids
 from proto import envs
-from tests.engine_proc.attention_cases import decode_step
+from tests.engine_proc.attention_cases import decode_step, mixed_step
 from tests.engine_proc.models.tiny_llama import TINY, run, save_tiny_checkpoint
 
 # The default model's attention: 9 query heads over 3 KV heads of 64, blocks of 16.
@@ -44,6 +44,26 @@ def test_kernel_attends_like_dense_attention_and_like_the_sdpa_path(query_lens: 
     torch.testing.assert_close(out.float(), expected, rtol=0.02, atol=0.02)
     torch.testing.assert_close(out, sdpa_out, rtol=0.02, atol=0.02)
     assert (out.float() - sdpa_out.float()).abs().mean() < 1e-3
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("decode_contexts", "spans"),
+    [
+        ([], [(0, 230)]),  # a whole prompt
+        ([], [(0, 5), (0, 16), (0, 17)]),  # short prompts, a chunk exactly, one token past
+        ([40, 7, 300], [(32, 45), (0, 100)]),  # decodes first, a prompt after cached blocks, a new one
+        ([12], [(47, 1), (512, 64)]),  # one new token after a cached prefix, a long chunked prompt
+    ],
+)
+def test_prompts_are_attended_by_the_kernel_in_chunks_like_dense_attention(
+    decode_contexts: list[int], spans: list[tuple[int, int]]
+) -> None:
+    out, expected = mixed_step(decode_contexts, spans)
+    # NOTE: bfloat16 output (2**-8 relative), sums in float32
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
+    sdpa, _ = mixed_step(decode_contexts, spans, is_kernel_allowed=False)
+    assert (out.float() - expected).abs().max() <= (sdpa.float() - expected).abs().max() + 2**-8
 
 
 @needs_kernel
