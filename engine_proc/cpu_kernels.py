@@ -1,8 +1,8 @@
 """zeroserve's C++ kernels for x86 CPUs (AVX-512 BF16 or AVX2 + FMA): decode attention that reads
 the paged cache in place, fused RMSNorm (alone or after the residual add), SiLU·up, and rotary
-with the K/V cache write for bfloat16 activations, and in the AVX-512 BF16 build a matmul of
-bfloat16 rows by a GGUF's 4-bit blocks with bfloat16 dot products (`int4_dot`) and (run only with
-AMX) greedy picks straight from the output head.
+with the K/V cache write for bfloat16 activations, a matmul of bfloat16 rows by a GGUF's 4-bit
+blocks (`int4_dot`: bfloat16 dot products with AVX-512 BF16, float32 FMAs with AVX2), and (AVX-512
+build, run only with AMX) greedy picks straight from the output head.
 
 The same sources build for either instruction set (csrc/vec16.h holds the one part that
 differs). Built once per machine and instruction set with torch's extension builder (g++ and
@@ -26,7 +26,7 @@ from proto import envs
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp")]
+_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "int4_dot.cpp")]
 _HEADERS = [_CSRC / "vec16.h"]
 # NOTE: explicit instruction sets rather than -march=native, and one build per instruction set
 # (its name says which), so a build cached on one machine never runs on a CPU that lacks them.
@@ -37,7 +37,7 @@ _CFLAGS_BY_ISA = {
     ],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
 }
-_EXTRA_SOURCES_BY_ISA = {"avx512_bf16": [_CSRC / "greedy_head.cpp", _CSRC / "int4_dot.cpp"], "avx2": []}
+_EXTRA_SOURCES_BY_ISA = {"avx512_bf16": [_CSRC / "greedy_head.cpp"], "avx2": []}
 
 
 def _build_folder(name: str, sources: list[Path], cflags: list[str]) -> Path:
@@ -88,7 +88,7 @@ def _build_or_import(name: str, isa: str) -> Any:
 @functools.cache
 def load_cpu_kernels() -> Any | None:
     """The built module (`paged_decode_attention`, `rms_norm`, `add_rms_norm`, `silu_and_mul`,
-    `rotary_store_kv`, and in the AVX-512 build `pack_int4_dot` and `int4_dot`, and
+    `rotary_store_kv`, `pack_int4_dot`, `int4_dot`, and in the AVX-512 build
     `pack_greedy_head` and `greedy_head`, run only where `has_amx`), or None where unavailable."""
     if not envs.cpu_kernels():
         return None
@@ -120,8 +120,7 @@ def load_cpu_kernels() -> Any | None:
         query, key = kernels.rotary_store_kv(qkv, table, torch.tensor([2]), cache, 1)
         is_right &= torch.equal(query[0, 0], qkv[0, :32] + qkv[0, :32].roll(16)) and torch.equal(cache[0, 0, 2], key[0, 0])
         is_right &= torch.equal(cache[1, 0, 2], qkv[0, 64:])
-        if hasattr(kernels, "int4_dot"):
-            is_right &= _is_int4_dot_right(kernels)
+        is_right &= _is_int4_dot_right(kernels)
     except RuntimeError as exc:
         logger.warning("CPU kernels: not used (a trial call failed: %s)", exc)
         return None

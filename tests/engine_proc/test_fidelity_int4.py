@@ -57,7 +57,7 @@ def test_weight_only_greedy_tokens_follow_transformers(
         kv_cache_memory_gib=0.25, max_model_len=2048,
     )
     if form == "int4_dot" and not hasattr(load_cpu_kernels(), "int4_dot"):
-        pytest.skip(f"the int4_dot kernel needs x86 with AVX-512 BF16 and g++ ({cpu_features().describe()})")
+        pytest.skip(f"the int4_dot kernel needs x86 with AVX2 or AVX-512 BF16 and g++ ({cpu_features().describe()})")
     core = EngineCore(config)
     if form != "planned":
         force_form(core, form)

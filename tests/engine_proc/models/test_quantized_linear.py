@@ -35,7 +35,7 @@ def int4_linear(blocks: Q4Blocks, bias: bool = False) -> Linear:
 
 needs_int4_dot = pytest.mark.skipif(
     not hasattr(load_cpu_kernels(), "int4_dot"),
-    reason=f"the int4_dot kernel needs x86 with AVX-512 BF16 and g++ ({cpu_features().describe()})",
+    reason=f"the int4_dot kernel needs x86 with AVX2 or AVX-512 BF16 and g++ ({cpu_features().describe()})",
 )
 
 
