@@ -148,7 +148,10 @@ class PagedAttention:
         self._decode_kernel = (
             kernels.paged_decode_attention if kernels is not None and head_dim % 16 == 0 and block_size == 16 else None
         )
-        self.choice = "zeroserve C++ paged decode kernel, torch SDPA for prefill" if self._decode_kernel else "torch SDPA"
+        self.choice = (
+            f"zeroserve C++ paged kernel (decodes, and prompts in chunks of {PREFILL_CHUNK_TOKENS} tokens)"
+            if self._decode_kernel else "torch SDPA"
+        )
         # NOTE: rotary and the cache write in one pass, for bfloat16 (head_dim a multiple of 32).
         self._rotary_kernel = kernels.rotary_store_kv if kernels is not None and head_dim % 32 == 0 else None
         self._decode_token_limits: torch.Tensor | None = None  # [num_decodes, max_query_len] keys each token sees
