@@ -1,6 +1,6 @@
-"""The weight-only forms the engine picks for the default model (GGUF 4-bit blocks as int4, int8
-rows, or whatever the load-time plan chose on this CPU; bfloat16 activations) against transformers'
-float32.
+"""The weight-only forms the engine picks for the default model (GGUF 4-bit blocks by torch's int4
+kernel or by ours, int4_dot; int8 rows; or whatever the load-time plan chose on this CPU; bfloat16
+activations) against transformers' float32.
 
 Not bit for bit: the tolerance is that, fed the reference's own greedy continuation (teacher
 forcing), our most likely next token is the reference's at >= 90% of positions (measured: 120
