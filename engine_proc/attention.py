@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -379,10 +381,22 @@ def _from_query_rows(out: torch.Tensor, meta: AttentionMetadata, num_heads: int)
 
 def _zeros(shape: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zeroed tensor; on the CPU from memory the OS hands out zeroed as it is first written
-    (calloc), so a cache's pages are taken as its blocks fill, not all at start: the default
-    4 GiB cache made every start 1.9 s longer (2.3 s of CPU, mostly page faults) writing zeros."""
+    (a private anonymous mapping), so a cache's pages are taken as its blocks fill, not all at
+    start: the default 4 GiB cache made every start 1.9 s longer (2.3 s of CPU, mostly page
+    faults) writing zeros."""
     if device.type != "cpu":
         return torch.zeros(*shape, dtype=dtype, device=device)
     # NOTE: numpy has no bfloat16: 16-bit integers of the same size, viewed as it.
-    array = np.zeros(shape, dtype=np.dtype(f"int{dtype.itemsize * 8}"))
-    return torch.from_numpy(array).view(dtype)
+    int_dtype = np.dtype(f"int{dtype.itemsize * 8}")
+    num_bytes = math.prod(shape) * dtype.itemsize
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if num_bytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return torch.from_numpy(np.zeros(shape, dtype=int_dtype)).view(dtype)
+    # NOTE: a mapping of its own, not numpy's calloc: that can hand back memory the process used
+    # before, which it must zero by writing (in a long test process the whole cache once became
+    # resident as it was first read); and numpy asks for transparent huge pages, which Linux's
+    # khugepaged may fill as whole 2 MB pages around each block touched.
+    region = mmap.mmap(-1, num_bytes, flags=flags)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        region.madvise(mmap.MADV_NOHUGEPAGE)
+    return torch.from_numpy(np.frombuffer(region, dtype=int_dtype).reshape(shape)).view(dtype)
