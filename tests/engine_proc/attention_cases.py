@@ -82,12 +82,21 @@ def decode_step(
         if pad_index is not None and unpad_index is not None:
             metadata.decode_pad_index, metadata.decode_unpad_index = torch.from_numpy(pad_index), torch.from_numpy(unpad_index)
     attention.metadata = metadata
+    return forward_and_reference(attention, queries, keys, values, context_lens)
+
+
+def forward_and_reference(
+    attention: PagedAttention, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor],
+    starts: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's attention output for each sequence's queries (its keys and values from `starts` on
+    are the step's new ones), and dense causal attention's (float32) for the same tokens."""
     out = attention.forward(
         0, torch.cat(queries),
-        torch.cat([k[c:] for k, c in zip(keys, context_lens, strict=True)]), torch.cat([v[c:] for v, c in zip(values, context_lens, strict=True)]),
+        torch.cat([k[s:] for k, s in zip(keys, starts, strict=True)]), torch.cat([v[s:] for v, s in zip(values, starts, strict=True)]),
     )
     expected = torch.cat([
-        reference(q.float(), k.float(), v.float(), c) for q, k, v, c in zip(queries, keys, values, context_lens, strict=True)
+        reference(q.float(), k.float(), v.float(), s) for q, k, v, s in zip(queries, keys, values, starts, strict=True)
     ])
     return out, expected
 
@@ -138,11 +147,4 @@ def mixed_step(
         torch.cat([slots(seq, range(start, total)) for seq, (start, total) in enumerate(zip(starts, totals, strict=True))]),
         num_decodes, table if num_decodes else None, torch.tensor(totals[:num_decodes]) if num_decodes else None, prefills,
     )
-    out = attention.forward(
-        0, torch.cat(queries),
-        torch.cat([k[s:] for k, s in zip(keys, starts, strict=True)]), torch.cat([v[s:] for v, s in zip(values, starts, strict=True)]),
-    )
-    expected = torch.cat([
-        reference(q.float(), k.float(), v.float(), s) for q, k, v, s in zip(queries, keys, values, starts, strict=True)
-    ])
-    return out, expected
+    return forward_and_reference(attention, queries, keys, values, starts)
