@@ -295,7 +295,6 @@ class PagedAttention:
         out = self._decode_kernel(rows, cache, meta.decode_block_table, self._decode_row_limits, self.head_dim**-0.5)
         return _from_query_rows(out, meta, query.shape[1])
 
-
     def _kernel_prefill_attention(self, cache: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
         """The prefill spans' attention [num_prefill_tokens, H, D] by the C++ kernel, chunk by chunk
         (each chunk's rows laid out as a decode's with drafts, see `_query_rows`)."""

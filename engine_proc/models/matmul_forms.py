@@ -3,8 +3,9 @@
 A weight [out, in] is kept as loaded ("dense", the model's dtype) and, where they run here, as:
 
 - "int4": the GGUF's own 4-bit group-32 blocks (`aten._weight_int4pack_mm_for_cpu`);
-- "int4_dot": the same blocks multiplied with AVX-512 BF16 dot products on the codes, scales and
-  minimums applied per group in float32 (zeroserve's C++ kernel, csrc/int4_dot.cpp; where it is built);
+- "int4_dot": the same blocks multiplied by zeroserve's C++ kernel (csrc/int4_dot.cpp, where it is
+  built): AVX-512 BF16 dot products on the codes, or AVX2 float32 FMAs on them, the scales and
+  minimums applied per group in float32;
 - "int8": int8 rows with one scale per row (`aten._weight_int8pack_mm`), only for weights that
   came quantized (a 4-bit GGUF): the rounding of an 8-bit row is far below the file's 4-bit one;
 - "packed": oneDNN's blocked bfloat16 layout (bit for bit the dense result), where oneDNN has

@@ -92,9 +92,9 @@ class Linear(nn.Linear):
         self.int4_dot_weight = None
 
     def _add_int4_dot(self, matmul: MatmulForms) -> None:
-        """The "int4_dot" form: the 4-bit blocks multiplied with bfloat16 dot products by the CPU
-        kernel, where it runs and takes this weight (rows a multiple of 16; scales and minimums
-        that a float16 holds, as a GGUF's are)."""
+        """The "int4_dot" form: the 4-bit blocks multiplied by the CPU kernel (products on the codes,
+        scaled per group), where it runs and takes this weight (rows a multiple of 16; scales and
+        minimums that a float16 holds, as a GGUF's are)."""
         kernels, blocks = self.kernels, self.int4_blocks
         if self.int4_dot_weight is None and blocks is not None and kernels is not None and not self.out_features % 16:
             if all(torch.equal(t.half().float(), t) for t in (blocks.scales, blocks.mins)):
