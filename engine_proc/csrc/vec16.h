@@ -92,6 +92,17 @@ inline void transpose16_dwords(__m512i rows[16]) {
   for (int i = 0; i < 16; ++i) rows[i] = t[i];
 }
 
+// A block of 16 bfloat16 rows (`head_dim` a multiple of 32) as column pairs [head_dim / 2][16]:
+// pair p of row j in 32-bit lane j of pairs[p], the layout `vdpbf16ps` multiplies by a broadcast pair.
+inline void pair_bf16_block(const uint16_t* block, int64_t head_dim, __m512i* pairs) {
+  for (int64_t col = 0; col < head_dim; col += 32) {
+    __m512i rows[16];
+    for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(block + j * head_dim + col);
+    transpose16_dwords(rows);
+    for (int p = 0; p < 16; ++p) pairs[col / 2 + p] = rows[p];
+  }
+}
+
 // The first columns of a block of 16 bfloat16 rows as floats [column][16], 32 at a time by a
 // transpose in registers; returns how many columns it did.
 inline int64_t transpose_bf16_block(const uint16_t* block, int64_t head_dim, float* out) {
