@@ -288,9 +288,7 @@ class LlamaForCausalLM(nn.Module):
                 module.kernels = kernels if module.down_proj.in_features % 16 == 0 else None
             elif isinstance(module, Linear):
                 module.kernels = kernels
-        forms = ("packed", "int8", "float32") if is_cpu else ()
-        if is_cpu and hasattr(kernels, "int4_dot"):
-            forms += ("int4_dot",)
+        forms = ("packed", "int8", "float32", *(("int4_dot",) if kernels is not None else ())) if is_cpu else ()
         linears = [(name, module) for name, module in self.named_modules() if isinstance(module, Linear)]
         self.choices = {}
         budget = TimingBudget()
