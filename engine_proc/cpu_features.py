@@ -24,6 +24,7 @@ class CpuFeatures:
     machine: str  # platform.machine(): "x86_64", "aarch64", ...
     capability: str  # torch.backends.cpu.get_cpu_capability()
     has_avx512_bf16: bool  # AVX-512 with BF16 dot products (Zen 4, Cooper Lake, Sapphire Rapids)
+    has_avx512_vnni: bool  # AVX-512 with int8 dot products (every CPU with BF16 has it, and Ice Lake, Cascade Lake)
     has_amx: bool  # AMX tiles (with BF16: Sapphire Rapids and later)
 
     @property
@@ -41,14 +42,14 @@ class CpuFeatures:
     @property
     def kernel_isa(self) -> str | None:
         """The instruction set zeroserve's C++ kernels are built for here, or None (torch ops only)."""
-        if self.has_avx512 and self.has_avx512_bf16:
+        if self.has_avx512 and self.has_avx512_bf16 and self.has_avx512_vnni:
             return "avx512_bf16"
         if self.has_avx2:
             return "avx2"
         return None
 
     def describe(self) -> str:
-        extras = [name for name, has in (("avx512_bf16", self.has_avx512_bf16), ("amx", self.has_amx)) if has]
+        extras = [name for name, has in (("avx512_bf16", self.has_avx512_bf16), ("avx512_vnni", self.has_avx512_vnni), ("amx", self.has_amx)) if has]
         return f"{self.machine} {self.capability}" + (f" ({', '.join(extras)})" if extras else "")
 
 
@@ -65,6 +66,7 @@ def cpu_features() -> CpuFeatures:
         machine=machine,
         capability=capability,
         has_avx512_bf16=is_avx512 and torch.cpu._is_avx512_bf16_supported(),
+        has_avx512_vnni=is_avx512 and torch.cpu._is_vnni_supported(),
         has_amx=is_avx512 and torch.cpu._is_amx_tile_supported(),
     )
 

@@ -16,7 +16,7 @@ from engine_proc.models.config import ModelConfig
 from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.models.matmul_forms import Int8Rows, MatmulForms
 from engine_proc.models.matmul_plan import TimingBudget, plan_head, plan_linears
-from engine_proc.models.quantized_linear import Linear, Q4Blocks
+from engine_proc.models.quantized_linear import KERNEL_FORMS, Linear, Q4Blocks
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ class LlamaForCausalLM(nn.Module):
                 module.kernels = kernels if module.down_proj.in_features % 16 == 0 else None
             elif isinstance(module, Linear):
                 module.kernels = kernels
-        forms = ("packed", "int8", "float32", *(("int4_dot",) if kernels is not None else ())) if is_cpu else ()
+        forms = ("packed", "int8", "float32", *(KERNEL_FORMS if kernels is not None else ())) if is_cpu else ()
         linears = [(name, module) for name, module in self.named_modules() if isinstance(module, Linear)]
         self.choices = {}
         budget = TimingBudget()

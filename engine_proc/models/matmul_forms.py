@@ -6,6 +6,10 @@ A weight [out, in] is kept as loaded ("dense", the model's dtype) and, where the
 - "int4_dot": the same blocks multiplied by zeroserve's C++ kernel (csrc/int4_dot.cpp, where it is
   built): AVX-512 BF16 dot products on the codes, or AVX2 float32 FMAs on them, the scales and
   minimums applied per group in float32;
+- "int4_q8": the same blocks times the activations rounded to 8 bits per group of 32 (a scale per
+  row and group, as llama.cpp multiplies a GGUF's 4-bit blocks), integer products by AVX-512 VNNI
+  or AVX2 (csrc/int4_q8.cpp): the fastest form on every CPU measured, at the cost of more drift
+  than the others (tests/engine_proc/test_fidelity_int4.py states and bounds it);
 - "int8": int8 rows with one scale per row (`aten._weight_int8pack_mm`), only for weights that
   came quantized (a 4-bit GGUF): the rounding of an 8-bit row is far below the file's 4-bit one;
 - "packed": oneDNN's blocked bfloat16 layout (bit for bit the dense result), where oneDNN has

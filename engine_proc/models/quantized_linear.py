@@ -24,6 +24,9 @@ GROUP_SIZE = 32
 # 18-22 ms for prepacked bfloat16 at any of them; Zen 4: int4 ahead up to 8 tokens (24 vs
 # 25 ms). Four keeps int4 where it wins on both.
 INT4_MAX_TOKENS = 4
+# The forms of the 4-bit blocks that zeroserve's CPU kernels multiply (see matmul_forms): each
+# has `pack_<form>` and `<form>` in the kernels' module.
+KERNEL_FORMS = ("int4_dot", "int4_q8")
 
 
 class Q4Blocks(NamedTuple):
@@ -62,20 +65,21 @@ class Linear(nn.Linear):
         # NOTE: not buffers: oneDNN's layout cannot move devices; `unpack()` drops them.
         self.forms: MatmulForms | None = None
         # NOTE: the 4-bit blocks as loaded, kept from `set_int4` until the first `prepack` gives them
-        # the CPU kernels' layout (`kernels`: see LlamaForCausalLM.prepack), kept until `unpack`.
+        # the CPU kernels' layouts (`kernels`: see LlamaForCausalLM.prepack), kept until `unpack`.
         self.int4_blocks: Q4Blocks | None = None
-        self.int4_dot_weight: tuple[Tensor, Tensor, Tensor] | None = None
+        self.kernel_weights: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
         self.kernels: Any | None = None
 
     def prepack(self, forms: tuple[str, ...] = ("packed",)) -> MatmulForms:
-        """Builds the named forms where they run here (int4 whenever loaded; int4_dot and int8 only
-        beside int4; float32 only where bfloat16 cannot be packed), with the plan int4 up to
+        """Builds the named forms where they run here (int4 whenever loaded; the KERNEL_FORMS and int8
+        only beside int4; float32 only where bfloat16 cannot be packed), with the plan int4 up to
         INT4_MAX_TOKENS, then packed where there, else dense (`measure_plan` may replace it)."""
         matmul = MatmulForms(self.weight, self.bias)
         if self.int4_weight is not None:
             matmul.add("int4", self._int4)
-        if "int4_dot" in forms:
-            self._add_int4_dot(matmul)
+        for form in KERNEL_FORMS:
+            if form in forms:
+                self._add_kernel_form(matmul, form)
         self.int4_blocks = None
         is_packed = "packed" in forms and matmul.add_packed()
         if "int8" in forms and self.int4_weight is not None:
@@ -89,24 +93,25 @@ class Linear(nn.Linear):
 
     def unpack(self) -> None:
         self.forms = None
-        self.int4_dot_weight = None
+        self.kernel_weights = {}
 
-    def _add_int4_dot(self, matmul: MatmulForms) -> None:
-        """The "int4_dot" form: the 4-bit blocks multiplied by the CPU kernel (products on the codes,
-        scaled per group), where it runs and takes this weight (rows a multiple of 16; scales and
-        minimums that a float16 holds, as a GGUF's are)."""
+    def _add_kernel_form(self, matmul: MatmulForms, form: str) -> None:
+        """A form of the 4-bit blocks multiplied by the CPU kernels (`KERNEL_FORMS`), where they run
+        and take this weight (rows a multiple of 16; scales and minimums that a float16 holds, as a
+        GGUF's are)."""
         kernels, blocks = self.kernels, self.int4_blocks
-        if self.int4_dot_weight is None and blocks is not None and kernels is not None and not self.out_features % 16:
+        if form not in self.kernel_weights and blocks is not None and kernels is not None and not self.out_features % 16:
             if all(torch.equal(t.half().float(), t) for t in (blocks.scales, blocks.mins)):
-                self.int4_dot_weight = kernels.pack_int4_dot(blocks.codes, blocks.scales, blocks.mins)
-        if self.int4_dot_weight is None or kernels is None:
+                self.kernel_weights[form] = getattr(kernels, f"pack_{form}")(blocks.codes, blocks.scales, blocks.mins)
+        if form not in self.kernel_weights or kernels is None:
             return
-        codes, scales, mins = self.int4_dot_weight
+        codes, scales, mins = self.kernel_weights[form]
+        run = getattr(kernels, form)
         bias = self.bias
         if bias is None:
-            matmul.add("int4_dot", lambda x: kernels.int4_dot(x.contiguous(), codes, scales, mins))
+            matmul.add(form, lambda x: run(x.contiguous(), codes, scales, mins))
         else:
-            matmul.add("int4_dot", lambda x: kernels.int4_dot(x.contiguous(), codes, scales, mins) + bias)
+            matmul.add(form, lambda x: run(x.contiguous(), codes, scales, mins) + bias)
 
     def set_int4(self, blocks: Q4Blocks, dtype: torch.dtype) -> None:
         """Packs the blocks (the same weight as `self.weight`) for the int4 kernel."""

@@ -40,10 +40,11 @@ def test_a_lowered_capability_turns_the_wider_paths_off() -> None:
 
 
 def test_kernel_isa_by_cpu_kind() -> None:
-    def kind(machine: str, capability: str, bf16: bool = False) -> str | None:
-        return CpuFeatures(machine, capability, has_avx512_bf16=bf16, has_amx=False).kernel_isa
+    def kind(machine: str, capability: str, bf16: bool = False, vnni: bool = False) -> str | None:
+        return CpuFeatures(machine, capability, has_avx512_bf16=bf16, has_avx512_vnni=vnni, has_amx=False).kernel_isa
 
-    assert kind("x86_64", "AVX512", bf16=True) == "avx512_bf16"
+    assert kind("x86_64", "AVX512", bf16=True, vnni=True) == "avx512_bf16"
+    assert kind("x86_64", "AVX512", vnni=True) == "avx2"  # the AVX-512 build needs both
     assert kind("x86_64", "AVX512") == "avx2"  # AVX-512 without BF16 (Skylake-X, Ice Lake) runs the AVX2 build
     assert kind("x86_64", "AVX2") == "avx2"
     assert kind("x86_64", "DEFAULT") is None

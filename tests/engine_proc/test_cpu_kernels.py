@@ -93,7 +93,7 @@ def test_the_kernel_can_be_switched_off_and_is_not_tried_on_other_cpus(monkeypat
     assert build() is None
     monkeypatch.delenv("ZEROSERVE_CPU_KERNELS")
     envs.read.cache_clear()
-    older_cpu = CpuFeatures(machine="x86_64", capability="DEFAULT", has_avx512_bf16=False, has_amx=False)
+    older_cpu = CpuFeatures(machine="x86_64", capability="DEFAULT", has_avx512_bf16=False, has_avx512_vnni=False, has_amx=False)
     monkeypatch.setattr(cpu_kernels, "cpu_features", lambda: older_cpu)
     assert build() is None
 

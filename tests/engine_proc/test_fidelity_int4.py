@@ -1,15 +1,17 @@
 """The weight-only forms the engine picks for the default model (GGUF 4-bit blocks by torch's int4
-kernel or by ours, int4_dot; int8 rows; or whatever the load-time plan chose on this CPU; bfloat16
-activations) against transformers' float32.
+kernel or by ours, int4_dot and int4_q8; int8 rows; or whatever the load-time plan chose on this
+CPU; bfloat16 activations) against transformers' float32.
 
 Not bit for bit: the tolerance is that, fed the reference's own greedy continuation (teacher
 forcing), our most likely next token is the reference's at >= 90% of positions (measured: 120
-of 122) and the reference's token is never below our rank 3 (measured: 2 at worst); and
-free-running greedy decoding agrees on the first 8 tokens of every test prompt, or departs
-from it only at a near tie of the reference (its top two log-probabilities within 0.25): the
-fourth prompt's first token is one (33 at -1.764 against 504 at -1.868), which int4 rounding
-flips or not with the order of the sums (fused prefill attention, prefix-cached chunks). int8 rows made from the 4-bit weights round
-each weight again, to 1/254 of its row's largest, and are held to the same bounds.
+of 122, int4_q8 113) and the reference's token is never below our rank 3 (measured: 2 at worst;
+int4_q8, whose activations are rounded to 8 bits, below rank 8: 6 at worst), and only where the
+reference itself hesitates: its top two log-probabilities within 0.25 nats (measured: 0.034 at most;
+int4_q8 within 0.5, measured 0.444); and free-running greedy decoding agrees on the first 8 tokens
+of every test prompt, or departs from it only at such a near tie of the reference: the fourth prompt's first token is one (33 at -1.764 against 504 at
+-1.868), which int4 rounding flips or not with the order of the sums (fused prefill attention,
+prefix-cached chunks). int8 rows made from the 4-bit weights round each weight again, to 1/254 of
+its row's largest, and are held to the same bounds.
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ import torch
 from engine_proc.core import EngineCore
 from engine_proc.cpu_features import cpu_features
 from engine_proc.cpu_kernels import load_cpu_kernels
-from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear
+from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, KERNEL_FORMS, Linear
 from proto.engine_config import EngineConfig
 from proto.engine_input import SamplingParams
 from tests.engine_proc.fidelity_prompts import NGRAM_DRAFTS, run, teacher_forced_ranks
 
 NUM_FREE_RUNNING_TOKENS = 8
-NEAR_TIE_NATS = 0.25
+# NOTE: rounding the activations to 8 bits (int4_q8, as llama.cpp multiplies this file) moves more
+# near ties: at one position the reference's top six lie within 0.4 nats, and ours ranks its first
+# sixth; the first prompt departs at its seventh token, where the reference leads by 0.298.
+MAX_RANK = {"int4_q8": 8}
+NEAR_TIE_NATS = {"int4_q8": 0.5}
 
 
 def force_form(core: EngineCore, form: str) -> None:
@@ -44,38 +50,46 @@ def force_form(core: EngineCore, form: str) -> None:
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("form", ["int4", "int4_dot", "int8", "planned"])
+@pytest.mark.parametrize("form", ["int4", "int4_dot", "int4_q8", "int8", "planned"])
 def test_weight_only_greedy_tokens_follow_transformers(
     default_model_path: Path, hf_reference_model: object, chat_prompts: list[list[int]],
     reference_tokens: list[list[int]], form: str,
 ) -> None:
     prompts, references = chat_prompts, reference_tokens
-    # NOTE: a budget this small chunks every prefill into small forwards, where int4 and int8 run.
+    # NOTE: a budget this small chunks every prefill into small forwards, where torch's int4 and
+    # int8 run; the kernels' forms serve every size, so they prefill whole prompts.
     config = EngineConfig(
         model_path=str(default_model_path), dtype="bfloat16", quantization="gguf",
-        max_num_batched_tokens=INT4_MAX_TOKENS if form != "planned" else 2048,
+        max_num_batched_tokens=INT4_MAX_TOKENS if form in ("int4", "int8") else 2048,
         kv_cache_memory_gib=0.25, max_model_len=2048,
     )
-    if form == "int4_dot" and not hasattr(load_cpu_kernels(), "int4_dot"):
-        pytest.skip(f"the int4_dot kernel needs x86 with AVX2 or AVX-512 BF16 and g++ ({cpu_features().describe()})")
+    if form in KERNEL_FORMS and load_cpu_kernels() is None:
+        pytest.skip(f"the {form} kernel needs x86 with AVX2 (or AVX-512 BF16 and VNNI) and g++ ({cpu_features().describe()})")
     core = EngineCore(config)
     if form != "planned":
         force_form(core, form)
     ranks = teacher_forced_ranks(core, prompts, references)
     num_top1 = sum(rank == 1 for rank in ranks)
     assert num_top1 >= 0.9 * len(ranks), f"top-1 agreement {num_top1}/{len(ranks)}"
-    assert max(ranks) <= 3, f"ranks {ranks}"
+    forms_run = {form} if form != "planned" else planned_forms(core)
+    assert max(ranks) <= max(MAX_RANK.get(f, 3) for f in forms_run), f"ranks {ranks}"
+    near_tie = max(NEAR_TIE_NATS.get(f, 0.25) for f in forms_run)
+    positions = [(i, j) for i, reference in enumerate(references) for j in range(len(reference))]
+    for (i, j), rank in zip(positions, ranks, strict=True):
+        if rank > 1:
+            margin = reference_margin(hf_reference_model, prompts[i] + references[i][:j])
+            assert margin < near_tie, f"prompt {i} token {j}: rank {rank} where the reference leads by {margin:.3f}"
 
     # Free-running, plainly and (int4) with n-gram drafts, verified in int4 forwards of up to 4 tokens.
-    assert_follows_reference(core, prompts, references, hf_reference_model)
+    assert_follows_reference(core, prompts, references, hf_reference_model, near_tie)
     if form == "int4":
         drafting = EngineCore(replace(config, speculative_config=NGRAM_DRAFTS))
         force_form(drafting, form)
-        assert_follows_reference(drafting, prompts, references, hf_reference_model)
+        assert_follows_reference(drafting, prompts, references, hf_reference_model, near_tie)
 
 
 def assert_follows_reference(
-    core: EngineCore, prompts: list[list[int]], references: list[list[int]], hf_reference_model: object
+    core: EngineCore, prompts: list[list[int]], references: list[list[int]], hf_reference_model: object, near_tie: float
 ) -> None:
     free = run(core, prompts, SamplingParams(temperature=0.0, max_tokens=NUM_FREE_RUNNING_TOKENS))
     for i, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
@@ -84,9 +98,20 @@ def assert_follows_reference(
         if departure is None:
             assert ours == reference[:NUM_FREE_RUNNING_TOKENS]
             continue
-        # Only where the reference itself hesitates: its top two within NEAR_TIE_NATS.
-        with torch.no_grad():
-            logits = hf_reference_model(torch.tensor([prompt + reference[:departure]])).logits  # type: ignore[operator]
-        top2 = logits[0, -1].log_softmax(-1).topk(2).values
-        margin = (top2[0] - top2[1]).item()
-        assert margin < NEAR_TIE_NATS, f"prompt {i} departs at token {departure} where the reference leads by {margin:.3f}"
+        # Only where the reference itself hesitates: its top two within `near_tie`.
+        margin = reference_margin(hf_reference_model, prompt + reference[:departure])
+        assert margin < near_tie, f"prompt {i} departs at token {departure} where the reference leads by {margin:.3f}"
+
+
+def reference_margin(hf_reference_model: object, token_ids: list[int]) -> float:
+    """How far the reference's most likely next token leads its second, in nats."""
+    with torch.no_grad():
+        logits = hf_reference_model(torch.tensor([token_ids])).logits  # type: ignore[operator]
+    top2 = logits[0, -1].log_softmax(-1).topk(2).values
+    return (top2[0] - top2[1]).item()
+
+
+def planned_forms(core: EngineCore) -> set[str]:
+    """Every form the load-time plan runs for some batch size."""
+    model = core.model_runner.model
+    return {form for module in model.modules() if isinstance(module, Linear) and module.forms for _, form in module.forms.plan}

@@ -1,5 +1,5 @@
-"""4-bit group-32 weights: the int4 kernels (torch's, and zeroserve's bfloat16 dot products) against the
-dequantized weights' matmul; the other forms a weight is kept in."""
+"""4-bit group-32 weights: the int4 kernels (torch's, zeroserve's bfloat16 dot products, and its integer
+products with 8-bit activations) against the dequantized weights' matmul; the other forms a weight is kept in."""
 
 from __future__ import annotations
 
@@ -146,6 +146,42 @@ def test_int4_dot_rounds_only_its_output(has_min: bool, num_tokens: int) -> None
         assert torch.equal(with_bias(x), out.bfloat16() + with_bias.bias)
 
 
+def q8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] rounded to 8 bits per group of 32 as int4_q8 documents it: (x̂ [M, K/32, 32], a [M, K/32])."""
+    groups = x.float().view(x.shape[0], -1, 32)
+    max_abs = groups.abs().amax(-1)
+    # NOTE: 127 / max as one rounded float32 division (torch's `127.0 / tensor` multiplies by a reciprocal)
+    inverse = torch.where(max_abs > 0, (127.0 / max_abs.double()).float(), torch.zeros_like(max_abs))
+    return torch.round(groups * inverse.unsqueeze(-1)).clamp(-127, 127), max_abs / 127.0
+
+
+@needs_int4_dot
+@pytest.mark.parametrize("has_min", [True, False], ids=["q4_1", "q4_0"])
+@pytest.mark.parametrize("num_tokens", [1, 5, 8, 9, 16, 17, 40])
+def test_int4_q8_rounds_its_inputs_to_8_bits_per_group(has_min: bool, num_tokens: int) -> None:
+    blocks = random_blocks(96, 256, has_min)
+    linear = int4_linear(blocks)
+    forms = linear.prepack(("packed", "int4_q8"))
+    assert "int4_q8" in forms.runs
+    x = torch.randn(num_tokens, 256).bfloat16()
+    x[0, 40] = 30.0  # an outlier: its group's other inputs get coarse steps
+    with torch.no_grad():
+        forms.plan = ((sys.maxsize, "int4_q8"),)
+        out = linear(x).double()
+    # What the kernel says it computes, in float64: Σ_g d·a·Σ q·x̂ + m·Σ x.
+    q, a = q8_rows(x)
+    codes = blocks.codes.double().view(96, -1, 32)
+    products = torch.einsum("mgk,ngk->mng", q.double(), codes)
+    sums = x.double().view(num_tokens, -1, 32).sum(-1)
+    stated = (products * a.double().unsqueeze(1) * blocks.scales.double()).sum(-1) + sums @ blocks.mins.double().T
+    # NOTE: integer products exact, the rest float32 sums, then one bfloat16 rounding (2**-8 relative).
+    assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
+    # Against the exact product: no further than half a step of each input's group.
+    expected = x.double() @ blocks.dequantize().double().T
+    steps = torch.einsum("mg,ngk->mn", a.double() / 2, codes * blocks.scales.double().unsqueeze(-1))
+    assert ((out - expected).abs() <= steps + 2**-8 * expected.abs() + 1e-4 * expected.abs().max()).all()
+
+
 @needs_int4_dot
 def test_int4_dot_serves_only_weights_it_takes() -> None:
     odd = random_blocks(32, 64)
@@ -158,4 +194,4 @@ def test_int4_dot_serves_only_weights_it_takes() -> None:
     assert "int4_dot" in linear.prepack(("int4_dot",)).runs
     assert "int4_dot" in linear.prepack(("int4_dot",)).runs  # a second prepack (forms forced in tests) keeps it
     linear.unpack()
-    assert linear.int4_dot_weight is None
+    assert linear.kernel_weights == {}

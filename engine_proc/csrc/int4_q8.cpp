@@ -1,0 +1,241 @@
+// A weight kept as its GGUF 4-bit blocks (codes q in 0..15, a scale d and a minimum m per group of
+// 32 inputs: w = q·d + m) multiplied by bfloat16 rows that are first rounded to 8 bits per group of
+// 32 (a scale a per row and group: x̂ = round(x / a), a = max|x| / 127, as llama.cpp's Q8
+// activations): integer products of the codes (unsigned) with x̂ (signed), by AVX-512 VNNI
+// `vpdpbusd` (64 products an instruction) or AVX2 `vpmaddubsw` + `vpmaddwd`.
+//
+//   y = Σ_g d_g · a_g · Σ_{k∈g} q_k x̂_k + m_g · Σ_{k∈g} x_k
+//
+// The minimum's part uses the exact sums of x; only the products see x's 8-bit rounding (at most
+// half a step, a / 2, per input: the largest input of each group is exact to 1/254 of itself).
+//
+// Layout (`pack_int4_q8`): for each block of 16 outputs, each group, each quarter c of it (inputs
+// 8c .. 8c + 7), 64 bytes: byte 4o + j holds output o's input 8c + j in its low nibble and input
+// 8c + 4 + j in its high one (a lane of four bytes per output, as `vpdpbusd` reads them). Scales
+// and minimums as int4_dot's: the file's float16, [N / 16, G, 16].
+#include <ATen/Parallel.h>
+#include <ATen/ATen.h>
+
+#include <immintrin.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int64_t kBlock = 16;  // outputs per block
+constexpr int64_t kGroupBytes = kGroup * kBlock / 2;
+constexpr int kMaxTile = 8;  // rows per pass: their sums stay in registers
+
+inline int32_t load_int32(const int8_t* src) {
+  int32_t value;
+  std::memcpy(&value, src, sizeof(value));
+  return value;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+
+inline __m512 load_bf16x16(const uint16_t* src) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))), 16));
+}
+
+// One group of 32 bfloat16 inputs -> 32 signed bytes, their scale and their exact sum.
+inline void quantize_group(const uint16_t* x, int8_t* q, float* scale, float* sum) {
+  const __m512 low = load_bf16x16(x), high = load_bf16x16(x + 16);
+  const float max_abs = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
+  *sum = _mm512_reduce_add_ps(_mm512_add_ps(low, high));
+  *scale = max_abs / 127.0f;
+  const __m512 inverse = _mm512_set1_ps(max_abs > 0.0f ? 127.0f / max_abs : 0.0f);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(low, inverse))));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(high, inverse))));
+}
+
+inline __m512 load_half16(const uint16_t* src) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+}
+
+// Rows [0, TILE) of x̂ (`k` apart; scales and sums [TILE, G]) times one block of 16 outputs into
+// `out` (bf16, `out_stride` apart).
+template <int TILE>
+void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* sums, int64_t num_groups,
+                const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, uint16_t* out, int64_t out_stride) {
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  __m512 acc[TILE];
+  for (int r = 0; r < TILE; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < num_groups; ++g) {
+    __m512i dot[TILE];
+    for (int r = 0; r < TILE; ++r) dot[r] = _mm512_setzero_si512();
+    const uint8_t* group_codes = codes + g * kGroupBytes;
+    const int8_t* group_q = q + g * kGroup;
+    for (int c = 0; c < 4; ++c) {
+      const __m512i bytes = _mm512_loadu_si512(group_codes + 64 * c);
+      const __m512i first = _mm512_and_si512(bytes, low_nibbles);
+      const __m512i second = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles);
+      for (int r = 0; r < TILE; ++r) {
+        dot[r] = _mm512_dpbusd_epi32(dot[r], first, _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c)));
+        dot[r] = _mm512_dpbusd_epi32(dot[r], second, _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c + 4)));
+      }
+    }
+    const __m512 d = load_half16(scales + g * kBlock);
+    const __m512 m = load_half16(mins + g * kBlock);
+    for (int r = 0; r < TILE; ++r) {
+      const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_set1_ps(qscales[r * num_groups + g]));
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sums[r * num_groups + g]), m, _mm512_fmadd_ps(scaled, d, acc[r]));
+    }
+  }
+  for (int r = 0; r < TILE; ++r) {
+    const __m256bh packed = _mm512_cvtneps_pbh(acc[r]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_stride), reinterpret_cast<const __m256i&>(packed));
+  }
+}
+
+#else  // AVX2 + FMA + F16C
+
+inline __m256 load_bf16x8(const uint16_t* src) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))), 16));
+}
+
+inline float reduce_max8(__m256 x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline float reduce_add8(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline void quantize_group(const uint16_t* x, int8_t* q, float* scale, float* sum) {
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = load_bf16x8(x + 8 * i);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 max_abs8 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                        _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+  const float max_abs = reduce_max8(max_abs8);
+  *sum = reduce_add8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+  *scale = max_abs / 127.0f;
+  const __m256 inverse = _mm256_set1_ps(max_abs > 0.0f ? 127.0f / max_abs : 0.0f);
+  __m256i ints[4];
+  for (int i = 0; i < 4; ++i) ints[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
+  // packs work within 128-bit lanes: [0a 1a 2a 3a | 0b 1b 2b 3b] (4 ints each) back into order
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+inline __m256 load_half8(const uint16_t* src) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+}
+
+// As the AVX-512 tile, 8 outputs a register: `vpmaddubsw` (pairs of products, at most 2·15·127 in
+// 16 bits) then `vpmaddwd` by ones (the two pairs of a lane of four) into 32-bit sums.
+template <int TILE>
+void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* sums, int64_t num_groups,
+                const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, uint16_t* out, int64_t out_stride) {
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  alignas(32) float acc[TILE][kBlock] = {};
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const uint8_t* group_codes = codes + g * kGroupBytes;
+    const int8_t* group_q = q + g * kGroup;
+    for (int half = 0; half < 2; ++half) {  // outputs 8·half .. 8·half + 7
+      __m256i dot[TILE];
+      for (int r = 0; r < TILE; ++r) dot[r] = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_codes + 64 * c + 32 * half));
+        const __m256i first = _mm256_and_si256(bytes, low_nibbles);
+        const __m256i second = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_nibbles);
+        for (int r = 0; r < TILE; ++r) {
+          const __m256i pairs = _mm256_add_epi16(
+              _mm256_maddubs_epi16(first, _mm256_set1_epi32(load_int32(group_q + r * k + 8 * c))),
+              _mm256_maddubs_epi16(second, _mm256_set1_epi32(load_int32(group_q + r * k + 8 * c + 4))));
+          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+      const __m256 d = load_half8(scales + g * kBlock + 8 * half);
+      const __m256 m = load_half8(mins + g * kBlock + 8 * half);
+      for (int r = 0; r < TILE; ++r) {
+        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_set1_ps(qscales[r * num_groups + g]));
+        float* row_acc = acc[r] + 8 * half;
+        _mm256_store_ps(row_acc, _mm256_fmadd_ps(_mm256_set1_ps(sums[r * num_groups + g]), m,
+                                                 _mm256_fmadd_ps(scaled, d, _mm256_load_ps(row_acc))));
+      }
+    }
+  }
+  for (int r = 0; r < TILE; ++r) {
+    for (int i = 0; i < kBlock; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &acc[r][i], sizeof(bits));
+      bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest even (the sums are finite)
+      out[r * out_stride + i] = static_cast<uint16_t>(bits >> 16);
+    }
+  }
+}
+
+#endif
+
+using TileFn = void (*)(const int8_t*, int64_t, const float*, const float*, int64_t, const uint8_t*, const uint16_t*,
+                        const uint16_t*, uint16_t*, int64_t);
+
+template <int... TILES>
+constexpr std::array<TileFn, sizeof...(TILES)> tile_table(std::integer_sequence<int, TILES...>) {
+  return {&tile_block<TILES + 1>...};
+}
+
+}  // namespace
+
+// codes [N, K] uint8 (0..15), scales and mins [N, K / 32] float32 (float16-exact) -> (packed codes
+// [N / 16, K / 32, 4, 64] uint8, scales [N / 16, K / 32, 16] float16, mins the same).
+std::vector<at::Tensor> pack_int4_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte && scales.scalar_type() == at::kFloat && mins.scalar_type() == at::kFloat);
+  const int64_t n = codes.size(0), k = codes.size(1);
+  TORCH_CHECK(n % kBlock == 0 && k % kGroup == 0 && scales.size(0) == n && scales.size(1) == k / kGroup && mins.sizes() == scales.sizes());
+  const int64_t num_groups = k / kGroup;
+  // [N/16, 16 outputs, G, 4 quarters, 2 nibbles, 4] -> [N/16, G, 4 quarters, 2 nibbles, 16 outputs, 4]
+  auto lanes = codes.contiguous().view({n / kBlock, kBlock, num_groups, 4, 2, 4}).permute({0, 2, 3, 4, 1, 5}).contiguous();
+  auto packed = lanes.select(3, 0).bitwise_or(lanes.select(3, 1).bitwise_left_shift(4));
+  auto block_view = [&](const at::Tensor& t) {
+    return t.contiguous().view({n / kBlock, kBlock, num_groups}).permute({0, 2, 1}).to(at::kHalf).contiguous();
+  };
+  return {packed.contiguous().view({n / kBlock, num_groups, 4, 64}), block_view(scales), block_view(mins)};
+}
+
+// x [M, K] bf16 @ the packed weight's transpose -> [M, N] bf16, x rounded to 8 bits per group of 32.
+at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous());
+  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == 4 && codes.size(3) == 64 && codes.is_contiguous());
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && mins.scalar_type() == at::kHalf && scales.is_contiguous() && mins.is_contiguous());
+  const int64_t m = x.size(0), k = x.size(1), num_blocks = codes.size(0), num_groups = codes.size(1);
+  TORCH_CHECK(num_groups * kGroup == k, "int4_q8: the input has ", k, " columns, the weight ", num_groups * kGroup);
+  const int64_t n = num_blocks * kBlock;
+  auto out = at::empty({m, n}, x.options());
+  std::vector<int8_t> q(m * k);
+  std::vector<float> qscales(m * num_groups), sums(m * num_groups);
+  const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  at::parallel_for(0, m * num_groups, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) quantize_group(xs + i * kGroup, q.data() + i * kGroup, &qscales[i], &sums[i]);
+  });
+  static constexpr auto kTiles = tile_table(std::make_integer_sequence<int, kMaxTile>{});
+  const auto* cs = codes.data_ptr<uint8_t>();
+  const auto* ds = reinterpret_cast<const uint16_t*>(scales.data_ptr());
+  const auto* ms = reinterpret_cast<const uint16_t*>(mins.data_ptr());
+  auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const int64_t num_tiles = (m + kMaxTile - 1) / kMaxTile;
+  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      for (int64_t t = 0, row = 0; t < num_tiles; ++t) {
+        const int64_t rows = (m - row) / (num_tiles - t);  // tiles as even as they come
+        kTiles[rows - 1](q.data() + row * k, k, qscales.data() + row * num_groups, sums.data() + row * num_groups, num_groups,
+                         cs + b * num_groups * kGroupBytes, ds + b * num_groups * kBlock, ms + b * num_groups * kBlock,
+                         os + row * n + b * kBlock, n);
+        row += rows;
+      }
+    }
+  });
+  return out;
+}
