@@ -21,6 +21,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -214,11 +215,15 @@ at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
   TORCH_CHECK(num_groups * kGroup == k, "int4_q8: the input has ", k, " columns, the weight ", num_groups * kGroup);
   const int64_t n = num_blocks * kBlock;
   auto out = at::empty({m, n}, x.options());
-  std::vector<int8_t> q(m * k);
-  std::vector<float> qscales(m * num_groups), sums(m * num_groups);
+  // NOTE: uninitialized (vectors would zero them first, each call): every element is written below.
+  const std::unique_ptr<int8_t[]> q_buffer(new int8_t[m * k]);
+  const std::unique_ptr<float[]> scale_buffer(new float[m * num_groups]), sum_buffer(new float[m * num_groups]);
+  int8_t* q = q_buffer.get();
+  float* qscales = scale_buffer.get();
+  float* sums = sum_buffer.get();
   const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr());
   at::parallel_for(0, m * num_groups, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) quantize_group(xs + i * kGroup, q.data() + i * kGroup, &qscales[i], &sums[i]);
+    for (int64_t i = begin; i < end; ++i) quantize_group(xs + i * kGroup, q + i * kGroup, &qscales[i], &sums[i]);
   });
   static constexpr auto kTiles = tile_table(std::make_integer_sequence<int, kMaxTile>{});
   const auto* cs = codes.data_ptr<uint8_t>();
@@ -230,7 +235,7 @@ at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
     for (int64_t b = begin; b < end; ++b) {
       for (int64_t t = 0, row = 0; t < num_tiles; ++t) {
         const int64_t rows = (m - row) / (num_tiles - t);  // tiles as even as they come
-        kTiles[rows - 1](q.data() + row * k, k, qscales.data() + row * num_groups, sums.data() + row * num_groups, num_groups,
+        kTiles[rows - 1](q + row * k, k, qscales + row * num_groups, sums + row * num_groups, num_groups,
                          cs + b * num_groups * kGroupBytes, ds + b * num_groups * kBlock, ms + b * num_groups * kBlock,
                          os + row * n + b * kBlock, n);
         row += rows;
