@@ -8,8 +8,8 @@ A weight [out, in] is kept as loaded ("dense", the model's dtype) and, where the
   minimums applied per group in float32;
 - "int4_q8": the same blocks times the activations rounded to 8 bits per group of 32 (a scale per
   row and group, as llama.cpp multiplies a GGUF's 4-bit blocks), integer products by AVX-512 VNNI
-  or AVX2 (csrc/int4_q8.cpp): the fastest form on every CPU measured, at the cost of more drift
-  than the others (tests/engine_proc/test_fidelity_int4.py states and bounds it);
+  or AVX2 (csrc/int4_q8.cpp): on a Zen 4 and with torch held to AVX2 the fastest form at every
+  size, at the cost of more drift than the others (tests/engine_proc/test_fidelity_int4.py states and bounds it);
 - "int8": int8 rows with one scale per row (`aten._weight_int8pack_mm`), only for weights that
   came quantized (a 4-bit GGUF): the rounding of an 8-bit row is far below the file's 4-bit one;
 - "packed": oneDNN's blocked bfloat16 layout (bit for bit the dense result), where oneDNN has
