@@ -19,9 +19,9 @@ A weight [out, in] is kept as loaded ("dense", the model's dtype) and, where the
 - "transposed": [in, out] for `x @ w` (output heads with a narrow input, where oneDNN's layout
   loses at many rows).
 
-Which is fastest depends on the CPU and the batch (on a Zen 2 for the default model's
-projections: int4 at 1 token, int8 at 16 and 64; on Zen 4 and AMX: int4 at few tokens, packed
-bfloat16 above), so `measure_plan` times the candidates at load and the plan maps a number of
+Which is fastest depends on the CPU and the batch (for the default model's projections, of
+torch's forms: on a Zen 2 int4 at 1 token, int8 at 16 and 64; on Zen 4 and AMX int4 at few tokens,
+packed bfloat16 above; with the C++ kernels on a Zen 4, int4_q8 at every size), so `measure_plan` times the candidates at load and the plan maps a number of
 tokens to the fastest form.
 """
 
