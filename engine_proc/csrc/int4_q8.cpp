@@ -16,7 +16,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 
-#include <immintrin.h>
+#include "vec16.h"
 
 #include <array>
 #include <cstdint>
@@ -26,6 +26,8 @@
 #include <vector>
 
 namespace {
+
+using namespace zeroserve;
 
 constexpr int64_t kGroup = 32;
 constexpr int64_t kBlock = 16;  // outputs per block
@@ -40,19 +42,9 @@ inline int32_t load_int32(const int8_t* src) {
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 
-inline __m512 load_bf16x16(const uint16_t* src) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))), 16));
-}
-
-// One group of 32 bfloat16 inputs -> 32 signed bytes, their scale and their exact sum.
-inline void quantize_group(const uint16_t* x, int8_t* q, float* scale, float* sum) {
-  const __m512 low = load_bf16x16(x), high = load_bf16x16(x + 16);
-  const float max_abs = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
-  *sum = _mm512_reduce_add_ps(_mm512_add_ps(low, high));
-  *scale = max_abs / 127.0f;
-  const __m512 inverse = _mm512_set1_ps(max_abs > 0.0f ? 127.0f / max_abs : 0.0f);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(low, inverse))));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(high, inverse))));
+// 16 floats rounded to the nearest whole number (ties to even), saturated to signed bytes.
+inline void store_int8(int8_t* dst, V16 x) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(x.v)));
 }
 
 inline __m512 load_half16(const uint16_t* src) {
@@ -88,45 +80,15 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
       acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sums[r * num_groups + g]), m, _mm512_fmadd_ps(scaled, d, acc[r]));
     }
   }
-  for (int r = 0; r < TILE; ++r) {
-    const __m256bh packed = _mm512_cvtneps_pbh(acc[r]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_stride), reinterpret_cast<const __m256i&>(packed));
-  }
+  for (int r = 0; r < TILE; ++r) store_bf16(out + r * out_stride, V16{acc[r]});
 }
 
 #else  // AVX2 + FMA + F16C
 
-inline __m256 load_bf16x8(const uint16_t* src) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))), 16));
-}
-
-inline float reduce_max8(__m256 x) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
-inline float reduce_add8(__m256 x) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-inline void quantize_group(const uint16_t* x, int8_t* q, float* scale, float* sum) {
-  __m256 v[4];
-  for (int i = 0; i < 4; ++i) v[i] = load_bf16x8(x + 8 * i);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256 max_abs8 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                        _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-  const float max_abs = reduce_max8(max_abs8);
-  *sum = reduce_add8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
-  *scale = max_abs / 127.0f;
-  const __m256 inverse = _mm256_set1_ps(max_abs > 0.0f ? 127.0f / max_abs : 0.0f);
-  __m256i ints[4];
-  for (int i = 0; i < 4; ++i) ints[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
-  // packs work within 128-bit lanes: [0a 1a 2a 3a | 0b 1b 2b 3b] (4 ints each) back into order
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+inline void store_int8(int8_t* dst, V16 x) {
+  // packs work within 128-bit lanes: [lo 0-3, hi 0-3 | lo 4-7, hi 4-7] back into order, then to bytes
+  const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(x.lo), _mm256_cvtps_epi32(x.hi)), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1)));
 }
 
 inline __m256 load_half8(const uint16_t* src) {
@@ -168,17 +130,22 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
       }
     }
   }
-  for (int r = 0; r < TILE; ++r) {
-    for (int i = 0; i < kBlock; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &acc[r][i], sizeof(bits));
-      bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest even (the sums are finite)
-      out[r * out_stride + i] = static_cast<uint16_t>(bits >> 16);
-    }
-  }
+  for (int r = 0; r < TILE; ++r) store_bf16(out + r * out_stride, load16(acc[r]));
 }
 
 #endif
+
+// One group of 32 bfloat16 inputs -> 32 signed bytes, their scale and their exact sum.
+inline void quantize_group(const uint16_t* x, int8_t* q, float* scale, float* sum) {
+  const V16 low = load_bf16(x), high = load_bf16(x + 16);
+  const V16 zero = zero16();
+  const float max_abs = reduce_max(max16(max16(low, zero - low), max16(high, zero - high)));
+  *sum = reduce_add(low + high);
+  *scale = max_abs / 127.0f;
+  const V16 inverse = set16(max_abs > 0.0f ? 127.0f / max_abs : 0.0f);
+  store_int8(q, low * inverse);
+  store_int8(q + 16, high * inverse);
+}
 
 using TileFn = void (*)(const int8_t*, int64_t, const float*, const float*, int64_t, const uint8_t*, const uint16_t*,
                         const uint16_t*, uint16_t*, int64_t);
