@@ -62,6 +62,9 @@ def plan_linears(
                 matmul.set_plan(plan)
             previous = plan
         plans[kind] = describe_plan(group[0].plan)
+    if is_measured:
+        for _, linear in linears:
+            linear.drop_unplanned()
     if len(set(plans.values())) == 1:
         return next(iter(plans.values())), num_saved
     return "; ".join(f"{kind}: {plan}" for kind, plan in plans.items()), num_saved

@@ -40,7 +40,8 @@ NEAR_TIE_NATS = {"int4_q8": 0.5}
 
 
 def force_form(core: EngineCore, form: str) -> None:
-    """Every projection of the engine's model runs `form` at every batch size."""
+    """Every projection of the engine's model runs `form` at every batch size (the engine made with
+    `Linear.drop_unplanned` a no-op, so every 4-bit packing is still there)."""
     model = core.model_runner.model
     model.prepack()  # NOTE: unmeasured: every form kept, where the measured plan dropped the unused
     for module in model.modules():
@@ -53,7 +54,7 @@ def force_form(core: EngineCore, form: str) -> None:
 @pytest.mark.parametrize("form", ["int4", "int4_dot", "int4_q8", "int8", "planned"])
 def test_weight_only_greedy_tokens_follow_transformers(
     default_model_path: Path, hf_reference_model: object, chat_prompts: list[list[int]],
-    reference_tokens: list[list[int]], form: str,
+    reference_tokens: list[list[int]], form: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     prompts, references = chat_prompts, reference_tokens
     # NOTE: a budget this small chunks every prefill into small forwards, where torch's int4 and
@@ -65,6 +66,8 @@ def test_weight_only_greedy_tokens_follow_transformers(
     )
     if form in KERNEL_FORMS and load_cpu_kernels() is None:
         pytest.skip(f"the {form} kernel needs x86 with AVX2 (or AVX-512 BF16 and VNNI) and g++ ({cpu_features().describe()})")
+    if form != "planned":
+        monkeypatch.setattr(Linear, "drop_unplanned", lambda self: None)  # every form kept for force_form
     core = EngineCore(config)
     if form != "planned":
         force_form(core, form)

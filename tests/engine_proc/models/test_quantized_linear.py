@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from engine_proc.cpu_features import cpu_features
 from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.models.matmul_forms import PackedWeight
-from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, Q4Blocks
+from engine_proc.models.matmul_plan import plan_linears
+from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, KERNEL_FORMS, Linear, Q4Blocks
+from proto import envs
 
 
 def random_blocks(rows: int, cols: int, has_min: bool = True) -> Q4Blocks:
@@ -195,3 +197,24 @@ def test_int4_dot_serves_only_weights_it_takes() -> None:
     assert "int4_dot" in linear.prepack(("int4_dot",)).runs  # a second prepack (forms forced in tests) keeps it
     linear.unpack()
     assert linear.kernel_weights == {}
+
+
+@needs_int4_dot
+def test_a_measured_plan_frees_the_packings_it_does_not_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    def median_times(runs: dict[str, object], repeats: int = 0, budget_s: float = 0.0) -> dict[str, float]:
+        return {form: 0.5 if form == "int4_q8" else 1.0 for form in runs}  # stand-in timings: int4_q8 wins
+
+    monkeypatch.setattr("engine_proc.models.matmul_forms.median_times", median_times)
+    monkeypatch.setenv("ZEROSERVE_PLAN_CACHE", "off")
+    envs.read.cache_clear()
+    try:
+        linear = int4_linear(random_blocks(32, 64))
+        plan_linears([("layers.0.o_proj", linear)], ("packed", *KERNEL_FORMS), is_measured=True)
+    finally:
+        envs.read.cache_clear()
+    assert linear.forms is not None and {form for _, form in linear.forms.plan} == {"int4_q8"}
+    assert set(linear.kernel_weights) == {"int4_q8"}
+    x = torch.randn(3, 64).bfloat16()
+    with torch.no_grad():
+        assert torch.equal(linear(x), linear.forms.runs["int4_q8"](x))
+
