@@ -161,6 +161,13 @@ class PagedAttention:
         self._prefill_chunks: PrefillChunks | None = None  # the prefill spans for the kernel, where it runs
         self._prefill_row_limits: torch.Tensor | None = None
 
+    @property
+    def is_row_invariant(self) -> bool:
+        """Whether each query row's result is the same bits whatever shares its step: the C++ kernel
+        reads a row's keys block by block, in order, as a decode, a prompt chunk or a cached prefix
+        alike (torch's SDPA picks its split by the shapes)."""
+        return self._decode_kernel is not None
+
     def allocate_cache(self) -> None:
         num_layers, *shape = self._cache_shape
         # NOTE: zeros, not empty: padded decode slots are read (then masked), and garbage

@@ -76,8 +76,22 @@ class ModelRunner:
 
     @property
     def kernel_choices(self) -> dict[str, str]:
-        """What runs each piece of a step here (measured or detected at load)."""
-        return {**self.model.choices, "attention": self.attention.choice}
+        """What runs each piece of a step here (measured or detected at load), and whether a row's
+        tokens depend on its own context alone."""
+        return {**self.model.choices, "attention": self.attention.choice, "batch invariant": self.batch_invariance}
+
+    @property
+    def batch_invariance(self) -> str:
+        """"yes", or "no (why)": whether every piece of a step computes each row on its own, in an
+        order no other row changes (the sampler does: each row's draw is its own)."""
+        if not self.config.batch_invariant:
+            return "no (--no-batch-invariant)"
+        missing = [
+            piece for piece, is_invariant in (
+                ("matmuls and norms", self.model.is_batch_invariant), ("attention", self.attention.is_row_invariant),
+            ) if not is_invariant
+        ]
+        return f"no ({' and '.join(missing)} without a row-invariant kernel here)" if missing else "yes"
 
     @property
     def device_description(self) -> str:
@@ -188,7 +202,7 @@ class ModelRunner:
         config = self.config
         return load_model(
             config.model_path, dtype=self.dtype, device=self.device, quantization=config.quantization,
-            load_format=config.load_format, hf_overrides=config.hf_overrides_dict,
+            load_format=config.load_format, hf_overrides=config.hf_overrides_dict, batch_invariant=config.batch_invariant,
         )
 
     def free_request(self, request_id: str) -> None:

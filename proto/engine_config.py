@@ -160,6 +160,11 @@ class EngineConfig:
         512, "token budget of one step: prompts longer than what is left of it are prefilled in chunks, "
         "so running streams keep their pace", check=at_least(1),
     )
+    batch_invariant: bool = setting(
+        True, "each request's tokens independent of what shares its steps: one row-invariant kernel per "
+        "matmul at every batch size, so greedy and seeded requests give the same text alone, in any batch, "
+        "from the prefix cache or resumed (default: on; off lets the load-time plan switch kernels by batch size)",
+    )
     num_threads: int | None = setting(None, "torch threads in the engine (default: all cores)", check=at_least(1))
     enable_prefix_caching: bool = setting(True, "reuse the KV cache of shared prompt prefixes (default: on)")
     scheduling_policy: str = setting(

@@ -14,6 +14,8 @@ std::vector<at::Tensor> pack_int4_dot(const at::Tensor& codes, const at::Tensor&
 at::Tensor int4_dot(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
 std::vector<at::Tensor> pack_int4_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
 at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
+std::vector<at::Tensor> pack_int8_q8(const at::Tensor& codes, const at::Tensor& scales);
+at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets);
 #ifdef ZEROSERVE_AMX
 at::Tensor pack_greedy_head(const at::Tensor& weight);
 at::Tensor greedy_head(const at::Tensor& hidden, const at::Tensor& packed_weight, int64_t vocab_size);
@@ -29,6 +31,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_dot", &int4_dot, "bfloat16 rows @ a 4-bit weight's transpose, the products on the codes, scaled per group");
   m.def("pack_int4_q8", &pack_int4_q8, "4-bit group-32 blocks (codes, float16-exact scales and minimums) in int4_q8's layout");
   m.def("int4_q8", &int4_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ a 4-bit weight's transpose, integer products");
+  m.def("pack_int8_q8", &pack_int8_q8, "8-bit group-32 blocks (codes, float16-exact scales) in int8_q8's layout");
+  m.def("int8_q8", &int8_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ an 8-bit weight's transpose, integer products");
 #ifdef ZEROSERVE_AMX
   m.def("pack_greedy_head", &pack_greedy_head, "an output head's weight in greedy_head's AMX tile layout");
   m.def("greedy_head", &greedy_head, "each row's first argmax of bf16(hidden @ weight.T), logits never written (AMX)");

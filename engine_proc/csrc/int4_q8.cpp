@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 
+#include "q8_rows.h"
 #include "vec16.h"
 
 #include <array>
@@ -34,18 +35,7 @@ constexpr int64_t kBlock = 16;  // outputs per block
 constexpr int64_t kGroupBytes = kGroup * kBlock / 2;
 constexpr int kMaxTile = 8;  // rows per pass: their sums stay in registers
 
-inline int32_t load_int32(const int8_t* src) {
-  int32_t value;
-  std::memcpy(&value, src, sizeof(value));
-  return value;
-}
-
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
-
-// 16 floats rounded to the nearest whole number (ties to even), saturated to signed bytes.
-inline void store_int8(int8_t* dst, V16 x) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(x.v)));
-}
 
 inline __m512 load_half16(const uint16_t* src) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
@@ -84,12 +74,6 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
 }
 
 #else  // AVX2 + FMA + F16C
-
-inline void store_int8(int8_t* dst, V16 x) {
-  // packs work within 128-bit lanes: [lo 0-3, hi 0-3 | lo 4-7, hi 4-7] back into order, then to bytes
-  const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(x.lo), _mm256_cvtps_epi32(x.hi)), 0xD8);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1)));
-}
 
 inline __m256 load_half8(const uint16_t* src) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
@@ -135,18 +119,6 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
 
 #endif
 
-// One group of 32 bfloat16 inputs -> 32 signed bytes, their scale and their exact sum.
-inline void quantize_group(const uint16_t* x, int8_t* q, float* scale, float* sum) {
-  const V16 low = load_bf16(x), high = load_bf16(x + 16);
-  const V16 zero = zero16();
-  const float max_abs = reduce_max(max16(max16(low, zero - low), max16(high, zero - high)));
-  *sum = reduce_add(low + high);
-  *scale = max_abs / 127.0f;
-  const V16 inverse = set16(max_abs > 0.0f ? 127.0f / max_abs : 0.0f);
-  store_int8(q, low * inverse);
-  store_int8(q + 16, high * inverse);
-}
-
 using TileFn = void (*)(const int8_t*, int64_t, const float*, const float*, int64_t, const uint8_t*, const uint16_t*,
                         const uint16_t*, uint16_t*, int64_t);
 
@@ -189,9 +161,7 @@ at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
   float* qscales = scale_buffer.get();
   float* sums = sum_buffer.get();
   const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  at::parallel_for(0, m * num_groups, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) quantize_group(xs + i * kGroup, q + i * kGroup, &qscales[i], &sums[i]);
-  });
+  quantize_rows(xs, m, num_groups, q, qscales, sums);
   static constexpr auto kTiles = tile_table(std::make_integer_sequence<int, kMaxTile>{});
   const auto* cs = codes.data_ptr<uint8_t>();
   const auto* ds = reinterpret_cast<const uint16_t*>(scales.data_ptr());

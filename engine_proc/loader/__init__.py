@@ -40,6 +40,7 @@ def load_model(
     quantization: str = "none",
     load_format: str = "auto",
     hf_overrides: Mapping[str, Any] | None = None,
+    batch_invariant: bool = False,
 ) -> LlamaForCausalLM:
     """Load a `.gguf` file or a Hugging Face directory into an inference-ready model.
 
@@ -50,6 +51,7 @@ def load_model(
     dtype allows it, "gguf" insists on it, "none" dequantizes every weight.
     `load_format="dummy"` reads only the config and fills the weights with random values;
     `hf_overrides` replaces config fields (Hugging Face names) before the model is built.
+    `batch_invariant`: every matmul runs one row-invariant form at every batch size where it has one.
     """
     if load_format not in LOAD_FORMATS or quantization not in QUANTIZATIONS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, quantization one of {QUANTIZATIONS}")
@@ -83,7 +85,7 @@ def load_model(
             model.set_int8_lm_head(weights[name])
     model.eval().requires_grad_(False)
     started = time.perf_counter()
-    model.prepack(is_measured=True)
+    model.prepack(is_measured=True, is_batch_invariant=batch_invariant)
     saved = f"; {model.num_saved_plans} plans measured by an earlier load" if model.num_saved_plans else ""
     logger.info("%s (chosen in %.1f s%s)", describe_choices(model.choices), time.perf_counter() - started, saved)
     return model

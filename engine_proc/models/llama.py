@@ -14,9 +14,9 @@ from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.greedy_head import GreedyHead
-from engine_proc.models.matmul_forms import Int8Rows, MatmulForms
+from engine_proc.models.matmul_forms import Int8Rows, MatmulForms, is_plan_row_invariant
 from engine_proc.models.matmul_plan import TimingBudget, plan_head, plan_linears
-from engine_proc.models.quantized_linear import KERNEL_FORMS, Linear, Q4Blocks
+from engine_proc.models.quantized_linear import KERNEL_FORMS, Linear, Q4Blocks, Q8Blocks, add_int8_q8
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +225,8 @@ class LlamaForCausalLM(nn.Module):
 
     int8_lm_head_weight: Tensor | None
     int8_lm_head_scales: Tensor | None
+    q8_lm_head_codes: Tensor | None
+    q8_lm_head_scales: Tensor | None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -239,10 +241,15 @@ class LlamaForCausalLM(nn.Module):
         # NOTE: buffers, so that freeing the weights (`to_empty(device="meta")`) frees these too.
         self.register_buffer("int8_lm_head_weight", None, persistent=False)
         self.register_buffer("int8_lm_head_scales", None, persistent=False)
+        self.register_buffer("q8_lm_head_codes", None, persistent=False)
+        self.register_buffer("q8_lm_head_scales", None, persistent=False)
         # NOTE: the output head's weight in the forms chosen for this machine (see `prepack`).
         self.head: MatmulForms | None = None
         self.greedy_head: GreedyHead | None = None
         self.choices: dict[str, str] = {}  # what runs each piece of a step here, for the log and /version
+        # NOTE: whether each row's logits depend on its own tokens alone, whatever shares its step
+        # (every matmul one row-invariant form, the norms the C++ kernels' rows); set by `prepack`.
+        self.is_batch_invariant = False
         self.num_saved_plans = 0  # matmul plans an earlier load here measured (see saved_plans)
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
@@ -274,10 +281,11 @@ class LlamaForCausalLM(nn.Module):
         return self.greedy_head.greedy_ids(hidden)
 
     @torch.no_grad()
-    def prepack(self, is_measured: bool = False) -> None:
+    def prepack(self, is_measured: bool = False, is_batch_invariant: bool = False) -> None:
         """Keeps every matmul's weight in the forms this machine runs (oneDNN's bfloat16 layout, int8
         rows, float32 copies: see matmul_forms), measured at load to pick one per batch size when
-        `is_measured`, and hands the norms and MLPs the fused CPU kernels where those run."""
+        `is_measured` (with `is_batch_invariant`, one row-invariant form for all sizes wherever a
+        weight has one), and hands the norms and MLPs the fused CPU kernels where those run."""
         weight = self.lm_head_weight
         is_cpu = weight.device.type == "cpu"
         kernels = load_cpu_kernels() if weight.dtype == torch.bfloat16 and is_cpu else None
@@ -292,21 +300,32 @@ class LlamaForCausalLM(nn.Module):
         linears = [(name, module) for name, module in self.named_modules() if isinstance(module, Linear)]
         self.choices = {}
         budget = TimingBudget()
-        self.choices["linears"], num_saved = plan_linears(linears, forms, is_measured, budget)
+        self.choices["linears"], num_saved = plan_linears(linears, forms, is_measured, budget, is_batch_invariant)
         int8_head = None
         if self.int8_lm_head_weight is not None:
             int8_head = Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales)
         self.head = MatmulForms(weight)
-        self.choices["head"], is_head_saved = plan_head(self.head, forms, int8_head, is_measured, budget)
+        if kernels is not None and self.q8_lm_head_codes is not None and self.q8_lm_head_scales is not None:
+            add_int8_q8(self.head, kernels, Q8Blocks(self.q8_lm_head_codes, self.q8_lm_head_scales))
+        self.choices["head"], is_head_saved = plan_head(
+            self.head, forms, int8_head, is_measured, budget, is_batch_invariant
+        )
         self.num_saved_plans = num_saved + is_head_saved
         # NOTE: the head's forms hold the int8 rows where the plan uses them; unused, they are freed.
         self.int8_lm_head_weight = self.int8_lm_head_scales = None
+        self.q8_lm_head_codes = self.q8_lm_head_scales = None
         self.greedy_head = None
-        if kernels is not None:
+        if kernels is not None and not is_batch_invariant:
+            # NOTE: its sums run in AMX tiles, in another order than the head's form: a greedy row's
+            # pick would depend on whether the other rows let the step take it.
             self.greedy_head = GreedyHead.if_faster(kernels, weight, self.compute_raw_logits)
         self.choices["norms"] = "zeroserve C++ kernels" if kernels is not None else "torch ops"
         if self.greedy_head is not None:
             self.choices["greedy"] = "from the head (AMX kernel)"
+        matmuls = [linear.forms for _, linear in linears] + [self.head]
+        self.is_batch_invariant = kernels is not None and all(
+            matmul is not None and is_plan_row_invariant(matmul.plan) for matmul in matmuls
+        )
 
     def unpack(self) -> None:
         """Drops the reordered copies (before the weights are freed)."""
@@ -321,9 +340,13 @@ class LlamaForCausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def set_int8_lm_head(self, weight: Tensor) -> None:
-        """Also keep the output head (float32 `weight`, as loaded) as int8 rows for few-row logits."""
-        rows = Int8Rows.quantize(weight.to(self.lm_head_weight.device), self.lm_head_weight.dtype)
+        """Also keep the output head (float32 `weight`, as loaded) as int8 rows for few-row logits, and
+        as 8-bit blocks of 32 (llama.cpp's Q8_0: a Q8_0 head's own blocks) for the int8_q8 kernel."""
+        weight = weight.to(self.lm_head_weight.device)
+        rows = Int8Rows.quantize(weight, self.lm_head_weight.dtype)
         self.int8_lm_head_weight, self.int8_lm_head_scales = rows.weight, rows.scales
+        if weight.shape[1] % 32 == 0:
+            self.q8_lm_head_codes, self.q8_lm_head_scales = Q8Blocks.quantize(weight)
 
     @torch.no_grad()
     def load_weights(self, weights: dict[str, Tensor]) -> None:

@@ -19,10 +19,21 @@ A weight [out, in] is kept as loaded ("dense", the model's dtype) and, where the
 - "transposed": [in, out] for `x @ w` (output heads with a narrow input, where oneDNN's layout
   loses at many rows).
 
+- "int8_q8": 8-bit blocks of 32 (GGUF's Q8_0; an output head's float weight is rounded to them)
+  times the activations rounded to 8 bits per group of 32, integer products (csrc/int8_q8.cpp),
+  as llama.cpp multiplies a Q8_0 tensor.
+
 Which is fastest depends on the CPU and the batch (for the default model's projections, of
 torch's forms: on a Zen 2 int4 at 1 token, int8 at 16 and 64; on Zen 4 and AMX int4 at few tokens,
 packed bfloat16 above; with the C++ kernels on a Zen 4, int4_q8 at every size), so `measure_plan` times the candidates at load and the plan maps a number of
 tokens to the fastest form.
+
+Speed must not change the answer: a batch-invariant plan (the engine's default) runs one
+row-invariant form at every batch size, so a row's result never depends on the rows beside it.
+A form is row-invariant when each row's arithmetic is the same, in the same order, whatever
+other rows share the call (tests/engine_proc/models/test_matmul_forms.py holds each that claims it
+to bit-identical rows at 1, 3, 16 and 64 rows). torch's and oneDNN's kernels pick their
+blocking, and with it the order of a row's sums, by the batch's shape, so none of theirs claims it.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +53,33 @@ from torch import Tensor
 logger = logging.getLogger(__name__)
 
 Plan = tuple[tuple[int, str], ...]  # (at most this many tokens, form), ascending; the last covers all
+
+
+@dataclass(frozen=True)
+class FormSpec:
+    """What one matmul form is made from and what it promises."""
+
+    name: str
+    source: str  # what it is built from: "weight" (the loaded float weight), "q4 blocks", "q8 blocks"
+    is_row_invariant: bool  # each row's bits are the same whatever other rows share the call
+
+
+FORMS = {spec.name: spec for spec in (
+    FormSpec("dense", "weight", is_row_invariant=False),
+    FormSpec("packed", "weight", is_row_invariant=False),
+    FormSpec("float32", "weight", is_row_invariant=False),
+    FormSpec("transposed", "weight", is_row_invariant=False),
+    FormSpec("int8", "weight", is_row_invariant=False),
+    FormSpec("int4", "q4 blocks", is_row_invariant=False),
+    FormSpec("int4_dot", "q4 blocks", is_row_invariant=True),
+    FormSpec("int4_q8", "q4 blocks", is_row_invariant=True),
+    FormSpec("int8_q8", "q8 blocks", is_row_invariant=True),
+)}
+
+
+def is_plan_row_invariant(plan: Plan) -> bool:
+    """Whether a plan runs one row-invariant form at every batch size."""
+    return len(plan) == 1 and FORMS[plan[0][1]].is_row_invariant
 
 # Token counts measured at load, and up to where each one's winner serves (geometric midpoints).
 MEASURED_TOKENS = (1, 4, 16, 64, 256)
@@ -209,6 +248,33 @@ def measure_plan(
         else:
             plan.append((bound, winner))
     return tuple(plan)
+
+
+def measure_invariant_plan(
+    forms: Sequence[MatmulForms], measured_tokens: Sequence[int] = MEASURED_TOKENS, deadline: float = math.inf
+) -> Plan | None:
+    """One row-invariant form for every batch size: the one whose time, over the measured token
+    counts, is least behind the fastest of them (the geometric mean of its ratios to the best at
+    each count); not timed when only one is kept here. None when the weights have none."""
+    candidates = [
+        form for form in forms[0].runs if FORMS[form].is_row_invariant and all(form in f.runs for f in forms)
+    ]
+    if len(candidates) <= 1:
+        return ((sys.maxsize, candidates[0]),) if candidates else None
+    sampled = forms[:: max(1, len(forms) // _NUM_SAMPLED)][:_NUM_SAMPLED]
+    in_features, dtype, device = forms[0].weight.shape[1], forms[0].weight.dtype, forms[0].weight.device
+    behind = dict.fromkeys(candidates, 0.0)
+    started = time.perf_counter()
+    for num_tokens in measured_tokens:
+        if num_tokens != measured_tokens[0] and ((now := time.perf_counter()) - started > _WEIGHT_BUDGET_S or now > deadline):
+            break
+        x = torch.randn(num_tokens, in_features, dtype=dtype, device=device)
+        timed = forms if num_tokens <= STREAMED_TOKENS else sampled
+        times = median_times({form: _run_all(timed, form, x) for form in candidates}, budget_s=_SIZE_BUDGET_S)
+        best = min(times.values())
+        for form in candidates:
+            behind[form] += math.log(times[form] / best)
+    return ((sys.maxsize, min(candidates, key=behind.__getitem__)),)
 
 
 def median_times(

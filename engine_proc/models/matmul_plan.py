@@ -7,7 +7,9 @@ import math
 import time
 from collections.abc import Sequence
 
-from engine_proc.models.matmul_forms import MEASURED_TOKENS, Int8Rows, MatmulForms, Plan, describe_plan, measure_plan
+from engine_proc.models.matmul_forms import (
+    MEASURED_TOKENS, Int8Rows, MatmulForms, Plan, describe_plan, measure_invariant_plan, measure_plan,
+)
 from engine_proc.models.quantized_linear import Linear
 from engine_proc.models.saved_plans import saved_plan
 
@@ -41,22 +43,24 @@ class TimingBudget:
 
 
 def plan_linears(
-    linears: Sequence[tuple[str, Linear]], forms: tuple[str, ...], is_measured: bool, budget: TimingBudget | None = None
+    linears: Sequence[tuple[str, Linear]], forms: tuple[str, ...], is_measured: bool, budget: TimingBudget | None = None,
+    is_invariant: bool = False,
 ) -> tuple[str, int]:
     """Builds each projection's forms and, when `is_measured`, plans them per kind (q/k/v, o,
     gate/up, down): a plan an earlier load of the same shapes here saved, else timed (see
-    `measure_plan`), or once the `budget` is spent the kind before's plan. Returns the plan in
-    words and how many plans were saved ones."""
+    `measure_plan`; with `is_invariant`, one row-invariant form for every size where the kind has
+    one, see `measure_invariant_plan`), or once the `budget` is spent the kind before's plan.
+    Returns the plan in words and how many plans were saved ones."""
     groups: dict[str, list[MatmulForms]] = {}
     for name, linear in linears:
-        groups.setdefault(name.rpartition(".")[2], []).append(linear.prepack(forms))
+        groups.setdefault(name.rpartition(".")[2], []).append(linear.prepack(forms, is_invariant))
     plans = {}
     num_saved = 0
     previous: Plan | None = None
     budget = budget or TimingBudget()
     for kind, group in groups.items():
         if is_measured and len(group[0].runs) > 1:
-            plan, is_saved = _saved_timed_or_copied(kind, group, previous, budget)
+            plan, is_saved = _saved_timed_or_copied(kind, group, previous, budget, is_invariant)
             num_saved += is_saved
             for matmul in group:
                 matmul.set_plan(plan)
@@ -71,28 +75,34 @@ def plan_linears(
 
 
 def _saved_timed_or_copied(
-    kind: str, group: list[MatmulForms], previous: Plan | None, budget: TimingBudget
+    kind: str, group: list[MatmulForms], previous: Plan | None, budget: TimingBudget, is_invariant: bool
 ) -> tuple[Plan, bool]:
-    saved, save = saved_plan(group, MEASURED_TOKENS)
+    saved, save = saved_plan(group, MEASURED_TOKENS, is_invariant)
     if saved is not None:
         return saved, True
     if budget.is_spent() and previous is not None and all(form in group[0].runs for _, form in previous):
         # NOTE: not saved: the next load may have the time to measure it.
         logger.info("matmul timing budget (%.0f s) spent: %s takes the plan of the kind before", budget.seconds, kind)
         return previous, False
-    plan = measure_plan(group, preferred="packed", deadline=budget.start())
+    plan = measure_invariant_plan(group, deadline=budget.start()) if is_invariant else None
+    if plan is None:
+        plan = measure_plan(group, preferred="packed", deadline=budget.start())
     save(plan)
     return plan, False
 
 
 def plan_head(
     head: MatmulForms, forms: tuple[str, ...], int8_rows: Int8Rows | None, is_measured: bool,
-    budget: TimingBudget | None = None,
+    budget: TimingBudget | None = None, is_invariant: bool = False,
 ) -> tuple[str, int]:
     """Builds the output head's forms (int8 rows only if given: they come from float32 weights) and
     plans them: a saved plan, or timed (once the `budget` is spent, at one row count only).
-    Without measuring, packed where it packs, else dense (the other forms kept, unused). Returns
+    Without measuring, packed where it packs, else dense (the other forms kept, unused). With
+    `is_invariant`, a head given a row-invariant form runs it at every row count. Returns
     the plan in words and whether it was a saved one."""
+    if is_invariant and (plan := measure_invariant_plan([head], HEAD_MEASURED_ROWS)) is not None:
+        head.set_plan(plan)
+        return describe_plan(head.plan), 0
     is_packed = "packed" in forms and head.add_packed()
     if is_packed:
         # NOTE: a narrow head (64 inputs, 49152 outputs, 256 rows) ran 10.9 ms packed against 5.9 ms
@@ -108,7 +118,11 @@ def plan_head(
         plan, save = saved_plan([head], HEAD_MEASURED_ROWS)
         is_saved = plan is not None
         if plan is None:
-            plan = measure_plan([head], HEAD_MEASURED_ROWS, preferred=default, deadline=(budget or TimingBudget()).start())
+            # NOTE: dense is preferred only where packed is there; on AVX2 its emulated bfloat16 ran 73 ms
+            # at 16 rows against int8's 15, and took every row count past a spent budget.
+            plan = measure_plan(
+                [head], HEAD_MEASURED_ROWS, preferred="packed" if is_packed else "", deadline=(budget or TimingBudget()).start()
+            )
             save(plan)
         head.set_plan(plan)
     else:

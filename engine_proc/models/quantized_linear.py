@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine_proc.models.matmul_forms import MatmulForms
+from engine_proc.models.matmul_forms import FORMS, MatmulForms
 
 GROUP_SIZE = 32
 # NOTE: all 120 projections of SmolLM2-135M, weights streamed from memory as in a step, 2
@@ -47,6 +47,49 @@ class Q4Blocks(NamedTuple):
         return Q4Blocks(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
 
 
+class Q8Blocks(NamedTuple):
+    """A weight [rows, cols] as 8-bit codes with a scale per group of 32 columns (GGUF's Q8_0): w = q·d."""
+
+    codes: Tensor  # [rows, cols] int8, values -127..127
+    scales: Tensor  # [rows, cols // 32] float32, values a float16 holds
+
+    def dequantize(self) -> Tensor:
+        rows, cols = self.codes.shape
+        groups = self.codes.view(rows, cols // GROUP_SIZE, GROUP_SIZE).float()
+        return (groups * self.scales.unsqueeze(-1)).view(rows, cols)
+
+    @staticmethod
+    def quantize(weight: Tensor) -> Q8Blocks:
+        """A float weight rounded as llama.cpp's quantize_row_q8_0 rounds it: d = max|w| / 127 per group
+        (kept as float16), q = round(w / d). A Q8_0 tensor's own values come back as its own blocks."""
+        rows, cols = weight.shape
+        groups = weight.float().view(rows, cols // GROUP_SIZE, GROUP_SIZE)
+        scales = groups.abs().amax(dim=-1) / 127
+        inverse = torch.where(scales > 0, 1 / scales, torch.zeros_like(scales))
+        codes = (groups * inverse.unsqueeze(-1)).round_().clamp_(-127, 127).to(torch.int8).view(rows, cols)
+        return Q8Blocks(codes, scales.half().float())
+
+
+def add_int8_q8(matmul: MatmulForms, kernels: Any, blocks: Q8Blocks) -> None:
+    """Gives `matmul` the int8_q8 form of its weight's 8-bit blocks (outputs padded to a multiple of 16
+    for the kernel, the padding's columns cut from each result)."""
+    num_rows = blocks.codes.shape[0]
+    padding = -num_rows % 16
+    codes, scales = blocks
+    if padding:
+        codes = F.pad(codes, (0, 0, 0, padding))
+        scales = F.pad(scales, (0, 0, 0, padding))
+    packed = kernels.pack_int8_q8(codes, scales)
+    run, bias = kernels.int8_q8, matmul.bias
+
+    def int8_q8(x: Tensor) -> Tensor:
+        out = run(x.contiguous(), *packed)
+        out = out[:, :num_rows] if padding else out
+        return out if bias is None else out + bias
+
+    matmul.add("int8_q8", int8_q8)
+
+
 def is_int4_supported(dtype: torch.dtype, device: torch.device) -> bool:
     """The CPU int4 kernel is fast with 16-bit activations only (its float32 path is a slow reference)."""
     return device.type == "cpu" and dtype == torch.bfloat16
@@ -70,10 +113,11 @@ class Linear(nn.Linear):
         self.kernel_weights: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
         self.kernels: Any | None = None
 
-    def prepack(self, forms: tuple[str, ...] = ("packed",)) -> MatmulForms:
+    def prepack(self, forms: tuple[str, ...] = ("packed",), is_invariant: bool = False) -> MatmulForms:
         """Builds the named forms where they run here (int4 whenever loaded; the KERNEL_FORMS and int8
         only beside int4; float32 only where bfloat16 cannot be packed), with the plan int4 up to
-        INT4_MAX_TOKENS, then packed where there, else dense (`measure_plan` may replace it)."""
+        INT4_MAX_TOKENS, then packed where there, else dense (`measure_plan` may replace it). With
+        `is_invariant`, a weight that has a row-invariant form gets only those (the plan runs one)."""
         matmul = MatmulForms(self.weight, self.bias)
         if self.int4_weight is not None:
             matmul.add("int4", self._int4)
@@ -81,6 +125,10 @@ class Linear(nn.Linear):
             if form in forms:
                 self._add_kernel_form(matmul, form)
         self.int4_blocks = None
+        self.forms = matmul
+        if is_invariant and any(FORMS[form].is_row_invariant for form in matmul.runs):
+            matmul.plan = ((sys.maxsize, next(form for form in matmul.runs if FORMS[form].is_row_invariant)),)
+            return matmul
         is_packed = "packed" in forms and matmul.add_packed()
         if "int8" in forms and self.int4_weight is not None:
             matmul.add_int8()
@@ -88,7 +136,6 @@ class Linear(nn.Linear):
             matmul.add_float32()
         large = "packed" if is_packed else "dense"
         matmul.plan = ((INT4_MAX_TOKENS, "int4"), (sys.maxsize, large)) if "int4" in matmul.runs else ((sys.maxsize, large),)
-        self.forms = matmul
         return matmul
 
     def drop_unplanned(self) -> None:

@@ -33,13 +33,15 @@ logger = logging.getLogger(__name__)
 FORMAT = 1
 
 
-def saved_plan(forms: Sequence[MatmulForms], measured_tokens: Sequence[int]) -> tuple[Plan | None, Callable[[Plan], None]]:
+def saved_plan(
+    forms: Sequence[MatmulForms], measured_tokens: Sequence[int], is_invariant: bool = False
+) -> tuple[Plan | None, Callable[[Plan], None]]:
     """(the plan an earlier load here measured for these weights, or None; a function that saves
     the plan this load measures for them). Without a plan folder, None and a no-op."""
     folder = envs.plan_cache_dir()
     if folder is None:
         return None, lambda plan: None
-    what = _what_was_timed(forms, measured_tokens)
+    what = {**_what_was_timed(forms, measured_tokens), "is_invariant": is_invariant}
     path = folder / (hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24] + ".json")
 
     def save(plan: Plan) -> None:

@@ -35,6 +35,7 @@ OTHER_VALUES: dict[str, Any] = {
     "max_num_batched_tokens": 256,
     "num_threads": 1,
     "enable_prefix_caching": False,
+    "batch_invariant": False,
     "scheduling_policy": "priority",
 }
 
