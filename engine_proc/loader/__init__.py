@@ -40,7 +40,7 @@ def load_model(
     quantization: str = "none",
     load_format: str = "auto",
     hf_overrides: Mapping[str, Any] | None = None,
-    batch_invariant: bool = False,
+    batch_invariant: bool = True,
 ) -> LlamaForCausalLM:
     """Load a `.gguf` file or a Hugging Face directory into an inference-ready model.
 

@@ -1,6 +1,6 @@
 """The C++ kernels against the torch ops they replace: decode and chunked prompt attention (also against dense attention), RMSNorm
 (alone and after the residual add), SiLU·up, rotary with the K/V cache write, greedy picks straight from the
-output head."""
+output head; and the row invariance the attention and norm kernels claim (a row's bits whatever shares its step)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine_proc import cpu_kernels
-from engine_proc.attention import AttentionMetadata, PagedAttention
+from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan
 from engine_proc.cpu_features import CpuFeatures, cpu_features
 from engine_proc.cpu_kernels import has_amx, load_cpu_kernels
 from engine_proc.loader import load_model
@@ -215,7 +215,7 @@ def test_a_model_takes_greedy_picks_from_the_head_from_sixteen_rows(
 ) -> None:
     save_tiny_checkpoint(tmp_path, "llama")
     monkeypatch.setattr(GreedyHead, "is_faster_at", lambda self, num_rows, raw_logits: True)
-    model = load_model(tmp_path, dtype=torch.bfloat16)
+    model = load_model(tmp_path, dtype=torch.bfloat16, batch_invariant=False)
     assert model.greedy_head is not None
     hidden = torch.randn(300, TINY["hidden_size"]).bfloat16()
     assert model.compute_greedy_ids(hidden[:15]) is None
@@ -231,6 +231,83 @@ def test_a_process_refused_amx_keeps_the_plain_head(tmp_path: Path, monkeypatch:
         raise RuntimeError("the kernel asked Linux for AMX tile state and was refused")
 
     monkeypatch.setattr(GreedyHead, "is_faster_at", refused)
-    model = load_model(tmp_path, dtype=torch.bfloat16)
+    model = load_model(tmp_path, dtype=torch.bfloat16, batch_invariant=False)
     assert model.greedy_head is None
     assert model.compute_greedy_ids(torch.randn(32, TINY["hidden_size"]).bfloat16()) is None
+
+
+def target_rows(cached: int, others: list[tuple[int, int]], is_decode: bool, seed: int) -> torch.Tensor:
+    """One sequence of 45 tokens (the same K/V and queries every time) attended from position `cached`
+    on, its earlier K/V in the cache, in a bfloat16 step with other sequences ((cached, new) each,
+    one new token: a decode), each in blocks scattered as `seed` draws them: its rows [45 - cached, H, D]."""
+    num_heads, num_kv_heads, head_dim, block_size, length = 9, 3, 64, 16, 45
+    sequences = [(cached, length - cached), *others]
+    target = 0 if is_decode else sum(new == 1 for _, new in others)  # NOTE: decodes first, as steps order them
+    decodes = [i for i, (_, new) in enumerate(sequences) if new == 1 and (is_decode or i != 0)]
+    order = decodes + [i for i in range(len(sequences)) if i not in decodes]
+    rng = torch.Generator().manual_seed(seed)
+    data = []
+    for i, (start, new) in enumerate(sequences):
+        generator = torch.Generator().manual_seed(0 if i == 0 else seed * 100 + i)  # the target's never changes
+        total = start + new
+        data.append([torch.randn(total, heads, head_dim, generator=generator).bfloat16() for heads in (num_heads, num_kv_heads, num_kv_heads)])
+    num_blocks = sum(-(-(start + new) // block_size) for start, new in sequences) + 4
+    attention = PagedAttention(1, num_blocks * block_size, num_kv_heads, head_dim, block_size, torch.bfloat16, torch.device("cpu"))
+    free_blocks = torch.randperm(num_blocks, generator=rng).tolist()
+    block_ids = [[free_blocks.pop() for _ in range(-(-(start + new) // block_size))] for start, new in sequences]
+    cache = attention.kv_caches[0]
+
+    def slots(i: int, positions: range) -> torch.Tensor:
+        return torch.tensor([block_ids[i][p // block_size] * block_size + p % block_size for p in positions], dtype=torch.long)
+
+    for i, (start, _) in enumerate(sequences):  # what earlier steps stored
+        cache[0][:, slots(i, range(start))] = data[i][1][:start].transpose(0, 1)
+        cache[1][:, slots(i, range(start))] = data[i][2][:start].transpose(0, 1)
+    table = torch.zeros(max(len(decodes), 1), max(len(b) for b in block_ids), dtype=torch.long)
+    for row, i in enumerate(decodes):
+        table[row, : len(block_ids[i])] = torch.tensor(block_ids[i])
+    prefills, flat = [], len(decodes)
+    for i in order[len(decodes) :]:
+        start, new = sequences[i]
+        prefills.append(PrefillSpan(flat, new, start + new, torch.tensor(block_ids[i]), None))
+        flat += new
+    attention.metadata = AttentionMetadata(
+        torch.cat([slots(i, range(sequences[i][0], sum(sequences[i]))) for i in order]), len(decodes),
+        table if decodes else None, torch.tensor([sum(sequences[i]) for i in decodes]) if decodes else None, prefills,
+    )
+    out = attention.forward(0, *(torch.cat([data[i][j][sequences[i][0] :] for i in order]) for j in range(3)))
+    first = sum(sequences[i][1] for i in order[: order.index(0)])
+    return out[first : first + length - cached]
+
+
+@needs_kernel
+def test_the_attention_kernel_gives_a_row_the_same_bits_however_its_step_holds_it() -> None:
+    alone = target_rows(44, [], is_decode=True, seed=1)[0]
+    decodes = [(300, 1), (3, 1), (17, 1)]
+    whole = target_rows(0, [], is_decode=False, seed=2)
+    assert torch.equal(whole[-1], alone)
+    for cached, others, is_decode, seed in [
+        (44, decodes, True, 3),  # a decode beside others
+        (44, [*decodes, (0, 100), (16, 30)], True, 4),  # beside prompts too
+        (0, [*decodes, (5, 60)], False, 5),  # the whole prompt, chunked from 0, beside decodes
+        (7, [(0, 20)], False, 6),  # after a cached prefix that ends mid-block: chunks start elsewhere
+        (32, [*decodes, (32, 13)], False, 7),  # after two cached blocks
+    ]:
+        rows = target_rows(cached, others, is_decode, seed)
+        assert torch.equal(rows, whole[cached:]), (cached, others)
+
+
+@needs_kernel
+def test_the_norm_kernels_give_a_row_the_same_bits_in_any_batch() -> None:
+    kernels = load_cpu_kernels()
+    torch.manual_seed(0)
+    x, residual = (torch.randn(70, 576) * torch.logspace(-2, 2, 70).unsqueeze(1)).bfloat16(), torch.randn(70, 576).bfloat16()
+    weight = torch.randn(576).bfloat16()
+    whole, whole_residual = kernels.rms_norm(x, weight, 1e-5), residual.clone()
+    whole_added = kernels.add_rms_norm(x, whole_residual, weight, 1e-5)
+    for first, num_rows in ((0, 1), (5, 3), (54, 16)):
+        rows = slice(first, first + num_rows)
+        assert torch.equal(kernels.rms_norm(x[rows].contiguous(), weight, 1e-5), whole[rows])
+        part_residual = residual[rows].clone()
+        assert torch.equal(kernels.add_rms_norm(x[rows].contiguous(), part_residual, weight, 1e-5), whole_added[rows])
+        assert torch.equal(part_residual, whole_residual[rows])

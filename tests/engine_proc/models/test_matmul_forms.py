@@ -1,5 +1,6 @@
 """The load-time plan: the fastest form per batch size, from timings (stand-ins here, so no CPU's
-speed ordering is assumed), merged into ranges, with the preferred form kept on near ties."""
+speed ordering is assumed), merged into ranges, with the preferred form kept on near ties; or,
+batch-invariant, one row-invariant form for every size."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 import torch
 
 from engine_proc.models import matmul_forms
-from engine_proc.models.matmul_forms import MatmulForms, describe_plan, measure_plan
+from engine_proc.models.matmul_forms import (
+    MatmulForms, describe_plan, is_plan_row_invariant, measure_invariant_plan, measure_plan,
+)
 
 
 def forms_with(*names: str) -> MatmulForms:
@@ -77,3 +80,22 @@ def test_timing_stops_enlarging_once_a_weight_used_its_budget(monkeypatch: pytes
     plan = measure_plan([forms_with("int4", "packed")], preferred="packed")
     assert timed_sizes == [1, 4]
     assert plan == ((8, "int4"), (sys.maxsize, "packed"))  # the untimed sizes take the preferred form
+
+
+def test_an_invariant_plan_runs_the_row_invariant_form_least_behind_at_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NOTE: int4_dot wins at one size only; int4_q8 is never far behind: it serves every size, and
+    # packed, faster at 256 but not row-invariant, is not a candidate (a KeyError if it were timed).
+    with_timings(monkeypatch, {
+        "int4_dot": {1: 1.0, 4: 3.0, 16: 9.0, 64: 40.0, 256: 160.0},
+        "int4_q8": {1: 1.1, 4: 2.0, 16: 5.0, 64: 20.0, 256: 80.0},
+    })
+    plan = measure_invariant_plan([forms_with("int4_dot", "int4_q8", "packed")])
+    assert plan == ((sys.maxsize, "int4_q8"),) and is_plan_row_invariant(plan)
+    assert measure_invariant_plan([forms_with("packed", "int8")]) is None  # no row-invariant form: no promise
+    assert not is_plan_row_invariant(((8, "int4_q8"), (sys.maxsize, "int4_dot")))  # two forms: two arithmetics
+
+
+def test_a_single_row_invariant_form_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert with_timings(monkeypatch, {}) == [] and measure_invariant_plan([forms_with("int8_q8", "packed")]) == (
+        (sys.maxsize, "int8_q8"),
+    )

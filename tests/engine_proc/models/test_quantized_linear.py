@@ -1,9 +1,11 @@
 """4-bit group-32 weights: the int4 kernels (torch's, zeroserve's bfloat16 dot products, and its integer
-products with 8-bit activations) against the dequantized weights' matmul; the other forms a weight is kept in."""
+products with 8-bit activations) against the dequantized weights' matmul; the other forms a weight is kept in;
+8-bit blocks (int8_q8); and every form that claims row invariance held to it."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -11,9 +13,9 @@ import torch.nn.functional as F
 
 from engine_proc.cpu_features import cpu_features
 from engine_proc.cpu_kernels import load_cpu_kernels
-from engine_proc.models.matmul_forms import PackedWeight
+from engine_proc.models.matmul_forms import FORMS, MatmulForms, PackedWeight
 from engine_proc.models.matmul_plan import plan_linears
-from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, KERNEL_FORMS, Linear, Q4Blocks
+from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, KERNEL_FORMS, Linear, Q4Blocks, Q8Blocks, add_int8_q8
 from proto import envs
 
 
@@ -218,3 +220,67 @@ def test_a_measured_plan_frees_the_packings_it_does_not_use(monkeypatch: pytest.
     with torch.no_grad():
         assert torch.equal(linear(x), linear.forms.runs["int4_q8"](x))
 
+
+
+def random_q8_weight(rows: int, cols: int) -> torch.Tensor:
+    """A weight whose groups of 32 differ in scale by up to 100x, as a real head's do."""
+    generator = torch.Generator().manual_seed(1)
+    scales = torch.rand(rows, cols // 32, 1, generator=generator) * 0.1 + 0.001
+    return (torch.randn(rows, cols // 32, 32, generator=generator) * scales).view(rows, cols)
+
+
+def row_invariant_form(form: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The run of each form FORMS says is row-invariant, on a random weight of 96 outputs and 256 inputs."""
+    if FORMS[form].source == "q4 blocks":
+        forms = int4_linear(random_blocks(96, 256)).prepack((form,))
+    else:
+        assert form == "int8_q8", f"{form} claims row invariance: give it a case here"
+        forms = MatmulForms(torch.zeros(96, 256, dtype=torch.bfloat16))
+        add_int8_q8(forms, load_cpu_kernels(), Q8Blocks.quantize(random_q8_weight(96, 256)))
+    return forms.runs[form]
+
+
+@needs_int4_dot
+@pytest.mark.parametrize("form", [spec.name for spec in FORMS.values() if spec.is_row_invariant])
+def test_every_form_that_claims_row_invariance_gives_each_row_the_same_bits_at_any_batch_size(form: str) -> None:
+    run = row_invariant_form(form)
+    generator = torch.Generator().manual_seed(2)
+    # NOTE: rows of very different sizes, so a row's rounding could show any mixing with its neighbours'.
+    x = (torch.randn(80, 256, generator=generator) * torch.logspace(-2, 2, 80).unsqueeze(1)).bfloat16()
+    whole = run(x)
+    for num_rows in (1, 3, 16, 64):
+        for first in (0, 5, 80 - num_rows):
+            part = run(x[first : first + num_rows].contiguous())
+            assert torch.equal(part, whole[first : first + num_rows]), f"{form}: rows {first}.. alone in {num_rows}"
+
+
+@needs_int4_dot
+@pytest.mark.parametrize("num_tokens", [1, 7, 8, 9, 40])
+def test_int8_q8_multiplies_8_bit_blocks_by_8_bit_rows_exactly_per_group(num_tokens: int) -> None:
+    weight = random_q8_weight(40, 256)  # NOTE: 40 outputs: padded to 48 for the kernel, cut again
+    blocks = Q8Blocks.quantize(weight)
+    codes = blocks.codes.clone()
+    codes[3, :32] = -128  # NOTE: no quantizer writes it, a file may hold it: |q| must not wrap
+    blocks = Q8Blocks(codes, blocks.scales)
+    forms = MatmulForms(torch.zeros(40, 256, dtype=torch.bfloat16))
+    add_int8_q8(forms, load_cpu_kernels(), blocks)
+    x = torch.randn(num_tokens, 256).bfloat16()
+    x[0, 40] = 30.0
+    out = forms.runs["int8_q8"](x).double()
+    assert out.shape == (num_tokens, 40)
+    # What the kernel says it computes: Σ_g d·a·Σ q·x̂, integer sums exact, then float32 and one bfloat16 rounding.
+    q, a = q8_rows(x)
+    products = torch.einsum("mgk,ngk->mng", q.double(), blocks.codes.double().view(40, -1, 32))
+    stated = (products * a.double().unsqueeze(1) * blocks.scales.double()).sum(-1)
+    assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
+
+
+def test_q8_blocks_of_a_q8_0_tensor_are_its_own_blocks() -> None:
+    generator = torch.Generator().manual_seed(3)
+    codes = torch.randint(-127, 128, (16, 64), dtype=torch.int8, generator=generator)
+    codes[:, 0] = 127  # llama.cpp's quantizer gives each group's largest ±127
+    codes[:, 32] = -127
+    scales = (torch.rand(16, 2, generator=generator) * 0.01 + 1e-4).half().float()
+    blocks = Q8Blocks(codes, scales)
+    again = Q8Blocks.quantize(blocks.dequantize())
+    assert torch.equal(again.codes, codes) and torch.equal(again.scales, scales)
