@@ -8,7 +8,13 @@ import time
 from collections.abc import Sequence
 
 from engine_proc.models.matmul_forms import (
-    MEASURED_TOKENS, Int8Rows, MatmulForms, Plan, describe_plan, measure_invariant_plan, measure_plan,
+    MEASURED_TOKENS,
+    Int8Rows,
+    MatmulForms,
+    Plan,
+    describe_plan,
+    measure_invariant_plan,
+    measure_plan,
 )
 from engine_proc.models.quantized_linear import Linear
 from engine_proc.models.saved_plans import saved_plan

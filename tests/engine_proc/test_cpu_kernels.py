@@ -242,7 +242,6 @@ def target_rows(cached: int, others: list[tuple[int, int]], is_decode: bool, see
     one new token: a decode), each in blocks scattered as `seed` draws them: its rows [45 - cached, H, D]."""
     num_heads, num_kv_heads, head_dim, block_size, length = 9, 3, 64, 16, 45
     sequences = [(cached, length - cached), *others]
-    target = 0 if is_decode else sum(new == 1 for _, new in others)  # NOTE: decodes first, as steps order them
     decodes = [i for i, (_, new) in enumerate(sequences) if new == 1 and (is_decode or i != 0)]
     order = decodes + [i for i in range(len(sequences)) if i not in decodes]
     rng = torch.Generator().manual_seed(seed)

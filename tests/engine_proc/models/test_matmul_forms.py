@@ -11,7 +11,11 @@ import torch
 
 from engine_proc.models import matmul_forms
 from engine_proc.models.matmul_forms import (
-    MatmulForms, describe_plan, is_plan_row_invariant, measure_invariant_plan, measure_plan,
+    MatmulForms,
+    describe_plan,
+    is_plan_row_invariant,
+    measure_invariant_plan,
+    measure_plan,
 )
 
 
