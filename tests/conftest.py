@@ -102,7 +102,7 @@ _PROCESS_MODULES = frozenset({
     "tests/service/client/test_data_parallel_server.py", "tests/service/client/test_engine_membership.py",
     "tests/service/client/test_remote_engines.py", "tests/service/client/test_chaos.py",
     "tests/service/frontend/test_async_llm.py", "tests/service/frontend/test_batch_generate.py",
-    "tests/service/frontend/test_llm.py", "tests/service/test_request_path.py",
+    "tests/service/frontend/test_llm.py", "tests/service/test_request_path.py", "tests/test_batch_invariance.py",
 })
 _PROCESS_FIXTURES = frozenset({"tiny_server", "sdk", "hf_reference_model"})
 _ROOT = Path(__file__).resolve().parent.parent
@@ -116,6 +116,7 @@ _LONGEST_FIRST = (
     "tests/service/api/test_openapi_fuzz_inproc.py",  # 59
     "tests/test_emulated_cpus.py",  # 55
     "tests/test_readme.py",  # 52
+    "tests/test_batch_invariance.py",  # 70 alone on a 2-core Zen 2
     "tests/engine_proc/test_fidelity_int4.py",  # 48 with the two below: one worker's transformers reference
     "tests/service/api/test_operations.py",  # 46
     "tests/service/web/test_pages_browser.py",  # 39

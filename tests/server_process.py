@@ -1,15 +1,21 @@
 """Runs `zeroserve serve` as a real process on a free port (service/bench/local_server.py), sized
-small for tests that speak HTTP to it."""
+small for tests that speak HTTP to it, and kills its engines as chaos tests do."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import random
+import signal
 import socket
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+import httpx
+
 from service.bench.local_server import ServerProcess, free_port, local_server
 
-__all__ = ["ServerProcess", "free_engine_port", "free_port", "running_server"]
+__all__ = ["ServerProcess", "free_engine_port", "free_port", "kill_engines", "running_server", "wait_healthy"]
 
 TEST_SIZES = ("--num-threads", "1", "--kv-cache-memory", "0.25", "--max-model-len", "2048")
 
@@ -37,3 +43,23 @@ def free_engine_port() -> int:
             except OSError:
                 continue
             return port
+
+
+async def wait_healthy(server: ServerProcess) -> None:
+    """Returns once the server's /health answers 200."""
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:
+        while (await client.get("/health")).status_code != 200:
+            await asyncio.sleep(0.05)
+
+
+async def kill_engines(server: ServerProcess, num_kills: int, rng: random.Random) -> list[int]:
+    """SIGKILLs a serving engine `num_kills` times, each at a random moment once the gateway is
+    healthy again (streams under way); returns the pids killed."""
+    killed = []
+    for _ in range(num_kills):
+        await wait_healthy(server)
+        await asyncio.sleep(rng.uniform(0.2, 0.6))
+        pid = rng.choice(server.engine_pids())
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+    return killed

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.server_process import ServerProcess, running_server
+from tests.server_process import ServerProcess, kill_engines, running_server, wait_healthy
 
 PROMPTS = [
     "Tell me about the history of the bicycle.",
@@ -58,25 +58,6 @@ async def all_streams(server: ServerProcess, chaos: asyncio.Future[None] | None 
         if chaos is not None:
             await chaos
         return await streams
-
-
-async def wait_healthy(server: ServerProcess) -> None:
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:
-        while (await client.get("/health")).status_code != 200:
-            await asyncio.sleep(0.05)
-
-
-async def kill_engines(server: ServerProcess, num_kills: int, rng: random.Random) -> list[int]:
-    """SIGKILLs a serving engine `num_kills` times, each at a random moment once the gateway is
-    healthy again (streams under way); returns the pids killed."""
-    killed = []
-    for _ in range(num_kills):
-        await wait_healthy(server)
-        await asyncio.sleep(rng.uniform(0.2, 0.6))
-        pid = rng.choice(server.engine_pids())
-        os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
-    return killed
 
 
 def check_whole(undisturbed: list[tuple[str, int, str | None]], disturbed: list[tuple[str, int, str | None]]) -> None:

@@ -1,0 +1,155 @@
+"""zeroserve against llama.cpp's `llama-server` on the same GGUF, on the same machine, in one run.
+
+    .venv/bin/python -m benchmarks.llama_server_compare
+    .venv/bin/python -m benchmarks.llama_server_compare --model FILE.gguf --rounds 1 --result-json out.json
+
+Starts `llama-server` (../shared/tools/build-llama-cpp builds it; `--llama-server PATH`) with 16
+slots and 8k of context, `zeroserve serve` with its default flags and, beside it, each of
+`--zeroserve-args` (by default `--no-batch-invariant`, so one run shows what batch invariance
+costs), all with `--threads` threads. Each is driven by `zeroserve bench serve` with streamed chat
+requests (natural chat text, about 230 tokens once templated, each distinct; 128 tokens out,
+greedy, EOS ignored) at 1 and 16 concurrent streams; the rounds take the servers in turn, so a slow
+spell of a shared machine weighs on all. Reports, as medians over rounds: output tokens/s, one
+stream's decode speed (1000 / TPOT p50), TTFT p50, each server's resident memory (its processes
+together, after the run), and each zeroserve configuration against llama-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from engine_proc.cpu_features import cpu_model_name
+from service.bench.local_server import free_port, local_server
+from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
+
+LLAMA_SERVER = Path.home() / ".cache/zeroserve-peer/llama.cpp-native/bin/llama-server"
+CONCURRENCY = (1, 16)
+
+
+@contextmanager
+def llama_server(binary: Path, model: Path, threads: int, log: Path) -> Iterator[tuple[str, int]]:
+    """(base URL, pid) of a running llama-server with 16 slots, ready to serve."""
+    port = free_port()
+    command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads),
+               "--threads-batch", str(threads), "--parallel", "16", "--ctx-size", "8192"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{base_url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server did not start: see {log}")
+            time.sleep(0.5)
+        yield base_url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def rss_mib(pid: int) -> float:
+    """The resident memory of a process and its children together."""
+    process = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20
+
+
+def bench(base_url: str, concurrency: int, seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    result_path = tmp / f"bench-{seed}.json"
+    # NOTE: prompts never sent before (a seed per round, server and concurrency): no prefix-cache hits.
+    subprocess.run([
+        sys.executable, "-m", "service", "bench", "serve", "--base-url", base_url,
+        "--num-prompts", str(4 if concurrency == 1 else 2 * concurrency), "--max-concurrency", str(concurrency),
+        "--dataset", "chat", "--endpoint", "chat", "--random-input-len", str(args.input_len),
+        "--random-output-len", str(args.output_len), "--ignore-eos", "--num-warmups", "2", "--seed", str(seed),
+        "--tokenizer", str(args.model), "--result-json", str(result_path), "--disable-tqdm",
+    ], check=True, stdout=subprocess.DEVNULL)
+    result: dict[str, Any] = json.loads(result_path.read_text())
+    if result["completed"] != result["num_prompts"]:
+        raise RuntimeError(f"{base_url}: {result['num_prompts'] - result['completed']} requests failed: {result.get('errors')}")
+    return result
+
+
+def figures(result: dict[str, Any]) -> dict[str, float]:
+    return {"output_tok_s": result["output_throughput"], "decode_tok_s": 1000 / result["median_tpot_ms"],
+            "ttft_p50_s": result["median_ttft_ms"] / 1000}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None, help="a GGUF file (default: the default model's)")
+    parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--zeroserve-args", nargs="*", default=["--no-batch-invariant"],
+                        help="one more zeroserve configuration (beside default flags); none: only the default")
+    parser.add_argument("--input-len", type=int, default=230)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--result-json", type=Path, default=Path("llama_server_compare.json"))
+    args = parser.parse_args()
+    args.model = args.model or resolve_model(DEFAULT_MODEL).path
+    if not args.llama_server.exists():
+        parser.error(f"no llama-server at {args.llama_server}: build it with ../shared/tools/build-llama-cpp")
+    configs = {"zeroserve default flags": [], **({f"zeroserve {' '.join(args.zeroserve_args)}": args.zeroserve_args}
+                                                if args.zeroserve_args else {})}
+    rounds: list[dict[str, dict[str, dict[str, float]]]] = []
+    memory: dict[str, float] = {}
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        llama_url, llama_pid = stack.enter_context(llama_server(args.llama_server, args.model, args.threads, tmp / "llama.log"))
+        servers = {"llama-server": (llama_url, llama_pid)}
+        for name, extra in configs.items():
+            serve = [str(args.model), "--num-threads", str(args.threads), *extra]
+            server = stack.enter_context(local_server(serve, log_file=tmp / f"{len(servers)}.log"))
+            servers[name] = (server.base_url, server.proc.pid)
+        version = httpx.get(f"{servers['zeroserve default flags'][0]}/version", timeout=10).json()
+        print(f"{cpu_model_name()}; zeroserve: {version.get('kernels')}", flush=True)
+        for index in range(args.rounds):
+            rounds.append({})
+            for position, (name, (base_url, _)) in enumerate(servers.items()):
+                rounds[-1][name] = {
+                    str(c): figures(bench(base_url, c, 1000 * index + 10 * position + c, args, tmp)) for c in CONCURRENCY
+                }
+            print(f"round {index + 1}: " + "; ".join(
+                f"{name} {r['1']['decode_tok_s']:.1f} / {r['16']['output_tok_s']:.1f} tok/s" for name, r in rounds[-1].items()
+            ), flush=True)
+        memory = {name: rss_mib(pid) for name, (_, pid) in servers.items()}
+    medians = {
+        name: {c: {key: statistics.median(r[name][c][key] for r in rounds) for key in rounds[0][name][c]} for c in rounds[0][name]}
+        for name in rounds[0]
+    }
+    peer = medians["llama-server"]
+    print(f"\n{'server':<36} {'1 stream tok/s':>14} {'16 streams tok/s':>16} {'TTFT p50 @16':>12} {'RSS MiB':>8}")
+    for name, by_concurrency in medians.items():
+        print(f"{name:<36} {by_concurrency['1']['decode_tok_s']:>14.1f} {by_concurrency['16']['output_tok_s']:>16.1f} "
+              f"{by_concurrency['16']['ttft_p50_s']:>11.2f}s {memory[name]:>8.0f}")
+    for name, by_concurrency in medians.items():
+        if name != "llama-server":
+            print(f"{name} / llama-server: one stream {by_concurrency['1']['decode_tok_s'] / peer['1']['decode_tok_s']:.2f}x, "
+                  f"16 streams {by_concurrency['16']['output_tok_s'] / peer['16']['output_tok_s']:.2f}x")
+    args.result_json.write_text(json.dumps({
+        "cpu": cpu_model_name(), "zeroserve_version": version, "medians": medians, "rss_mib": memory, "rounds": rounds,
+        "settings": {key: str(value) for key, value in vars(args).items()},
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
