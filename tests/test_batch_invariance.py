@@ -1,7 +1,8 @@
 """The README's promise, with default flags, on the real default model: each of 16 greedy and 16 seeded
 chat requests gets the same tokens alone, beside 15 others, beside 63 others (prompts prefilled beside
-decodes), from the prefix cache, and through a real server whose engine is SIGKILLed twice mid-stream
-(each stream resumed on a restarted engine by prefilling its prompt and the tokens it had)."""
+decodes), from the prefix cache, with n-gram drafts (greedy), and through a real server whose engine is
+SIGKILLed twice mid-stream (each stream resumed on a restarted engine by prefilling its prompt and the
+tokens it had)."""
 
 from __future__ import annotations
 
@@ -95,6 +96,16 @@ def test_each_request_gets_its_tokens_alone_beside_15_or_63_others_and_from_the_
     batch = llm.chat([*(TARGETS[i] for i in rows), *OTHERS[:8]], params, use_tqdm=False)[: len(rows)]
     assert all(output.num_cached_tokens > 0 for output in batch)
     assert token_ids(batch) == [expected[i] for i in rows]
+
+
+def test_n_gram_drafts_leave_each_greedy_request_its_tokens(default_model_path: Path, alone: list[RequestOutput]) -> None:
+    # NOTE: a drafted token is scored as a row of the step's forward, as it would be alone a step later.
+    spec = {"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_max": 4}
+    with LLM(str(default_model_path), multiprocess_mode=False, kv_cache_memory_gib=0.25, speculative_config=spec) as llm:
+        rows = range(NUM_GREEDY)
+        drafted = llm.chat([TARGETS[i] for i in rows], [target_params(i) for i in rows], use_tqdm=False)
+        assert llm.get_stats()["num_accepted_tokens"] > 0
+    assert token_ids(drafted) == token_ids(alone[:NUM_GREEDY])
 
 
 async def stream_text(client: openai.AsyncOpenAI, index: int) -> str:

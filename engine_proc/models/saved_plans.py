@@ -30,7 +30,7 @@ from proto import envs
 logger = logging.getLogger(__name__)
 
 # NOTE: bumped when the forms or the way they are timed change, so older plans are not reused.
-FORMAT = 1
+FORMAT = 2
 
 
 def saved_plan(

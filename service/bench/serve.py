@@ -100,7 +100,10 @@ async def benchmark(
     config: ServeBenchConfig, samples: Sequence[SampleRequest], warmup_samples: Sequence[SampleRequest] = ()
 ) -> tuple[str, list[RequestFuncOutput], float]:
     """(model id, one output per sample, duration in s) of a run after its warm-up requests."""
-    connector = aiohttp.TCPConnector(limit=config.max_concurrency or 0)
+    # NOTE: a connection per request: llama.cpp's server closes an idle kept-alive connection after
+    # 5 s, and a request sent on one it closed failed ("Can not write request body"); on loopback a
+    # new connection costs well under a millisecond of a request's seconds.
+    connector = aiohttp.TCPConnector(limit=config.max_concurrency or 0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=None, connect=_CONNECT_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         await wait_until_ready(client, config)
