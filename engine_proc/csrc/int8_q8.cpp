@@ -23,7 +23,6 @@
 
 #include <array>
 #include <cstdint>
-#include <memory>
 #include <utility>
 #include <vector>
 
@@ -139,34 +138,21 @@ std::vector<at::Tensor> pack_int8_q8(const at::Tensor& codes, const at::Tensor& 
 
 // x [M, K] bf16 @ the packed weight's transpose -> [M, N] bf16, x rounded to 8 bits per group of 32.
 at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous());
   TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kChar && codes.size(2) == 8 && codes.size(3) == 64 && codes.is_contiguous());
   TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && offsets.scalar_type() == at::kInt && offsets.is_contiguous());
-  const int64_t m = x.size(0), k = x.size(1), num_blocks = codes.size(0), num_groups = codes.size(1);
-  TORCH_CHECK(num_groups * kGroup == k, "int8_q8: the input has ", k, " columns, the weight ", num_groups * kGroup);
-  const int64_t n = num_blocks * kBlock;
-  auto out = at::empty({m, n}, x.options());
-  // NOTE: uninitialized (vectors would zero them first, each call): every element is written below.
-  const std::unique_ptr<int8_t[]> q_buffer(new int8_t[m * k]);
-  const std::unique_ptr<float[]> scale_buffer(new float[m * num_groups]), sum_buffer(new float[m * num_groups]);
-  int8_t* q = q_buffer.get();
-  float* qscales = scale_buffer.get();
-  quantize_rows(reinterpret_cast<const uint16_t*>(x.data_ptr()), m, num_groups, q, qscales, sum_buffer.get());
+  const Q8Rows rows(x);
+  const int64_t num_blocks = codes.size(0), num_groups = codes.size(1), n = num_blocks * kBlock;
+  TORCH_CHECK(num_groups == rows.num_groups, "int8_q8: the input has ", rows.k, " columns, the weight ", num_groups * kGroup);
+  auto out = at::empty({rows.m, n}, x.options());
   static constexpr auto kTiles = tile_table(std::make_integer_sequence<int, kMaxTile>{});
   const auto* cs = codes.data_ptr<int8_t>();
   const auto* ds = reinterpret_cast<const uint16_t*>(scales.data_ptr());
   const auto* os = offsets.data_ptr<int32_t>();
   auto* outs = reinterpret_cast<uint16_t*>(out.data_ptr());
-  const int64_t num_tiles = (m + kMaxTile - 1) / kMaxTile;
-  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      for (int64_t t = 0, row = 0; t < num_tiles; ++t) {
-        const int64_t rows = (m - row) / (num_tiles - t);  // tiles as even as they come
-        kTiles[rows - 1](q + row * k, k, qscales + row * num_groups, num_groups, cs + b * num_groups * kGroupBytes,
-                         ds + b * num_groups * kBlock, os + b * num_groups * kBlock, outs + row * n + b * kBlock, n);
-        row += rows;
-      }
-    }
+  for_each_tile(num_blocks, rows.m, kMaxTile, [&](int64_t b, int64_t row, int64_t num_rows) {
+    kTiles[num_rows - 1](rows.q.get() + row * rows.k, rows.k, rows.scales.get() + row * num_groups, num_groups,
+                         cs + b * num_groups * kGroupBytes, ds + b * num_groups * kBlock, os + b * num_groups * kBlock,
+                         outs + row * n + b * kBlock, n);
   });
   return out;
 }

@@ -4,12 +4,14 @@
 // row's x̂ depends on that row alone.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "vec16.h"
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 namespace zeroserve {
 
@@ -44,10 +46,38 @@ inline void quantize_group(const uint16_t* x, int8_t* q, float* scale, float* su
   store_int8(q + 16, high * inverse);
 }
 
-// Rows x [m, num_groups * 32] (bf16) -> q [m, K] int8, scales and sums [m, num_groups].
-inline void quantize_rows(const uint16_t* x, int64_t m, int64_t num_groups, int8_t* q, float* scales, float* sums) {
-  at::parallel_for(0, m * num_groups, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) quantize_group(x + i * kQ8Group, q + i * kQ8Group, &scales[i], &sums[i]);
+// A batch of bfloat16 rows x [m, k] rounded: x̂ [m, k] int8, and a scale and the exact sum of x per row and group.
+struct Q8Rows {
+  int64_t m, k, num_groups;
+  // NOTE: uninitialized (vectors would zero them first, each call): every element is written here.
+  std::unique_ptr<int8_t[]> q;
+  std::unique_ptr<float[]> scales, sums;
+
+  explicit Q8Rows(const at::Tensor& x)
+      : m(x.size(0)), k(x.size(1)), num_groups(x.size(1) / kQ8Group), q(new int8_t[x.size(0) * x.size(1)]),
+        scales(new float[x.size(0) * num_groups]), sums(new float[x.size(0) * num_groups]) {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && k % kQ8Group == 0);
+    const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr());
+    at::parallel_for(0, m * num_groups, 256, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) quantize_group(xs + i * kQ8Group, q.get() + i * kQ8Group, &scales[i], &sums[i]);
+    });
+  }
+};
+
+// fn(block, first_row, num_rows) for each block of outputs (in parallel) and each tile of its rows,
+// at most `max_tile` rows, the tiles as even as they come: a row's tile changes how many rows share
+// its pass, never its arithmetic.
+template <typename Fn>
+inline void for_each_tile(int64_t num_blocks, int64_t m, int64_t max_tile, Fn&& fn) {
+  const int64_t num_tiles = (m + max_tile - 1) / max_tile;
+  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      for (int64_t t = 0, row = 0; t < num_tiles; ++t) {
+        const int64_t rows = (m - row) / (num_tiles - t);
+        fn(b, row, rows);
+        row += rows;
+      }
+    }
   });
 }
 
