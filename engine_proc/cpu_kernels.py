@@ -1,9 +1,8 @@
 """zeroserve's C++ kernels for x86 CPUs (AVX-512 BF16 or AVX2 + FMA): decode attention that reads
 the paged cache in place, fused RMSNorm (alone or after the residual add), SiLU·up, and rotary
-with the K/V cache write for bfloat16 activations, a matmul of bfloat16 rows by a GGUF's 4-bit
-blocks (`int4_dot`: bfloat16 dot products with AVX-512 BF16, float32 FMAs with AVX2; `int4_q8`: the
-rows rounded to 8 bits per group of 32, integer products by AVX-512 VNNI or AVX2), and (AVX-512
-build, run only with AMX) greedy picks straight from the output head.
+with the K/V cache write for bfloat16 activations, the matmul forms of form_registry (bfloat16 rows
+rounded to 8 bits per group of 32 times a GGUF's 4-bit or 8-bit blocks, integer products by AVX-512
+VNNI or AVX2), and (AVX-512 build, run only with AMX) greedy picks straight from the output head.
 
 The same sources build for either instruction set (csrc/vec16.h holds the one part that
 differs). Built once per machine and instruction set with torch's extension builder (g++ and
@@ -22,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from engine_proc.cpu_features import cpu_features
+from engine_proc.models.form_registry import KERNEL_FORMS
 from proto import envs
 
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "int4_dot.cpp", "int4_q8.cpp", "int8_q8.cpp")]
+_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "int4_q8.cpp", "int8_q8.cpp")]
 _HEADERS = [_CSRC / "vec16.h", _CSRC / "q8_rows.h"]
 # NOTE: explicit instruction sets rather than -march=native, and one build per instruction set
 # (its name says which), so a build cached on one machine never runs on a CPU that lacks them.
@@ -89,7 +89,7 @@ def _build_or_import(name: str, isa: str) -> Any:
 @functools.cache
 def load_cpu_kernels() -> Any | None:
     """The built module (`paged_decode_attention`, `rms_norm`, `add_rms_norm`, `silu_and_mul`,
-    `rotary_store_kv`, `pack_int4_dot`, `int4_dot`, `pack_int4_q8`, `int4_q8`, `pack_int8_q8`, `int8_q8`, and in the AVX-512 build
+    `rotary_store_kv`, `pack_int4_q8`, `int4_q8`, `pack_int8_q8`, `int8_q8`, and in the AVX-512 build
     `pack_greedy_head` and `greedy_head`, run only where `has_amx`), or None where unavailable."""
     if not envs.cpu_kernels():
         return None
@@ -121,8 +121,7 @@ def load_cpu_kernels() -> Any | None:
         query, key = kernels.rotary_store_kv(qkv, table, torch.tensor([2]), cache, 1)
         is_right &= torch.equal(query[0, 0], qkv[0, :32] + qkv[0, :32].roll(16)) and torch.equal(cache[0, 0, 2], key[0, 0])
         is_right &= torch.equal(cache[1, 0, 2], qkv[0, 64:])
-        is_right &= _is_int4_kernel_right(kernels, "int4_dot") and _is_int4_kernel_right(kernels, "int4_q8")
-        is_right &= _is_int8_q8_right(kernels)
+        is_right &= all(spec.kernel.trial(kernels) for spec in KERNEL_FORMS if spec.kernel is not None)
     except RuntimeError as exc:
         logger.warning("CPU kernels: not used (a trial call failed: %s)", exc)
         return None
@@ -131,36 +130,6 @@ def load_cpu_kernels() -> Any | None:
         return None
     logger.info("CPU kernels: built for %s", isa)
     return kernels
-
-
-def _is_int4_kernel_right(kernels: Any, form: str) -> bool:
-    """One small 4-bit matmul (16 outputs, 64 inputs, 3 rows) of a kernel form against its dequantized weight."""
-    import torch
-
-    codes = (torch.arange(16 * 64) % 16).to(torch.uint8).view(16, 64)
-    scales = torch.full((16, 2), 0.25)
-    mins = torch.full((16, 2), -1.0)
-    x = torch.linspace(-1, 1, 3 * 64).view(3, 64).bfloat16()
-    weight = (codes.float().view(16, 2, 32) * 0.25 - 1.0).view(16, 64)
-    pack, run = getattr(kernels, f"pack_{form}"), getattr(kernels, form)
-    got = run(x, *pack(codes, scales, mins)).float()
-    expected = x.float() @ weight.t()
-    # NOTE: bfloat16 rounds ~34 to 0.25; int4_q8's 8-bit inputs add at most 64 · 1/254 · 3.75 here.
-    tolerance = 0.02 if form == "int4_q8" else 0.01
-    return bool((got - expected).abs().max() <= tolerance * expected.abs().max())
-
-
-def _is_int8_q8_right(kernels: Any) -> bool:
-    """One small 8-bit matmul (16 outputs, 64 inputs, 3 rows, codes of both signs) against its dequantized weight."""
-    import torch
-
-    codes = ((torch.arange(16 * 64) * 37) % 255 - 127).to(torch.int8).view(16, 64)
-    scales = torch.full((16, 2), 0.125)
-    x = torch.linspace(-1, 1, 3 * 64).view(3, 64).bfloat16()
-    got = kernels.int8_q8(x, *kernels.pack_int8_q8(codes, scales)).float()
-    expected = x.float() @ (codes.float() * 0.125).t()
-    # NOTE: the 8-bit inputs move each product by at most half a step (1/254 of its group's largest).
-    return bool((got - expected).abs().max() <= 0.02 * expected.abs().max())
 
 
 def _rms_norm(x: Any) -> Any:

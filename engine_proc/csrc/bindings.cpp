@@ -10,8 +10,6 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 std::vector<at::Tensor> rotary_store_kv(
     const at::Tensor& qkv, const at::Tensor& cos_sin, const at::Tensor& slots, at::Tensor& cache, int64_t num_heads);
-std::vector<at::Tensor> pack_int4_dot(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
-at::Tensor int4_dot(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
 std::vector<at::Tensor> pack_int4_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
 at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
 std::vector<at::Tensor> pack_int8_q8(const at::Tensor& codes, const at::Tensor& scales);
@@ -27,8 +25,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "bf16(silu(gate)) * up for bfloat16 [rows, 2 * width]");
   m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then rms_norm(residual), for bfloat16 rows");
   m.def("rotary_store_kv", &rotary_store_kv, "rotary on a fused QKV's queries and keys, K/V stored in a paged cache");
-  m.def("pack_int4_dot", &pack_int4_dot, "4-bit group-32 blocks (codes, float16-exact scales and minimums) in int4_dot's layout");
-  m.def("int4_dot", &int4_dot, "bfloat16 rows @ a 4-bit weight's transpose, the products on the codes, scaled per group");
   m.def("pack_int4_q8", &pack_int4_q8, "4-bit group-32 blocks (codes, float16-exact scales and minimums) in int4_q8's layout");
   m.def("int4_q8", &int4_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ a 4-bit weight's transpose, integer products");
   m.def("pack_int8_q8", &pack_int8_q8, "8-bit group-32 blocks (codes, float16-exact scales) in int8_q8's layout");

@@ -12,7 +12,7 @@
 // Layout (`pack_int4_q8`): for each block of 16 outputs, each group, each quarter c of it (inputs
 // 8c .. 8c + 7), 64 bytes: byte 4o + j holds output o's input 8c + j in its low nibble and input
 // 8c + 4 + j in its high one (a lane of four bytes per output, as `vpdpbusd` reads them). Scales
-// and minimums as int4_dot's: the file's float16, [N / 16, G, 16].
+// and minimums as the file's float16, [N / 16, G, 16] (float32 would add half again to the bytes a step reads).
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 

@@ -16,7 +16,8 @@ from engine_proc.loader.gguf_loader import load_gguf, load_gguf_config
 from engine_proc.loader.hf_loader import load_hf_config, load_hf_dir
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.llama import LlamaForCausalLM
-from engine_proc.models.quantized_linear import Q4Blocks, is_int4_supported
+from engine_proc.models.quantized_linear import is_int4_supported
+from engine_proc.models.weight_blocks import Q4Blocks
 from proto.engine_config import LOAD_FORMATS, QUANTIZATIONS
 
 __all__ = ["load_gguf", "load_hf_dir", "load_model", "load_model_config"]
@@ -134,7 +135,7 @@ def _load_int4(
     device: torch.device,
     is_required: bool,
 ) -> None:
-    num_packed = model.load_int4_weights(int4_blocks) if is_int4_supported(dtype, device) else 0
+    num_packed = model.load_blocks(dict(int4_blocks)) if is_int4_supported(dtype, device) else 0
     if is_required and num_packed == 0:
         raise ValueError(
             "quantization 'gguf' needs a GGUF file with Q4_0/Q4_1 weights, dtype bfloat16 and the CPU"

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.llama import inverse_frequencies
-from engine_proc.models.quantized_linear import Q4Blocks
+from engine_proc.models.weight_blocks import Q4Blocks
 from proto.gguf_header import GGUFHeader, read_gguf_header
 
 _ARCHITECTURES = ("llama", "qwen2", "qwen3")

@@ -13,10 +13,12 @@ from torch import Tensor, nn
 from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.form_registry import FORMS, KERNEL_FORMS, is_plan_row_invariant
 from engine_proc.models.greedy_head import GreedyHead
-from engine_proc.models.matmul_forms import Int8Rows, MatmulForms, is_plan_row_invariant
+from engine_proc.models.matmul_forms import Int8Rows, MatmulForms
 from engine_proc.models.matmul_plan import TimingBudget, plan_head, plan_linears
-from engine_proc.models.quantized_linear import KERNEL_FORMS, Linear, Q4Blocks, Q8Blocks, add_int8_q8
+from engine_proc.models.quantized_linear import Linear, kernel_form
+from engine_proc.models.weight_blocks import Blocks, Q8Blocks, cat_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -296,7 +298,8 @@ class LlamaForCausalLM(nn.Module):
                 module.kernels = kernels if module.down_proj.in_features % 16 == 0 else None
             elif isinstance(module, Linear):
                 module.kernels = kernels
-        forms = ("packed", "int8", "float32", *(KERNEL_FORMS if kernels is not None else ())) if is_cpu else ()
+        kernel_forms = tuple(spec.name for spec in KERNEL_FORMS) if kernels is not None else ()
+        forms = ("packed", "int8", "float32", *kernel_forms) if is_cpu else ()
         linears = [(name, module) for name, module in self.named_modules() if isinstance(module, Linear)]
         self.choices = {}
         budget = TimingBudget()
@@ -306,7 +309,9 @@ class LlamaForCausalLM(nn.Module):
             int8_head = Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales)
         self.head = MatmulForms(weight)
         if kernels is not None and self.q8_lm_head_codes is not None and self.q8_lm_head_scales is not None:
-            add_int8_q8(self.head, kernels, Q8Blocks(self.q8_lm_head_codes, self.q8_lm_head_scales))
+            head_blocks = Q8Blocks(self.q8_lm_head_codes, self.q8_lm_head_scales)
+            if (run := kernel_form(kernels, FORMS["int8_q8"], head_blocks)) is not None:
+                self.head.add("int8_q8", run)
         self.choices["head"], is_head_saved = plan_head(
             self.head, forms, int8_head, is_measured, budget, is_batch_invariant
         )
@@ -377,9 +382,10 @@ class LlamaForCausalLM(nn.Module):
         self.model.rotary_emb.reset_cache()
 
     @torch.no_grad()
-    def load_int4_weights(self, blocks: dict[str, Q4Blocks]) -> int:
-        """Give each projection whose shards all come as 4-bit blocks its int4 form; returns how many."""
-        num_packed = 0
+    def load_blocks(self, blocks: dict[str, Blocks]) -> int:
+        """Give each projection whose shards all come as blocks of one kind (the file's 4-bit or 8-bit
+        ones, see weight_blocks) those blocks; returns how many got them."""
+        num_given = 0
         for module_name, module in self.named_modules():
             if not isinstance(module, Linear):
                 continue
@@ -390,9 +396,11 @@ class LlamaForCausalLM(nn.Module):
             )
             if not all(name in blocks for name in names):
                 continue
-            module.set_int4(Q4Blocks.cat([blocks[name] for name in names]), module.weight.dtype)
-            num_packed += 1
-        return num_packed
+            joined = cat_blocks([blocks[name] for name in names])
+            if joined is not None:
+                module.set_blocks(joined, module.weight.dtype)
+                num_given += 1
+        return num_given
 
     def _hf_targets(self) -> dict[str, tuple[Tensor, int, int]]:
         """Each Hugging Face name mapped to (parameter, first row, number of rows) it fills."""

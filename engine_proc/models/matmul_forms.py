@@ -3,13 +3,11 @@
 A weight [out, in] is kept as loaded ("dense", the model's dtype) and, where they run here, as:
 
 - "int4": the GGUF's own 4-bit group-32 blocks (`aten._weight_int4pack_mm_for_cpu`);
-- "int4_dot": the same blocks multiplied by zeroserve's C++ kernel (csrc/int4_dot.cpp, where it is
-  built): AVX-512 BF16 dot products on the codes, or AVX2 float32 FMAs on them, the scales and
-  minimums applied per group in float32;
 - "int4_q8": the same blocks times the activations rounded to 8 bits per group of 32 (a scale per
   row and group, as llama.cpp multiplies a GGUF's 4-bit blocks), integer products by AVX-512 VNNI
-  or AVX2 (csrc/int4_q8.cpp): on a Zen 4 and with torch held to AVX2 the fastest form at every
-  size, at the cost of more drift than the others (tests/engine_proc/test_fidelity_int4.py states and bounds it);
+  or AVX2 (csrc/int4_q8.cpp): on a Zen 2, a Zen 4 and with torch held to AVX2 the fastest form at
+  every size, at the cost of more drift than the others (tests/engine_proc/test_fidelity_int4.py
+  states and bounds it);
 - "int8": int8 rows with one scale per row (`aten._weight_int8pack_mm`), only for weights that
   came quantized (a 4-bit GGUF): the rounding of an 8-bit row is far below the file's 4-bit one;
 - "packed": oneDNN's blocked bfloat16 layout (bit for bit the dense result), where oneDNN has
@@ -31,8 +29,8 @@ tokens to the fastest form.
 Speed must not change the answer: a batch-invariant plan (the engine's default) runs one
 row-invariant form at every batch size, so a row's result never depends on the rows beside it.
 A form is row-invariant when each row's arithmetic is the same, in the same order, whatever
-other rows share the call (tests/engine_proc/models/test_matmul_forms.py holds each that claims it
-to bit-identical rows at 1, 3, 16 and 64 rows). torch's and oneDNN's kernels pick their
+other rows share the call (form_registry says which are; tests/engine_proc/models/test_quantized_linear.py
+holds each that claims it to bit-identical rows at 1, 3, 16 and 64 rows). torch's and oneDNN's kernels pick their
 blocking, and with it the order of a row's sums, by the batch's shape, so none of theirs claims it.
 """
 
@@ -44,42 +42,16 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engine_proc.models.form_registry import FORMS
+
 logger = logging.getLogger(__name__)
 
 Plan = tuple[tuple[int, str], ...]  # (at most this many tokens, form), ascending; the last covers all
-
-
-@dataclass(frozen=True)
-class FormSpec:
-    """What one matmul form is made from and what it promises."""
-
-    name: str
-    source: str  # what it is built from: "weight" (the loaded float weight), "q4 blocks", "q8 blocks"
-    is_row_invariant: bool  # each row's bits are the same whatever other rows share the call
-
-
-FORMS = {spec.name: spec for spec in (
-    FormSpec("dense", "weight", is_row_invariant=False),
-    FormSpec("packed", "weight", is_row_invariant=False),
-    FormSpec("float32", "weight", is_row_invariant=False),
-    FormSpec("transposed", "weight", is_row_invariant=False),
-    FormSpec("int8", "weight", is_row_invariant=False),
-    FormSpec("int4", "q4 blocks", is_row_invariant=False),
-    FormSpec("int4_dot", "q4 blocks", is_row_invariant=True),
-    FormSpec("int4_q8", "q4 blocks", is_row_invariant=True),
-    FormSpec("int8_q8", "q8 blocks", is_row_invariant=True),
-)}
-
-
-def is_plan_row_invariant(plan: Plan) -> bool:
-    """Whether a plan runs one row-invariant form at every batch size."""
-    return len(plan) == 1 and FORMS[plan[0][1]].is_row_invariant
 
 # Token counts measured at load, and up to where each one's winner serves (geometric midpoints).
 MEASURED_TOKENS = (1, 4, 16, 64, 256)
@@ -97,6 +69,7 @@ _SIZE_BUDGET_S = 0.4
 STREAMED_TOKENS = 4
 _NUM_SAMPLED = 3
 _WEIGHT_BUDGET_S = 2.0
+
 
 
 class PackedWeight:

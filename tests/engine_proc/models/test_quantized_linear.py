@@ -1,6 +1,6 @@
-"""4-bit group-32 weights: the int4 kernels (torch's, zeroserve's bfloat16 dot products, and its integer
-products with 8-bit activations) against the dequantized weights' matmul; the other forms a weight is kept in;
-8-bit blocks (int8_q8); and every form that claims row invariance held to it."""
+"""The forms a linear layer keeps its weight in: the GGUF's 4-bit blocks by torch's int4 kernel and by
+zeroserve's integer products with 8-bit activations (int4_q8), 8-bit blocks (int8_q8), against the
+dequantized weights' matmul; the other forms; and every form that claims row invariance held to it."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import torch.nn.functional as F
 
 from engine_proc.cpu_features import cpu_features
 from engine_proc.cpu_kernels import load_cpu_kernels
-from engine_proc.models.matmul_forms import FORMS, MatmulForms, PackedWeight
+from engine_proc.models.form_registry import FORMS
+from engine_proc.models.matmul_forms import PackedWeight
 from engine_proc.models.matmul_plan import plan_linears
-from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, KERNEL_FORMS, Linear, Q4Blocks, Q8Blocks, add_int8_q8
+from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form
+from engine_proc.models.weight_blocks import Q4Blocks, Q8Blocks
 from proto import envs
 
 
@@ -32,14 +34,14 @@ def int4_linear(blocks: Q4Blocks, bias: bool = False) -> Linear:
     rows, cols = blocks.codes.shape
     linear = Linear(cols, rows, bias=bias).to(torch.bfloat16).requires_grad_(False)
     linear.weight.copy_(blocks.dequantize())
-    linear.set_int4(blocks, torch.bfloat16)
+    linear.set_blocks(blocks, torch.bfloat16)
     linear.kernels = load_cpu_kernels()
     return linear
 
 
-needs_int4_dot = pytest.mark.skipif(
-    not hasattr(load_cpu_kernels(), "int4_dot"),
-    reason=f"the int4_dot kernel needs x86 with AVX2 or AVX-512 BF16 and g++ ({cpu_features().describe()})",
+needs_kernels = pytest.mark.skipif(
+    load_cpu_kernels() is None,
+    reason=f"zeroserve's kernel forms need x86 with AVX2 or AVX-512 BF16 and VNNI, and g++ ({cpu_features().describe()})",
 )
 
 
@@ -67,8 +69,10 @@ def test_large_batches_run_the_dense_weights() -> None:
 
 def test_blocks_of_another_shape_are_rejected() -> None:
     linear = Linear(64, 32)
-    with pytest.raises(ValueError, match="int4 blocks of shape"):
-        linear.set_int4(random_blocks(32, 96), torch.bfloat16)
+    with pytest.raises(ValueError, match="blocks of shape"):
+        linear.set_blocks(random_blocks(32, 96), torch.bfloat16)
+
+
 
 
 @pytest.mark.parametrize("num_tokens", [1, 7, 64, 300])
@@ -122,34 +126,6 @@ def test_a_packing_that_fails_leaves_the_float32_form(monkeypatch: pytest.Monkey
         torch.testing.assert_close(linear(x), F.linear(x, linear.weight), rtol=0.01, atol=0.01)
 
 
-@needs_int4_dot
-@pytest.mark.parametrize("has_min", [True, False], ids=["q4_1", "q4_0"])
-@pytest.mark.parametrize("num_tokens", [1, 5, 12, 13, 16, 17, 40])
-def test_int4_dot_rounds_only_its_output(has_min: bool, num_tokens: int) -> None:
-    blocks = random_blocks(96, 256, has_min)
-    linear = int4_linear(blocks)
-    forms = linear.prepack(("packed", "int4_dot"))
-    assert "int4_dot" in forms.runs
-    x = torch.randn(num_tokens, 256).bfloat16()
-    expected = x.double() @ blocks.dequantize().double().T
-    with torch.no_grad():
-        forms.plan = ((sys.maxsize, "int4_dot"),)
-        out = linear(x).double()
-        forms.plan = ((sys.maxsize, "int4"),)
-        int4 = linear(x).double()
-    # NOTE: codes, scales and minimums exact, sums in float32: within one bfloat16 rounding (2**-8 relative)
-    # of the float64 result, where torch's int4 kernel also rounds its scales and zeros to bfloat16.
-    error = (out - expected).abs()
-    assert (error <= 2**-8 * expected.abs() + 1e-3 * expected.abs().max()).all()
-    assert error.max() <= (int4 - expected).abs().max()
-
-    with_bias = int4_linear(blocks, bias=True)
-    with_bias.bias.copy_(torch.linspace(-1, 1, 96))
-    with_bias.prepack(("int4_dot",)).plan = ((sys.maxsize, "int4_dot"),)
-    with torch.no_grad():
-        assert torch.equal(with_bias(x), out.bfloat16() + with_bias.bias)
-
-
 def q8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] rounded to 8 bits per group of 32 as int4_q8 documents it: (x̂ [M, K/32, 32], a [M, K/32])."""
     groups = x.float().view(x.shape[0], -1, 32)
@@ -159,7 +135,7 @@ def q8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(groups * inverse.unsqueeze(-1)).clamp(-127, 127), max_abs / 127.0
 
 
-@needs_int4_dot
+@needs_kernels
 @pytest.mark.parametrize("has_min", [True, False], ids=["q4_1", "q4_0"])
 @pytest.mark.parametrize("num_tokens", [1, 5, 8, 9, 16, 17, 40])
 def test_int4_q8_rounds_its_inputs_to_8_bits_per_group(has_min: bool, num_tokens: int) -> None:
@@ -186,40 +162,37 @@ def test_int4_q8_rounds_its_inputs_to_8_bits_per_group(has_min: bool, num_tokens
     assert ((out - expected).abs() <= steps + 2**-8 * expected.abs() + 1e-4 * expected.abs().max()).all()
 
 
-@needs_int4_dot
-def test_int4_dot_serves_only_weights_it_takes() -> None:
+@needs_kernels
+def test_a_kernel_form_serves_only_blocks_it_takes() -> None:
     odd = random_blocks(32, 64)
     odd = Q4Blocks(odd.codes, odd.scales + 1e-9, odd.mins)  # scales no float16 holds
-    assert "int4_dot" not in int4_linear(odd).prepack(("int4_dot",)).runs
+    assert "int4_q8" not in int4_linear(odd).prepack(("int4_q8",)).runs
     linear = int4_linear(random_blocks(32, 64))
-    assert "int4_dot" not in linear.prepack(("packed",)).runs  # not asked for
-    assert linear.int4_blocks is None  # the blocks as loaded are not kept past the first prepack
+    assert "int4_q8" not in linear.prepack(("packed",)).runs  # not asked for
+    assert linear.blocks is None  # the blocks as loaded are not kept past the first prepack
     linear = int4_linear(random_blocks(32, 64))
-    assert "int4_dot" in linear.prepack(("int4_dot",)).runs
-    assert "int4_dot" in linear.prepack(("int4_dot",)).runs  # a second prepack (forms forced in tests) keeps it
+    assert "int4_q8" in linear.prepack(("int4_q8", "int8_q8")).runs  # and not int8_q8: 4-bit blocks
+    assert "int8_q8" not in linear.prepack(("int4_q8", "int8_q8")).runs
+    assert "int4_q8" in linear.prepack(("int4_q8",)).runs  # a second prepack (forms forced in tests) keeps it
     linear.unpack()
-    assert linear.kernel_weights == {}
+    assert linear.kernel_runs == {}
 
 
-@needs_int4_dot
+@needs_kernels
 def test_a_measured_plan_frees_the_packings_it_does_not_use(monkeypatch: pytest.MonkeyPatch) -> None:
     def median_times(runs: dict[str, object], repeats: int = 0, budget_s: float = 0.0) -> dict[str, float]:
-        return {form: 0.5 if form == "int4_q8" else 1.0 for form in runs}  # stand-in timings: int4_q8 wins
+        return {form: 0.5 if form == "int4" else 1.0 for form in runs}  # stand-in timings: torch's int4 wins
 
     monkeypatch.setattr("engine_proc.models.matmul_forms.median_times", median_times)
     monkeypatch.setenv("ZEROSERVE_PLAN_CACHE", "off")
     envs.read.cache_clear()
     try:
         linear = int4_linear(random_blocks(32, 64))
-        plan_linears([("layers.0.o_proj", linear)], ("packed", *KERNEL_FORMS), is_measured=True)
+        plan_linears([("layers.0.o_proj", linear)], ("packed", "int4_q8"), is_measured=True)
     finally:
         envs.read.cache_clear()
-    assert linear.forms is not None and {form for _, form in linear.forms.plan} == {"int4_q8"}
-    assert set(linear.kernel_weights) == {"int4_q8"}
-    x = torch.randn(3, 64).bfloat16()
-    with torch.no_grad():
-        assert torch.equal(linear(x), linear.forms.runs["int4_q8"](x))
-
+    assert linear.forms is not None and {form for _, form in linear.forms.plan} == {"int4"}
+    assert linear.kernel_runs == {}
 
 
 def random_q8_weight(rows: int, cols: int) -> torch.Tensor:
@@ -230,17 +203,16 @@ def random_q8_weight(rows: int, cols: int) -> torch.Tensor:
 
 
 def row_invariant_form(form: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The run of each form FORMS says is row-invariant, on a random weight of 96 outputs and 256 inputs."""
-    if FORMS[form].source == "q4 blocks":
-        forms = int4_linear(random_blocks(96, 256)).prepack((form,))
-    else:
-        assert form == "int8_q8", f"{form} claims row invariance: give it a case here"
-        forms = MatmulForms(torch.zeros(96, 256, dtype=torch.bfloat16))
-        add_int8_q8(forms, load_cpu_kernels(), Q8Blocks.quantize(random_q8_weight(96, 256)))
-    return forms.runs[form]
+    """The run of each form the registry says is row-invariant, on a random weight of 96 outputs and 256 inputs."""
+    spec = FORMS[form]
+    assert spec.kernel is not None, f"{form} claims row invariance: give it a case here"
+    blocks = random_blocks(96, 256) if spec.kernel.blocks is Q4Blocks else Q8Blocks.quantize(random_q8_weight(96, 256))
+    run = kernel_form(load_cpu_kernels(), spec, blocks)
+    assert run is not None
+    return run
 
 
-@needs_int4_dot
+@needs_kernels
 @pytest.mark.parametrize("form", [spec.name for spec in FORMS.values() if spec.is_row_invariant])
 def test_every_form_that_claims_row_invariance_gives_each_row_the_same_bits_at_any_batch_size(form: str) -> None:
     run = row_invariant_form(form)
@@ -254,7 +226,7 @@ def test_every_form_that_claims_row_invariance_gives_each_row_the_same_bits_at_a
             assert torch.equal(part, whole[first : first + num_rows]), f"{form}: rows {first}.. alone in {num_rows}"
 
 
-@needs_int4_dot
+@needs_kernels
 @pytest.mark.parametrize("num_tokens", [1, 7, 8, 9, 40])
 def test_int8_q8_multiplies_8_bit_blocks_by_8_bit_rows_exactly_per_group(num_tokens: int) -> None:
     weight = random_q8_weight(40, 256)  # NOTE: 40 outputs: padded to 48 for the kernel, cut again
@@ -262,11 +234,11 @@ def test_int8_q8_multiplies_8_bit_blocks_by_8_bit_rows_exactly_per_group(num_tok
     codes = blocks.codes.clone()
     codes[3, :32] = -128  # NOTE: no quantizer writes it, a file may hold it: |q| must not wrap
     blocks = Q8Blocks(codes, blocks.scales)
-    forms = MatmulForms(torch.zeros(40, 256, dtype=torch.bfloat16))
-    add_int8_q8(forms, load_cpu_kernels(), blocks)
+    run = kernel_form(load_cpu_kernels(), FORMS["int8_q8"], blocks)
+    assert run is not None
     x = torch.randn(num_tokens, 256).bfloat16()
     x[0, 40] = 30.0
-    out = forms.runs["int8_q8"](x).double()
+    out = run(x).double()
     assert out.shape == (num_tokens, 40)
     # What the kernel says it computes: Σ_g d·a·Σ q·x̂, integer sums exact, then float32 and one bfloat16 rounding.
     q, a = q8_rows(x)

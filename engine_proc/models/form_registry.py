@@ -1,0 +1,110 @@
+"""Every form a matmul's weight can run in, one entry each: what it is made from, what it promises
+(row invariance, a fidelity bound), and for the forms of zeroserve's C++ kernels how they pack a
+weight's blocks, multiply by them, and are tried at load.
+
+A new kernel form is one entry here, its kernel in engine_proc/csrc/ and its test cases; the plan
+(matmul_forms, matmul_plan), the layers (quantized_linear), the trial calls at load (cpu_kernels),
+the log, /version and the tests read this table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from engine_proc.models.weight_blocks import Blocks, Q4Blocks, Q8Blocks
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How far a form may move the default model's greedy picks from transformers' float32
+    (tests/engine_proc/test_fidelity_int4.py): fed the reference's own tokens, the reference's
+    token is our top pick at >= 90% of positions, never below our rank `max_rank`, and not our top
+    pick only where the reference's own top two lie within `near_tie_nats`."""
+
+    max_rank: int = 3
+    near_tie_nats: float = 0.25
+
+
+# NOTE: rounding the activations to 8 bits (as llama.cpp multiplies these files) moves more near
+# ties: int4_q8 at one position ranked the reference's token sixth where the reference's top six lay
+# within 0.4 nats, and departed where the reference led by 0.298.
+ROUNDED_ACTIVATIONS = Fidelity(max_rank=8, near_tie_nats=0.5)
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    """How zeroserve's C++ kernels (the module `load_cpu_kernels` returns) pack a weight's blocks
+    for a form and multiply bfloat16 rows by them, and a trial call that must hold before a load uses them."""
+
+    blocks: type[Q4Blocks] | type[Q8Blocks]
+    pack: Callable[[Any, Blocks], list[Tensor]]
+    run: Callable[[Any], Callable[..., Tensor]]
+    trial: Callable[[Any], bool]
+
+
+@dataclass(frozen=True)
+class FormSpec:
+    """One matmul form: what it is built from, its promises, and (ours) its kernel."""
+
+    name: str
+    source: str  # "weight": the loaded float weight; "q4 blocks", "q8 blocks": the file's blocks
+    is_row_invariant: bool  # each row's bits are the same whatever other rows share the call
+    fidelity: Fidelity
+    kernel: KernelOps | None = None  # zeroserve's C++ kernel forms only
+
+
+def _trial_q4(kernels: Any) -> bool:
+    """int4_q8 on 16 outputs × 64 inputs, 3 rows, against the dequantized weight's product."""
+    codes = (torch.arange(16 * 64) % 16).to(torch.uint8).view(16, 64)
+    blocks = Q4Blocks(codes, torch.full((16, 2), 0.25), torch.full((16, 2), -1.0))
+    return _is_close(kernels, FORMS["int4_q8"], blocks)
+
+
+def _trial_q8(kernels: Any) -> bool:
+    """int8_q8 on 16 outputs × 64 inputs of both signs, 3 rows, against the dequantized weight's product."""
+    codes = ((torch.arange(16 * 64) * 37) % 255 - 127).to(torch.int8).view(16, 64)
+    return _is_close(kernels, FORMS["int8_q8"], Q8Blocks(codes, torch.full((16, 2), 0.125)))
+
+
+def _is_close(kernels: Any, spec: FormSpec, blocks: Blocks) -> bool:
+    assert spec.kernel is not None
+    x = torch.linspace(-1, 1, 3 * 64).view(3, 64).bfloat16()
+    got = spec.kernel.run(kernels)(x, *spec.kernel.pack(kernels, blocks)).float()
+    expected = x.float() @ blocks.dequantize().t()
+    # NOTE: bfloat16 rounds the outputs (2**-8); the 8-bit inputs move each product by at most half a
+    # step, 1/254 of its group's largest input.
+    return bool((got - expected).abs().max() <= 0.02 * expected.abs().max())
+
+
+FORMS = {spec.name: spec for spec in (
+    FormSpec("dense", "weight", is_row_invariant=False, fidelity=Fidelity()),
+    FormSpec("packed", "weight", is_row_invariant=False, fidelity=Fidelity()),
+    FormSpec("float32", "weight", is_row_invariant=False, fidelity=Fidelity()),
+    FormSpec("transposed", "weight", is_row_invariant=False, fidelity=Fidelity()),
+    FormSpec("int8", "weight", is_row_invariant=False, fidelity=Fidelity()),
+    FormSpec("int4", "q4 blocks", is_row_invariant=False, fidelity=Fidelity()),
+    FormSpec(
+        "int4_q8", "q4 blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
+        kernel=KernelOps(
+            Q4Blocks, lambda kernels, b: kernels.pack_int4_q8(*b), lambda kernels: kernels.int4_q8, _trial_q4,
+        ),
+    ),
+    FormSpec(
+        "int8_q8", "q8 blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
+        kernel=KernelOps(
+            Q8Blocks, lambda kernels, b: kernels.pack_int8_q8(*b), lambda kernels: kernels.int8_q8, _trial_q8,
+        ),
+    ),
+)}
+# The forms zeroserve's C++ kernels run, in the order a weight is given them.
+KERNEL_FORMS = tuple(spec for spec in FORMS.values() if spec.kernel is not None)
+
+
+def is_plan_row_invariant(plan: tuple[tuple[int, str], ...]) -> bool:
+    """Whether a plan runs one row-invariant form at every batch size."""
+    return len(plan) == 1 and FORMS[plan[0][1]].is_row_invariant

@@ -1,0 +1,74 @@
+"""A weight as a GGUF file holds it: blocks of 32 inputs, each with its own scale (and minimum).
+
+A Q4_1 block holds 32 codes q in 0..15, a scale d and a minimum m: w = q·d + m (Q4_0 is the case
+m = −8·d). A Q8_0 block holds 32 codes q in −127..127 and a scale d: w = q·d. The scales (and
+minimums) are float16 in the file, so every value here is one a float16 holds.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+GROUP_SIZE = 32
+
+
+class Q4Blocks(NamedTuple):
+    """A weight [rows, cols] as 4-bit codes with a scale and a minimum per group of 32 columns."""
+
+    codes: Tensor  # [rows, cols] uint8, values 0..15
+    scales: Tensor  # [rows, cols // 32] float32
+    mins: Tensor  # [rows, cols // 32] float32
+
+    def dequantize(self) -> Tensor:
+        rows, cols = self.codes.shape
+        groups = self.codes.view(rows, cols // GROUP_SIZE, GROUP_SIZE).float()
+        return (groups * self.scales.unsqueeze(-1) + self.mins.unsqueeze(-1)).view(rows, cols)
+
+    @staticmethod
+    def cat(parts: list[Q4Blocks]) -> Q4Blocks:
+        """The blocks of the weights stacked by rows (a fused projection from its shards)."""
+        return Q4Blocks(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
+
+
+class Q8Blocks(NamedTuple):
+    """A weight [rows, cols] as 8-bit codes with a scale per group of 32 columns (GGUF's Q8_0): w = q·d."""
+
+    codes: Tensor  # [rows, cols] int8, values -127..127
+    scales: Tensor  # [rows, cols // 32] float32, values a float16 holds
+
+    def dequantize(self) -> Tensor:
+        rows, cols = self.codes.shape
+        groups = self.codes.view(rows, cols // GROUP_SIZE, GROUP_SIZE).float()
+        return (groups * self.scales.unsqueeze(-1)).view(rows, cols)
+
+    @staticmethod
+    def quantize(weight: Tensor) -> Q8Blocks:
+        """A float weight rounded as llama.cpp's quantize_row_q8_0 rounds it: d = max|w| / 127 per group
+        (kept as float16), q = round(w / d). A Q8_0 tensor's own values come back as its own blocks."""
+        rows, cols = weight.shape
+        groups = weight.float().view(rows, cols // GROUP_SIZE, GROUP_SIZE)
+        scales = groups.abs().amax(dim=-1) / 127
+        inverse = torch.where(scales > 0, 1 / scales, torch.zeros_like(scales))
+        codes = (groups * inverse.unsqueeze(-1)).round_().clamp_(-127, 127).to(torch.int8).view(rows, cols)
+        return Q8Blocks(codes, scales.half().float())
+
+    @staticmethod
+    def cat(parts: list[Q8Blocks]) -> Q8Blocks:
+        """The blocks of the weights stacked by rows (a fused projection from its shards)."""
+        return Q8Blocks(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
+
+
+Blocks = Q4Blocks | Q8Blocks
+
+
+def cat_blocks(parts: list[Blocks]) -> Blocks | None:
+    """The shards' blocks stacked by rows, or None where they are not all of one kind."""
+    kinds = {type(part) for part in parts}
+    if kinds == {Q4Blocks}:
+        return Q4Blocks.cat([part for part in parts if isinstance(part, Q4Blocks)])
+    if kinds == {Q8Blocks}:
+        return Q8Blocks.cat([part for part in parts if isinstance(part, Q8Blocks)])
+    return None
