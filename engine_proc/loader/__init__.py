@@ -12,12 +12,13 @@ from typing import Any
 import torch
 
 from engine_proc.cpu_features import cpu_features
+from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.loader.gguf_loader import load_gguf, load_gguf_config
 from engine_proc.loader.hf_loader import load_hf_config, load_hf_dir
+from engine_proc.loader.model_weights import TensorDict, WeightSource, load_weights
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.llama import LlamaForCausalLM
 from engine_proc.models.quantized_linear import is_int4_supported
-from engine_proc.models.weight_blocks import Q4Blocks
 from proto.engine_config import LOAD_FORMATS, QUANTIZATIONS
 
 __all__ = ["load_gguf", "load_hf_dir", "load_model", "load_model_config"]
@@ -45,45 +46,42 @@ def load_model(
 ) -> LlamaForCausalLM:
     """Load a `.gguf` file or a Hugging Face directory into an inference-ready model.
 
-    `dtype=None` ("auto") picks bfloat16 for a GGUF with 4-bit weights (which run as int4 with
-    bfloat16 activations) and for dummy weights, else the checkpoint's own floating dtype; float32
-    on an x86 CPU without AVX2; bfloat16 (float16 where unsupported) on a CUDA GPU. Each matmul's form per batch size is measured here (matmul_plan).
-    `quantization`: "auto" runs a GGUF's 4-bit blocks as int4 (for small batches) when the
-    dtype allows it, "gguf" insists on it, "none" dequantizes every weight.
+    `dtype=None` ("auto") picks bfloat16 for a GGUF whose matrices come as blocks that run fast here
+    (4-bit ones on any CPU, 8-bit ones with zeroserve's kernels) and for dummy weights, else the
+    checkpoint's own floating dtype; float32 on an x86 CPU without AVX2; bfloat16 (float16 where
+    unsupported) on a CUDA GPU. Each matmul's form per batch size is measured here (matmul_plan).
+    `quantization`: "auto" runs a GGUF's blocks (Q4_0, Q4_1, Q8_0) as they are when the dtype allows
+    it, "gguf" insists on it, "none" dequantizes every weight.
     `load_format="dummy"` reads only the config and fills the weights with random values;
     `hf_overrides` replaces config fields (Hugging Face names) before the model is built.
-    `batch_invariant`: every matmul runs one row-invariant form at every batch size where it has one.
+    `batch_invariant`: every matmul runs one row-invariant form at every batch size where it has one;
+    a projection such a form runs from the file's blocks is loaded as those blocks alone (model_weights).
     """
     if load_format not in LOAD_FORMATS or quantization not in QUANTIZATIONS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, quantization one of {QUANTIZATIONS}")
     device = torch.device(device)
-    is_dummy = load_format == "dummy"
-    weights: dict[str, torch.Tensor] | None = None
-    int4_blocks: dict[str, Q4Blocks] = {}
-    if is_dummy:
+    source: WeightSource | None = None
+    if load_format == "dummy":
         config = load_model_config(path)
     elif _is_gguf(path):
-        config, weights, int4_blocks = load_gguf(path)
+        config, source = load_gguf(path)
     else:
-        config, weights = load_hf_dir(path)
+        config, tensors = load_hf_dir(path)
+        source = TensorDict(tensors)
     config = with_overrides(config, hf_overrides or {})
     if dtype is None:
-        dtype = _auto_dtype(weights, int4_blocks, device)
+        dtype = _auto_dtype(source, device)
     # NOTE: built on the meta device so no memory or time goes to random initialisation.
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     # NOTE: `to_empty` but with `torch.empty` of each shape: `to_empty`'s `empty_like` of a meta
-    # tensor runs torch's Python reference, which imports sympy (0.3 s of every engine's start).
+    # tensor runs torch's Python reference, which imports sympy (0.3 s of every engine's start). Its
+    # pages are taken only as values are written: a weight loaded as blocks alone takes none.
     model = model.to(dtype=dtype)._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
-    if weights is None:
+    if source is None:
         _fill_random(model)
     else:
-        model.load_weights(weights)
-    if quantization != "none":
-        _load_int4(model, int4_blocks, dtype, device, is_required=quantization == "gguf")
-        if model.model.layers[0].mlp.down_proj.int4_weight is not None and weights is not None:
-            name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-            model.set_int8_lm_head(weights[name])
+        _load(model, source, quantization, batch_invariant)
     model.eval().requires_grad_(False)
     started = time.perf_counter()
     model.prepack(is_measured=True, is_batch_invariant=batch_invariant)
@@ -92,23 +90,41 @@ def load_model(
     return model
 
 
+def _load(model: LlamaForCausalLM, source: WeightSource, quantization: str, batch_invariant: bool) -> None:
+    weight = model.lm_head_weight
+    use_blocks = quantization != "none" and is_int4_supported(weight.dtype, weight.device)
+    kernels = load_cpu_kernels() if use_blocks else None
+    loaded = load_weights(model, source, use_blocks=use_blocks, kernels=kernels, is_invariant=batch_invariant)
+    num_blocks = loaded.num_blocks_only + loaded.num_with_blocks
+    if quantization == "gguf" and num_blocks == 0:
+        raise ValueError(
+            "quantization 'gguf' needs a GGUF file with Q4_0, Q4_1 or Q8_0 weights, dtype bfloat16 and the CPU"
+        )
+    if num_blocks:
+        logger.info(
+            "the file's blocks for %d projections (%d as blocks alone, packed for the kernels)", num_blocks,
+            loaded.num_blocks_only,
+        )
+    if loaded.num_with_blocks and not batch_invariant:
+        # NOTE: int8 rows of the head, for the plan by batch size to time beside its other forms.
+        model.set_int8_lm_head(source.float("model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"))
+
+
 def describe_choices(choices: Mapping[str, str]) -> str:
     """"linears: int4 ≤2 tokens, int8 above; head: int8; ..." for the startup log."""
     return "; ".join(f"{piece}: {choice}" for piece, choice in choices.items())
 
 
-def _auto_dtype(
-    weights: dict[str, torch.Tensor] | None, int4_blocks: dict[str, Q4Blocks], device: torch.device
-) -> torch.dtype:
+def _auto_dtype(source: WeightSource | None, device: torch.device) -> torch.dtype:
     # NOTE: an x86 CPU without AVX2 runs bfloat16 as scalar code: float32 is both exact and faster there.
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     features = cpu_features()
     if device.type == "cpu" and features.is_x86 and not features.has_avx2:
         return torch.float32
-    if weights is None or (int4_blocks and is_int4_supported(torch.bfloat16, device)):
+    if source is None or (source.is_quantized() and is_int4_supported(torch.bfloat16, device)):
         return torch.bfloat16
-    dtypes = [tensor.dtype for tensor in weights.values() if tensor.is_floating_point()]
+    dtypes = [tensor.dtype for tensor in map(source.float, source.names()) if tensor.is_floating_point()]
     return max(set(dtypes), key=dtypes.count) if dtypes else torch.float32
 
 
@@ -126,22 +142,6 @@ def with_overrides(config: ModelConfig, overrides: Mapping[str, Any]) -> ModelCo
     if "eos_token_ids" in changes:
         changes["eos_token_ids"] = tuple(changes["eos_token_ids"])
     return dataclasses.replace(config, **changes)
-
-
-def _load_int4(
-    model: LlamaForCausalLM,
-    int4_blocks: dict[str, Q4Blocks],
-    dtype: torch.dtype,
-    device: torch.device,
-    is_required: bool,
-) -> None:
-    num_packed = model.load_blocks(dict(int4_blocks)) if is_int4_supported(dtype, device) else 0
-    if is_required and num_packed == 0:
-        raise ValueError(
-            "quantization 'gguf' needs a GGUF file with Q4_0/Q4_1 weights, dtype bfloat16 and the CPU"
-        )
-    if num_packed:
-        logger.info("int4 weights (GGUF 4-bit blocks) for %d projections", num_packed)
 
 
 @torch.no_grad()

@@ -1,9 +1,11 @@
-"""Load a GGUF file: config from its metadata, tensors dequantized to float32 under Hugging Face names."""
+"""Load a GGUF file: config from its metadata, tensors under Hugging Face names, read one at a time
+(dequantized to float32, or as the blocks the file holds)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +13,10 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
-from tqdm import tqdm
 
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.llama import inverse_frequencies
-from engine_proc.models.weight_blocks import Q4Blocks
+from engine_proc.models.weight_blocks import Blocks, BlocksReader, Q4Blocks, Q8Blocks
 from proto.gguf_header import GGUFHeader, read_gguf_header
 
 _ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -43,83 +44,169 @@ _ROPE_FREQS = "rope_freqs.weight"
 
 @dataclasses.dataclass(frozen=True)
 class _Tensor:
-    """One tensor of the file: its ggml type, GGUF shape (innermost first) and bytes, memory-mapped
+    """One tensor of the file: its ggml type, GGUF shape (innermost first) and where its bytes lie
     (quantized: one row of blocks per outer index; float: the values, outermost first)."""
 
     name: str
     tensor_type: GGMLQuantizationType
     shape: tuple[int, ...]
-    data: np.ndarray
+    offset: int
+    num_rows: int
+    row_bytes: int
 
 
-def _tensors(path: str | Path, header: GGUFHeader) -> list[_Tensor]:
-    blob = np.memmap(path, dtype=np.uint8, mode="r")
+def _tensors(header: GGUFHeader) -> list[_Tensor]:
     tensors = []
     for info in header.tensors:
         tensor_type = GGMLQuantizationType(info.ggml_type)
         block_size, block_bytes = GGML_QUANT_SIZES[tensor_type]
         num_rows = math.prod(info.shape[1:])
-        row_bytes = info.shape[0] // block_size * block_bytes
-        data = blob[info.offset : info.offset + num_rows * row_bytes].reshape(num_rows, row_bytes)
-        if tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            data = data.view(np.float32 if tensor_type == GGMLQuantizationType.F32 else np.float16)
-            data = data.reshape(tuple(reversed(info.shape)))
-        tensors.append(_Tensor(info.name, tensor_type, info.shape, data))
+        tensors.append(_Tensor(info.name, tensor_type, info.shape, info.offset, num_rows, info.shape[0] // block_size * block_bytes))
     return tensors
+
+
+class GGUFWeights:
+    """A GGUF file's tensors under Hugging Face names, each read from the file when asked for: a
+    model is built one tensor at a time, never holding a float32 copy of the whole file."""
+
+    def __init__(self, path: str | Path, header: GGUFHeader, config: ModelConfig) -> None:
+        self.path = Path(path)
+        # NOTE: convert_hf_to_gguf.py permutes Q/K rows of llama-architecture models only.
+        is_permuted = header.metadata["general.architecture"] == "llama"
+        num_heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+        self._tensors = {_hf_name(t.name): t for t in _tensors(header) if t.name != _ROPE_FREQS}
+        self._permuted_heads = {
+            name: num_heads[name.split(".")[-2]] for name in self._tensors if is_permuted and name.split(".")[-2] in num_heads
+        }
+
+    def names(self) -> set[str]:
+        return set(self._tensors)
+
+    def is_quantized(self) -> bool:
+        """Whether the file's matrices come as quantized blocks (not float32, float16 or bfloat16)."""
+        return any(t.tensor_type not in _FLOAT_TYPES for t in self._tensors.values() if len(t.shape) > 1)
+
+    def float(self, name: str, rows: slice = slice(None)) -> torch.Tensor:
+        """The tensor (its outermost `rows` only, where its rows are not permuted) dequantized to float32,
+        in Hugging Face's row order."""
+        tensor = self._tensors[name]
+        if name in self._permuted_heads or len(tensor.shape) == 1:
+            rows = slice(None)
+        start, stop, _ = rows.indices(tensor.num_rows)
+        array = dequantize(_read(self.path, tensor, start, stop), tensor.tensor_type)
+        array = array.reshape(_numpy_shape(tensor, stop - start))
+        return torch.from_numpy(np.ascontiguousarray(self._unpermuted(name, array), dtype=np.float32))
+
+    def row_reader(self, name: str) -> Callable[[np.ndarray], torch.Tensor] | None:
+        """A function that gives the float32 values of the tensor's rows `ids`, read through a mapping of
+        the file, so only the pages of rows asked for ever become resident (an embedding table); None
+        for a tensor whose rows are permuted."""
+        tensor = self._tensors[name]
+        if name in self._permuted_heads or len(tensor.shape) != 2:
+            return None
+        mapped = np.memmap(self.path, dtype=np.uint8, mode="r", offset=tensor.offset, shape=(tensor.num_rows, tensor.row_bytes))
+        float_type = _FLOAT_TYPES.get(tensor.tensor_type)
+
+        def rows(ids: np.ndarray) -> torch.Tensor:
+            data = mapped[ids]
+            values = data.view(float_type) if float_type is not None else dequantize(data, tensor.tensor_type)
+            return torch.from_numpy(values.reshape(len(ids), -1).astype(np.float32, copy=False))
+
+        return rows
+
+    def blocks(self, name: str, rows: slice = slice(None)) -> Blocks | None:
+        """The tensor's blocks as the file holds them (Q4_0, Q4_1, Q8_0; see weight_blocks), its outermost
+        `rows` only where its rows are not permuted, in Hugging Face's row order; None for other types."""
+        tensor = self._tensors[name]
+        kind = _BLOCK_KINDS.get(tensor.tensor_type)
+        if kind is None:
+            return None
+        if name in self._permuted_heads:
+            rows = slice(None)
+        start, stop, _ = rows.indices(tensor.num_rows)
+        data = _read(self.path, tensor, start, stop)
+        arrays = _q4_arrays(tensor, data) if kind is Q4Blocks else _q8_arrays(data)
+        return kind(*(torch.from_numpy(np.ascontiguousarray(self._unpermuted(name, a))) for a in arrays))
+
+    def blocks_reader(self, name: str) -> BlocksReader | None:
+        """The tensor's blocks read some rows at a time; None for types other than blocks'."""
+        tensor = self._tensors[name]
+        kind = _BLOCK_KINDS.get(tensor.tensor_type)
+        if kind is None or name in self._permuted_heads:
+            return None
+
+        def read(rows: slice) -> Blocks:
+            blocks = self.blocks(name, rows)
+            assert blocks is not None
+            return blocks
+
+        return BlocksReader(kind, tensor.num_rows, read)
+
+    def _unpermuted(self, name: str, array: np.ndarray) -> np.ndarray:
+        heads = self._permuted_heads.get(name)
+        return array if heads is None else _unpermute(array, heads)
+
+
+_FLOAT_TYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
+_BLOCK_KINDS: dict[GGMLQuantizationType, type[Q4Blocks] | type[Q8Blocks]] = {
+    GGMLQuantizationType.Q4_0: Q4Blocks, GGMLQuantizationType.Q4_1: Q4Blocks, GGMLQuantizationType.Q8_0: Q8Blocks,
+}
+
+
+def _numpy_shape(tensor: _Tensor, num_rows: int) -> tuple[int, ...]:
+    """The shape, outermost first, of `num_rows` of the tensor's outermost rows (a vector: all of it)."""
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    return shape if len(shape) == 1 else (num_rows, *shape[1:])
+
+
+def _read(path: Path, tensor: _Tensor, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """A tensor's bytes [rows, row bytes] (its rows `start` to `stop`; float types: their values), read
+    into memory of their own, not a mapping of the file, whose pages would stay resident in this process."""
+    stop = tensor.num_rows if stop is None else stop
+    data = np.fromfile(
+        path, dtype=np.uint8, count=(stop - start) * tensor.row_bytes, offset=tensor.offset + start * tensor.row_bytes
+    ).reshape(stop - start, tensor.row_bytes)
+    if tensor.tensor_type in _FLOAT_TYPES:
+        return data.view(_FLOAT_TYPES[tensor.tensor_type]).reshape(_numpy_shape(tensor, stop - start))
+    return data
 
 
 def load_gguf_config(path: str | Path) -> ModelConfig:
     """Read the model config from a GGUF file's metadata (no dequantization)."""
     header = read_gguf_header(path)
-    return _config_from_header(header, _tensors(path, header))
+    return _config_from_header(Path(path), header, _tensors(header))
 
 
-def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Q4Blocks]]:
-    """Config, float32 tensors and the 4-bit blocks of the Q4_0/Q4_1 ones, named as in Hugging Face checkpoints."""
+def load_gguf(path: str | Path) -> tuple[ModelConfig, GGUFWeights]:
+    """The model config and the file's tensors, to be read one at a time."""
     header = read_gguf_header(path)
-    tensors = _tensors(path, header)
-    config = _config_from_header(header, tensors)
-    # NOTE: convert_hf_to_gguf.py permutes Q/K rows of llama-architecture models only.
-    is_permuted = header.metadata["general.architecture"] == "llama"
-    num_heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
-    weights: dict[str, torch.Tensor] = {}
-    int4_blocks: dict[str, Q4Blocks] = {}
-    for tensor in tqdm(tensors, desc=f"Loading {Path(path).name}", unit="tensor"):
-        if tensor.name == _ROPE_FREQS:
-            continue
-        name = _hf_name(tensor.name)
-        permuted_heads = num_heads.get(name.split(".")[-2]) if is_permuted else None
-        if tensor.tensor_type in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1):
-            arrays = _q4_arrays(tensor)
-            if permuted_heads is not None:
-                arrays = tuple(_unpermute(array, permuted_heads) for array in arrays)
-            blocks = Q4Blocks(*(torch.from_numpy(np.ascontiguousarray(array)) for array in arrays))
-            int4_blocks[name] = blocks
-            weights[name] = blocks.dequantize()
-            continue
-        array = dequantize(tensor.data, tensor.tensor_type)
-        array = array.reshape(tuple(int(dim) for dim in reversed(tensor.shape)))
-        if permuted_heads is not None:
-            array = _unpermute(array, permuted_heads)
-        weights[name] = _to_tensor(array)
-    return config, weights, int4_blocks
+    config = _config_from_header(Path(path), header, _tensors(header))
+    return config, GGUFWeights(path, header, config)
 
 
-def _q4_arrays(tensor: _Tensor) -> tuple[np.ndarray, ...]:
+def _q4_arrays(tensor: _Tensor, raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
     """(codes, scales, mins) of a Q4_0/Q4_1 tensor: w = code * scale + min per block of 32.
 
     A block is a float16 scale (Q4_1: then a float16 min) and 16 bytes of codes, element j in
     the low nibble of byte j and element j + 16 in the high nibble.
     """
-    num_rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
     has_min = tensor.tensor_type == GGMLQuantizationType.Q4_1
     header = 4 if has_min else 2
-    raw = np.asarray(tensor.data).reshape(num_rows, -1, header + 16)
+    num_rows = raw_bytes.shape[0]
+    raw = raw_bytes.reshape(num_rows, -1, header + 16)
     scales = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     mins = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if has_min else -8 * scales
     packed = raw[..., header:]
     codes = np.concatenate((packed & 0x0F, packed >> 4), axis=-1).reshape(num_rows, -1)
     return codes, scales, mins
+
+
+def _q8_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(codes, scales) of a Q8_0 tensor: w = code * scale per block of 32 (a float16 scale, then 32 int8 codes)."""
+    raw = raw_bytes.reshape(raw_bytes.shape[0], -1, 34)
+    scales = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    codes = raw[..., 2:].copy().view(np.int8).reshape(raw_bytes.shape[0], -1)
+    return codes, scales
 
 
 def _hf_name(gguf_name: str) -> str:
@@ -137,14 +224,7 @@ def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, rows_per_half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _to_tensor(array: np.ndarray) -> torch.Tensor:
-    # NOTE: unquantized tensors come back as read-only views of the memory-mapped file.
-    if not array.flags.writeable or not array.flags.c_contiguous:
-        array = np.array(array, dtype=np.float32, order="C")
-    return torch.from_numpy(array.astype(np.float32, copy=False))
-
-
-def _config_from_header(header: GGUFHeader, tensors: list[_Tensor]) -> ModelConfig:
+def _config_from_header(path: Path, header: GGUFHeader, tensors: list[_Tensor]) -> ModelConfig:
     metadata = header.metadata
     arch = _metadata(metadata, "general.architecture")
     if arch not in _ARCHITECTURES:
@@ -181,20 +261,20 @@ def _config_from_header(header: GGUFHeader, tensors: list[_Tensor]) -> ModelConf
         bos_token_id=None if bos_token_id is None else int(bos_token_id),
     )
     if _ROPE_FREQS in tensor_names:
-        config = _with_llama3_rope_scaling(metadata, tensors, config)
+        config = _with_llama3_rope_scaling(path, metadata, tensors, config)
     return config
 
 
-def _with_llama3_rope_scaling(metadata: dict[str, Any], tensors: list[_Tensor], config: ModelConfig) -> ModelConfig:
+def _with_llama3_rope_scaling(
+    path: Path, metadata: dict[str, Any], tensors: list[_Tensor], config: ModelConfig
+) -> ModelConfig:
     """Recover llama3 rope scaling parameters from the frequency divisors llama.cpp stores.
 
     The divisors are `factor` for long wavelengths, 1 for short ones and a smooth blend between;
     `factor` is their maximum, and the other parameters are Llama 3.x's, checked against the table.
     """
     tensor = next(tensor for tensor in tensors if tensor.name == _ROPE_FREQS)
-    divisors = torch.from_numpy(
-        np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-    ).flatten()
+    divisors = torch.from_numpy(np.array(dequantize(_read(path, tensor), tensor.tensor_type), dtype=np.float32)).flatten()
     factor = float(divisors.max())
     if factor == 1.0:
         return config

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -13,21 +15,14 @@ from torch import Tensor, nn
 from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
-from engine_proc.models.form_registry import FORMS, KERNEL_FORMS, is_plan_row_invariant
+from engine_proc.models.form_registry import KERNEL_FORMS, is_plan_row_invariant
 from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.models.matmul_forms import Int8Rows, MatmulForms
 from engine_proc.models.matmul_plan import TimingBudget, plan_head, plan_linears
 from engine_proc.models.quantized_linear import Linear, kernel_form
-from engine_proc.models.weight_blocks import Blocks, Q8Blocks, cat_blocks
+from engine_proc.models.weight_blocks import Blocks, BlocksReader
 
 logger = logging.getLogger(__name__)
-
-# Hugging Face projections that we store fused, as (fused name, its shards in order).
-_FUSED_PROJECTIONS = (
-    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-    ("gate_up_proj", ("gate_proj", "up_proj")),
-)
-
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in float32 like Hugging Face's."""
@@ -207,6 +202,19 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+class RowEmbedding(nn.Module):
+    """An embedding table read from elsewhere a row at a time (a GGUF's token embedding, through a
+    mapping of the file): only the rows tokens ask for are ever dequantized or resident."""
+
+    def __init__(self, rows: Callable[[np.ndarray], Tensor], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.rows = rows
+        self.dtype = dtype
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return self.rows(input_ids.cpu().numpy()).to(device=input_ids.device, dtype=self.dtype)
+
+
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm (Hugging Face's `model.` prefix)."""
 
@@ -220,6 +228,9 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(config)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # NOTE: set where the table is read from the file a row at a time; `embed_tokens.weight` then
+        # holds no values (only its shape and dtype, for a tied head's).
+        self.embed_rows: RowEmbedding | None = None
 
 
 class LlamaForCausalLM(nn.Module):
@@ -227,8 +238,6 @@ class LlamaForCausalLM(nn.Module):
 
     int8_lm_head_weight: Tensor | None
     int8_lm_head_scales: Tensor | None
-    q8_lm_head_codes: Tensor | None
-    q8_lm_head_scales: Tensor | None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -243,8 +252,12 @@ class LlamaForCausalLM(nn.Module):
         # NOTE: buffers, so that freeing the weights (`to_empty(device="meta")`) frees these too.
         self.register_buffer("int8_lm_head_weight", None, persistent=False)
         self.register_buffer("int8_lm_head_scales", None, persistent=False)
-        self.register_buffer("q8_lm_head_codes", None, persistent=False)
-        self.register_buffer("q8_lm_head_scales", None, persistent=False)
+        # NOTE: the output head's weight as blocks a kernel form multiplies (the file's own, or rounded to
+        # Q8_0 ones: see loader/model_weights.py), kept until `prepack` packs them.
+        self.head_blocks: Blocks | BlocksReader | None = None
+        # NOTE: False where the head's weight was not loaded as values (a kernel form of its blocks serves
+        # it, see loader/model_weights.py): no form is made from `lm_head_weight` then.
+        self.has_dense_head = True
         # NOTE: the output head's weight in the forms chosen for this machine (see `prepack`).
         self.head: MatmulForms | None = None
         self.greedy_head: GreedyHead | None = None
@@ -256,7 +269,8 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
         """Final-normed hidden states [num_tokens, hidden_size] for the tokens of several sequences."""
-        hidden = self.model.embed_tokens(input_ids)
+        embed = self.model.embed_rows or self.model.embed_tokens
+        hidden = embed(input_ids)
         rotary = self.model.rotary_emb(positions)
         residual: Tensor | None = None
         for layer in self.model.layers:
@@ -304,23 +318,10 @@ class LlamaForCausalLM(nn.Module):
         self.choices = {}
         budget = TimingBudget()
         self.choices["linears"], num_saved = plan_linears(linears, forms, is_measured, budget, is_batch_invariant)
-        int8_head = None
-        if self.int8_lm_head_weight is not None:
-            int8_head = Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales)
-        self.head = MatmulForms(weight)
-        if kernels is not None and self.q8_lm_head_codes is not None and self.q8_lm_head_scales is not None:
-            head_blocks = Q8Blocks(self.q8_lm_head_codes, self.q8_lm_head_scales)
-            if (run := kernel_form(kernels, FORMS["int8_q8"], head_blocks)) is not None:
-                self.head.add("int8_q8", run)
-        self.choices["head"], is_head_saved = plan_head(
-            self.head, forms, int8_head, is_measured, budget, is_batch_invariant
-        )
+        self.choices["head"], is_head_saved = self._plan_head(forms, kernels, is_measured, budget, is_batch_invariant)
         self.num_saved_plans = num_saved + is_head_saved
-        # NOTE: the head's forms hold the int8 rows where the plan uses them; unused, they are freed.
-        self.int8_lm_head_weight = self.int8_lm_head_scales = None
-        self.q8_lm_head_codes = self.q8_lm_head_scales = None
         self.greedy_head = None
-        if kernels is not None and not is_batch_invariant:
+        if kernels is not None and not is_batch_invariant and self.has_dense_head:
             # NOTE: its sums run in AMX tiles, in another order than the head's form: a greedy row's
             # pick would depend on whether the other rows let the step take it.
             self.greedy_head = GreedyHead.if_faster(kernels, weight, self.compute_raw_logits)
@@ -331,6 +332,24 @@ class LlamaForCausalLM(nn.Module):
         self.is_batch_invariant = kernels is not None and all(
             matmul is not None and is_plan_row_invariant(matmul.plan) for matmul in matmuls
         )
+
+    def _plan_head(
+        self, forms: tuple[str, ...], kernels: Any | None, is_measured: bool, budget: TimingBudget, is_batch_invariant: bool
+    ) -> tuple[str, int]:
+        """The output head's forms (a kernel form of `head_blocks` among them) and its plan (plan_head),
+        the blocks and int8 rows freed once the head's forms hold what its plan uses."""
+        int8_head = None
+        if self.int8_lm_head_weight is not None:
+            int8_head = Int8Rows(self.int8_lm_head_weight, self.int8_lm_head_scales)
+        self.head = MatmulForms(self.lm_head_weight, has_dense=self.has_dense_head)
+        if kernels is not None and self.head_blocks is not None:
+            for spec in KERNEL_FORMS:
+                if (run := kernel_form(kernels, spec, self.head_blocks)) is not None:
+                    self.head.add(spec.name, run)
+        plan = plan_head(self.head, forms, int8_head, is_measured, budget, is_batch_invariant)
+        self.int8_lm_head_weight = self.int8_lm_head_scales = None
+        self.head_blocks = None
+        return plan
 
     def unpack(self) -> None:
         """Drops the reordered copies (before the weights are freed)."""
@@ -345,88 +364,6 @@ class LlamaForCausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def set_int8_lm_head(self, weight: Tensor) -> None:
-        """Also keep the output head (float32 `weight`, as loaded) as int8 rows for few-row logits, and
-        as 8-bit blocks of 32 (llama.cpp's Q8_0: a Q8_0 head's own blocks) for the int8_q8 kernel."""
-        weight = weight.to(self.lm_head_weight.device)
-        rows = Int8Rows.quantize(weight, self.lm_head_weight.dtype)
+        """Also keep the output head (float32 `weight`, as loaded) as int8 rows for few-row logits."""
+        rows = Int8Rows.quantize(weight.to(self.lm_head_weight.device), self.lm_head_weight.dtype)
         self.int8_lm_head_weight, self.int8_lm_head_scales = rows.weight, rows.scales
-        if weight.shape[1] % 32 == 0:
-            self.q8_lm_head_codes, self.q8_lm_head_scales = Q8Blocks.quantize(weight)
-
-    @torch.no_grad()
-    def load_weights(self, weights: dict[str, Tensor]) -> None:
-        """Copy Hugging Face-named tensors into the parameters; every parameter must be covered exactly.
-
-        Converts dtype and device as needed and rebuilds the rotary table, so a model created
-        on the meta device and materialised with `to_empty` is ready afterwards.
-        """
-        targets = self._hf_targets()
-        ignored = {name for name in weights if name.endswith("rotary_emb.inv_freq")}
-        if self.lm_head is None:
-            ignored.add("lm_head.weight")
-        missing = sorted(targets.keys() - weights.keys())
-        unexpected = sorted(weights.keys() - targets.keys() - ignored)
-        if missing or unexpected:
-            raise ValueError(
-                f"checkpoint does not match the {self.config.architecture} model: "
-                f"missing {_first(missing)}, unexpected {_first(unexpected)}"
-            )
-        for name, (param, start, num_rows) in targets.items():
-            tensor = weights[name]
-            target = param.narrow(0, start, num_rows)
-            if tensor.shape != target.shape:
-                raise ValueError(
-                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(target.shape)}"
-                )
-            target.copy_(tensor)
-        self.model.rotary_emb.reset_cache()
-
-    @torch.no_grad()
-    def load_blocks(self, blocks: dict[str, Blocks]) -> int:
-        """Give each projection whose shards all come as blocks of one kind (the file's 4-bit or 8-bit
-        ones, see weight_blocks) those blocks; returns how many got them."""
-        num_given = 0
-        for module_name, module in self.named_modules():
-            if not isinstance(module, Linear):
-                continue
-            fused = next((item for item in _FUSED_PROJECTIONS if module_name.endswith(item[0])), None)
-            names = (
-                [f"{module_name}.weight"] if fused is None
-                else [f"{module_name.removesuffix(fused[0])}{shard}.weight" for shard in fused[1]]
-            )
-            if not all(name in blocks for name in names):
-                continue
-            joined = cat_blocks([blocks[name] for name in names])
-            if joined is not None:
-                module.set_blocks(joined, module.weight.dtype)
-                num_given += 1
-        return num_given
-
-    def _hf_targets(self) -> dict[str, tuple[Tensor, int, int]]:
-        """Each Hugging Face name mapped to (parameter, first row, number of rows) it fills."""
-        config = self.config
-        shard_rows = {
-            "q_proj": config.q_size,
-            "k_proj": config.kv_size,
-            "v_proj": config.kv_size,
-            "gate_proj": config.intermediate_size,
-            "up_proj": config.intermediate_size,
-        }
-        targets: dict[str, tuple[Tensor, int, int]] = {}
-        for name, param in self.named_parameters():
-            fused = next((item for item in _FUSED_PROJECTIONS if f".{item[0]}." in name), None)
-            if fused is None:
-                targets[name] = (param, 0, param.shape[0])
-                continue
-            start = 0
-            for shard in fused[1]:
-                targets[name.replace(fused[0], shard)] = (param, start, shard_rows[shard])
-                start += shard_rows[shard]
-        return targets
-
-
-def _first(names: list[str], limit: int = 5) -> str:
-    if not names:
-        return "none"
-    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more

@@ -129,10 +129,13 @@ class Int8Rows:
 class MatmulForms:
     """One weight in the forms kept for it here, and the plan that picks one per batch size."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, has_dense: bool = True) -> None:
+        """`has_dense` False: `weight` holds no values (a weight loaded only as the file's blocks, see
+        loader/model_weights.py) and gives its shape, dtype and device alone: no form is made from it."""
         self.weight = weight
         self.bias = bias
-        self.runs: dict[str, Callable[[Tensor], Tensor]] = {"dense": self._dense}
+        self.has_dense = has_dense
+        self.runs: dict[str, Callable[[Tensor], Tensor]] = {"dense": self._dense} if has_dense else {}
         self.plan: Plan = ((sys.maxsize, "dense"),)
 
     def _dense(self, x: Tensor) -> Tensor:
@@ -172,7 +175,7 @@ class MatmulForms:
     def set_plan(self, plan: Plan) -> None:
         """Keeps the forms the plan uses (and "dense"), dropping the others' memory."""
         self.plan = plan
-        used = {form for _, form in plan} | {"dense"}
+        used = {form for _, form in plan} | ({"dense"} if self.has_dense else set())
         self.runs = {form: run for form, run in self.runs.items() if form in used}
 
 
@@ -191,7 +194,7 @@ def measure_plan(
     load's whole timing budget) no further size is timed."""
     sampled = forms[:: max(1, len(forms) // _NUM_SAMPLED)][:_NUM_SAMPLED]
     candidates = [form for form in forms[0].runs if all(form in f.runs for f in forms)]
-    if "packed" in candidates:
+    if "packed" in candidates and "dense" in candidates:
         candidates.remove("dense")  # NOTE: the same bits, reordered on every call
     in_features, dtype, device = forms[0].weight.shape[1], forms[0].weight.dtype, forms[0].weight.device
     winners: list[str] = []

@@ -106,7 +106,7 @@ def plan_head(
     Without measuring, packed where it packs, else dense (the other forms kept, unused). With
     `is_invariant`, a head given a row-invariant form runs it at every row count. Returns
     the plan in words and whether it was a saved one."""
-    if is_invariant and (plan := measure_invariant_plan([head], HEAD_MEASURED_ROWS)) is not None:
+    if (is_invariant or not head.has_dense) and (plan := measure_invariant_plan([head], HEAD_MEASURED_ROWS)) is not None:
         head.set_plan(plan)
         return describe_plan(head.plan), 0
     is_packed = "packed" in forms and head.add_packed()

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from engine_proc.models.form_registry import FORMS, KERNEL_FORMS, FormSpec
 from engine_proc.models.matmul_forms import MatmulForms
-from engine_proc.models.weight_blocks import GROUP_SIZE, Blocks, Q4Blocks
+from engine_proc.models.weight_blocks import GROUP_SIZE, Blocks, BlocksReader, Q4Blocks
 
 # NOTE: all 120 projections of SmolLM2-135M, weights streamed from memory as in a step, 2
 # threads. Intel with AMX: int4 6.0 / 8.0 / 15.4 / 19.8 ms at 1 / 2 / 4 / 6 tokens against
@@ -28,25 +28,53 @@ from engine_proc.models.weight_blocks import GROUP_SIZE, Blocks, Q4Blocks
 INT4_MAX_TOKENS = 4
 
 
-def kernel_form(kernels: Any, spec: FormSpec, blocks: Blocks, bias: Tensor | None = None) -> Callable[[Tensor], Tensor] | None:
+# NOTE: a weight is packed this many rows at a time: a 49,152-row head unpacked whole would be the
+# peak of a 1B model's load (its codes as bytes, then their permuted copy: 200 MB).
+_ROWS_PER_PACK = 4096
+
+
+def kernel_form(
+    kernels: Any, spec: FormSpec, blocks: Blocks | BlocksReader, bias: Tensor | None = None
+) -> Callable[[Tensor], Tensor] | None:
     """The run of `spec`, a form of the C++ kernels, on a weight's `blocks` (its outputs padded to a
     multiple of 16 for the kernel, the padding cut from each result); None where the form does not
     take these blocks (another kind, or scales a float16 does not hold, as a GGUF's always are)."""
     ops = spec.kernel
-    if ops is None or not isinstance(blocks, ops.blocks) or not all(torch.equal(t.half().float(), t) for t in blocks[1:]):
+    reader = blocks if isinstance(blocks, BlocksReader) else BlocksReader.of(blocks)
+    if ops is None or reader.kind is not ops.blocks:
         return None
-    num_rows = blocks.codes.shape[0]
-    padding = -num_rows % 16
-    if padding:
-        blocks = type(blocks)(*(F.pad(t, (0, 0, 0, padding)) for t in blocks))
-    packed, run = ops.pack(kernels, blocks), ops.run(kernels)
+    packed = _packed(kernels, spec, reader)
+    if packed is None:
+        return None
+    run, num_rows = ops.run(kernels), reader.num_rows
 
     def matmul(x: Tensor) -> Tensor:
         out = run(x.contiguous(), *packed)
-        out = out[:, :num_rows] if padding else out
+        out = out[:, :num_rows] if out.shape[1] != num_rows else out
         return out if bias is None else out + bias
 
     return matmul
+
+
+def _packed(kernels: Any, spec: FormSpec, reader: BlocksReader) -> list[Tensor] | None:
+    """The form's packing of the weight, built `_ROWS_PER_PACK` rows at a time into tensors made once
+    (every packing is laid out by blocks of 16 outputs along its first dimension)."""
+    assert spec.kernel is not None
+    packed: list[Tensor] = []
+    num_padded = reader.num_rows + -reader.num_rows % 16
+    for start in range(0, reader.num_rows, _ROWS_PER_PACK):
+        part = reader.read(slice(start, min(start + _ROWS_PER_PACK, reader.num_rows)))
+        if not all(torch.equal(t.half().float(), t) for t in part[1:]):
+            return None
+        padding = -part.codes.shape[0] % 16
+        if padding:
+            part = type(part)(*(F.pad(t, (0, 0, 0, padding)) for t in part))
+        pieces = spec.kernel.pack(kernels, part)
+        if not packed:
+            packed = [torch.empty((num_padded // 16, *piece.shape[1:]), dtype=piece.dtype) for piece in pieces]
+        for whole, piece in zip(packed, pieces, strict=True):
+            whole[start // 16 : start // 16 + piece.shape[0]] = piece
+    return packed
 
 
 def is_int4_supported(dtype: torch.dtype, device: torch.device) -> bool:
@@ -71,6 +99,9 @@ class Linear(nn.Linear):
         self.blocks: Blocks | None = None
         self.kernel_runs: dict[str, Callable[[Tensor], Tensor]] = {}
         self.kernels: Any | None = None
+        # NOTE: False where the weight was loaded as the file's blocks alone, for a kernel form: then
+        # `self.weight` holds no values, only its shape, and no other form is made.
+        self.has_dense = True
 
     def prepack(self, forms: tuple[str, ...] = ("packed",), is_invariant: bool = False) -> MatmulForms:
         """Builds the named forms where they run here (int4 whenever loaded; the kernel forms that take
@@ -78,15 +109,17 @@ class Linear(nn.Linear):
         the plan int4 up to INT4_MAX_TOKENS, then packed where there, else dense (`measure_plan` may
         replace it). With `is_invariant`, a weight that has a row-invariant form gets only those (the
         plan runs one)."""
-        matmul = MatmulForms(self.weight, self.bias)
+        matmul = MatmulForms(self.weight, self.bias, self.has_dense)
         if self.int4_weight is not None:
             matmul.add("int4", self._int4)
         for spec in KERNEL_FORMS:
-            if spec.name in forms:
+            if spec.name in forms or not self.has_dense:
                 self._add_kernel_form(matmul, spec)
         self.blocks = None
         self.forms = matmul
-        if is_invariant and any(FORMS[form].is_row_invariant for form in matmul.runs):
+        if not self.has_dense or (is_invariant and any(FORMS[form].is_row_invariant for form in matmul.runs)):
+            if not matmul.runs:
+                raise RuntimeError("a weight loaded as blocks alone has lost its kernel forms")
             matmul.plan = ((sys.maxsize, next(form for form in matmul.runs if FORMS[form].is_row_invariant)),)
             return matmul
         is_packed = "packed" in forms and matmul.add_packed()
@@ -116,13 +149,15 @@ class Linear(nn.Linear):
         if spec.name in self.kernel_runs:
             matmul.add(spec.name, self.kernel_runs[spec.name])
 
-    def set_blocks(self, blocks: Blocks, dtype: torch.dtype) -> None:
-        """Keeps the file's blocks (the same weight as `self.weight`) for the kernel forms; 4-bit ones also
-        packed for torch's int4 kernel."""
+    def set_blocks(self, blocks: Blocks, dtype: torch.dtype, has_dense: bool = True) -> None:
+        """Keeps the file's blocks for the kernel forms; with `has_dense` they are the same weight as
+        `self.weight` and 4-bit ones are also packed for torch's int4 kernel, else they are the weight's
+        only values (see `has_dense`)."""
         if blocks.codes.shape != self.weight.shape or self.in_features % GROUP_SIZE:
             raise ValueError(f"blocks of shape {tuple(blocks.codes.shape)} for a {tuple(self.weight.shape)} weight")
         self.blocks = blocks
-        if not isinstance(blocks, Q4Blocks):
+        self.has_dense = has_dense
+        if not isinstance(blocks, Q4Blocks) or not has_dense:
             return
         device = self.weight.device
         self.int4_weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(

@@ -7,6 +7,8 @@ minimums) are float16 in the file, so every value here is one a float16 holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -72,3 +74,18 @@ def cat_blocks(parts: list[Blocks]) -> Blocks | None:
     if kinds == {Q8Blocks}:
         return Q8Blocks.cat([part for part in parts if isinstance(part, Q8Blocks)])
     return None
+
+
+@dataclass(frozen=True)
+class BlocksReader:
+    """A weight's blocks read some rows at a time (from its file), so that packing a large one (an
+    output head) never holds a whole unpacked copy of it."""
+
+    kind: type[Q4Blocks] | type[Q8Blocks]
+    num_rows: int
+    read: Callable[[slice], Blocks]
+
+    @staticmethod
+    def of(blocks: Blocks) -> BlocksReader:
+        """Blocks already in memory, read by slicing."""
+        return BlocksReader(type(blocks), blocks.codes.shape[0], lambda rows: type(blocks)(*(t[rows] for t in blocks)))

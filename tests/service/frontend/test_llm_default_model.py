@@ -31,11 +31,12 @@ def test_sleep_frees_memory_and_wake_up_restores_generation(default_model_path: 
         awake = rss_mib(client.engine_pid)
         llm.sleep(level=2)
         asleep = rss_mib(client.engine_pid)
-        # NOTE: fp32 weights are ~540 MiB and the KV cache 256 MiB; most of both must go.
-        assert asleep < awake - 500, (awake, asleep)
+        # NOTE: the weights are kept as the kernels' packings of the file's blocks (int4_q8 projections, an
+        # int8_q8 head: ~95 MiB; the embedding is read from the file), the KV cache's pages taken as used.
+        assert asleep < awake - 80, (awake, asleep)
         with pytest.raises(RuntimeError, match="asleep"):
             llm.chat(conversation, params, use_tqdm=False)
         llm.wake_up()
-        assert rss_mib(client.engine_pid) > asleep + 400
+        assert rss_mib(client.engine_pid) > asleep + 80
         [after] = llm.chat(conversation, params, use_tqdm=False)
         assert after.outputs[0].token_ids == before.outputs[0].token_ids

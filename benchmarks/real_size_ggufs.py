@@ -1,0 +1,152 @@
+"""GGUF files of real model shapes with random weights, for measuring memory and speed at real sizes.
+
+    .venv/bin/python -m benchmarks.real_size_ggufs --shape llama-3.2-1b --type Q4_0 --out /tmp/1b-q4_0.gguf
+    .venv/bin/python -m benchmarks.real_size_ggufs --shape llama-3.1-8b --type Q8_0 --out /tmp/8b-q8_0.gguf
+
+The default model's tokenizer (SmolLM2's 49,152-token vocabulary, its chat template) goes in each
+file, so every server and `zeroserve bench serve` can use it. Weights are normal with the spread of
+a trained model's (0.02; norms 1), quantized by gguf-py as llama.cpp's converter would, tensor by
+tensor and written as they come, so a file of 8B parameters needs about its own size in memory.
+Q4_0, Q4_1 and Q8_0 come out directly; a k-quant mix (Q4_K_M, Q5_K_M, Q6_K) is made from a Q8_0
+file by llama.cpp's `llama-quantize --allow-requantize` (`--llama-quantize`, built by
+../shared/tools/build-llama-cpp), as users' files are made from their originals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from proto.gguf_header import read_gguf_metadata
+from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
+
+LLAMA_QUANTIZE = Path.home() / ".cache/zeroserve-peer/llama.cpp-native/bin/llama-quantize"
+DIRECT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "F16")
+REQUANTIZED_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder's shape (the vocabulary is always the default model's)."""
+
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    is_tied: bool
+    has_qkv_bias: bool = False
+    architecture: str = "llama"
+    rope_theta: float = 500000.0
+
+
+SHAPES = {
+    "llama-3.2-1b": Shape(2048, 16, 8192, 32, 8, 64, is_tied=True),
+    "qwen2.5-3b": Shape(2048, 36, 11008, 16, 2, 128, is_tied=True, has_qkv_bias=True, architecture="qwen2", rope_theta=1e6),
+    "llama-3.1-8b": Shape(4096, 32, 14336, 32, 8, 128, is_tied=False),
+}
+
+
+def tensors(shape: Shape, vocab_size: int) -> list[tuple[str, tuple[int, ...]]]:
+    """Each tensor's GGUF name and numpy shape (outermost first), in llama.cpp's order."""
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    names = [("token_embd.weight", (vocab_size, shape.hidden_size))]
+    for layer in range(shape.num_layers):
+        block = f"blk.{layer}"
+        names += [
+            (f"{block}.attn_norm.weight", (shape.hidden_size,)),
+            (f"{block}.attn_q.weight", (q, shape.hidden_size)),
+            (f"{block}.attn_k.weight", (kv, shape.hidden_size)),
+            (f"{block}.attn_v.weight", (kv, shape.hidden_size)),
+        ]
+        if shape.has_qkv_bias:
+            names += [(f"{block}.attn_q.bias", (q,)), (f"{block}.attn_k.bias", (kv,)), (f"{block}.attn_v.bias", (kv,))]
+        names += [
+            (f"{block}.attn_output.weight", (shape.hidden_size, q)),
+            (f"{block}.ffn_norm.weight", (shape.hidden_size,)),
+            (f"{block}.ffn_gate.weight", (shape.intermediate_size, shape.hidden_size)),
+            (f"{block}.ffn_up.weight", (shape.intermediate_size, shape.hidden_size)),
+            (f"{block}.ffn_down.weight", (shape.hidden_size, shape.intermediate_size)),
+        ]
+    names.append(("output_norm.weight", (shape.hidden_size,)))
+    if not shape.is_tied:
+        names.append(("output.weight", (vocab_size, shape.hidden_size)))
+    return names
+
+
+def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0) -> None:
+    """A GGUF of `shape` with random weights, matrices in `ggml_type` (norms and biases float32)."""
+    metadata = read_gguf_metadata(resolve_model(DEFAULT_MODEL).path)
+    vocab_size = len(metadata["tokenizer.ggml.tokens"])
+    arch = shape.architecture
+    writer = gguf.GGUFWriter(out, arch)
+    writer.add_block_count(shape.num_layers)
+    writer.add_context_length(8192)
+    writer.add_embedding_length(shape.hidden_size)
+    writer.add_feed_forward_length(shape.intermediate_size)
+    writer.add_head_count(shape.num_heads)
+    writer.add_head_count_kv(shape.num_kv_heads)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_vocab_size(vocab_size)
+    writer.add_tokenizer_model(metadata["tokenizer.ggml.model"])
+    writer.add_tokenizer_pre(metadata["tokenizer.ggml.pre"])
+    writer.add_token_list(metadata["tokenizer.ggml.tokens"])
+    writer.add_token_types(metadata["tokenizer.ggml.token_type"])
+    writer.add_token_merges(metadata["tokenizer.ggml.merges"])
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        writer.add_uint32(f"tokenizer.ggml.{key}", int(metadata[f"tokenizer.ggml.{key}"]))
+    writer.add_add_bos_token(bool(metadata.get("tokenizer.ggml.add_bos_token", False)))
+    writer.add_chat_template(metadata["tokenizer.chat_template"])
+    quant = gguf.GGMLQuantizationType[ggml_type]
+    rng = np.random.default_rng(seed)
+    arrays: list[tuple[str, np.ndarray]] = []
+    for name, dims in tensors(shape, vocab_size):
+        if len(dims) == 1:
+            values = np.ones(dims, np.float32) if name.endswith("norm.weight") else rng.normal(0, 0.02, dims).astype(np.float32)
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), values.nbytes)
+        else:
+            values = rng.normal(0, 0.02, dims).astype(np.float32)
+            values = gguf.quants.quantize(values, quant) if quant != gguf.GGMLQuantizationType.F16 else values.astype(np.float16)
+            # NOTE: with `raw_dtype` gguf-py takes the shape in bytes per row, as the quantized array has it.
+            writer.add_tensor_info(name, values.shape, values.dtype, values.nbytes, raw_dtype=quant)
+        arrays.append((name, values))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, values in arrays:
+        writer.write_tensor_data(values)
+    writer.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    parser.add_argument("--type", choices=[*DIRECT_TYPES, *REQUANTIZED_TYPES], required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--llama-quantize", type=Path, default=LLAMA_QUANTIZE)
+    args = parser.parse_args()
+    shape = SHAPES[args.shape]
+    if args.type in DIRECT_TYPES:
+        write(shape, args.type, args.out)
+        return
+    if not args.llama_quantize.exists():
+        parser.error(f"no llama-quantize at {args.llama_quantize}: build it with ../shared/tools/build-llama-cpp")
+    with tempfile.TemporaryDirectory(dir=args.out.parent) as tmp:
+        source = Path(tmp) / "q8_0.gguf"
+        write(shape, "Q8_0", source)
+        subprocess.run([str(args.llama_quantize), "--allow-requantize", str(source), str(args.out), args.type], check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Fills a model built on the meta device with a checkpoint's tensors, one tensor at a time.
+
+A projection whose file holds it as blocks a kernel form multiplies (form_registry), in a
+batch-invariant load, is given those blocks alone and packed at once: no float copy of it is ever
+made, and its `weight` keeps only its shape. Every other tensor is dequantized (or converted) on
+its own and copied into its parameter, so a load never holds the float32 values of the whole file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from engine_proc.models.form_registry import KERNEL_FORMS
+from engine_proc.models.llama import LlamaForCausalLM, RowEmbedding
+from engine_proc.models.quantized_linear import Linear, kernel_form
+from engine_proc.models.weight_blocks import Blocks, BlocksReader, Q8Blocks, cat_blocks
+
+# Hugging Face projections that we store fused, as (fused name, its shards in order).
+FUSED_PROJECTIONS = (
+    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("gate_up_proj", ("gate_proj", "up_proj")),
+)
+
+
+class WeightSource(Protocol):
+    """A checkpoint's tensors under Hugging Face names, each read when asked for (`rows`: its outermost
+    rows only, where the source can read those alone; else all of them)."""
+
+    def names(self) -> set[str]: ...
+
+    def float(self, name: str, rows: slice = slice(None)) -> Tensor: ...
+
+    def blocks(self, name: str) -> Blocks | None: ...
+
+    def blocks_reader(self, name: str) -> BlocksReader | None: ...
+
+    def row_reader(self, name: str) -> Callable[[np.ndarray], Tensor] | None: ...
+
+    def is_quantized(self) -> bool: ...
+
+
+class TensorDict:
+    """Tensors already in memory (a Hugging Face folder's) as a WeightSource: no blocks."""
+
+    def __init__(self, tensors: Mapping[str, Tensor]) -> None:
+        self._tensors = tensors
+
+    def names(self) -> set[str]:
+        return set(self._tensors)
+
+    def float(self, name: str, rows: slice = slice(None)) -> Tensor:
+        tensor = self._tensors[name]
+        return tensor[rows] if tensor.dim() > 1 else tensor
+
+    def blocks(self, name: str) -> Blocks | None:
+        return None
+
+    def blocks_reader(self, name: str) -> BlocksReader | None:
+        return None
+
+    def row_reader(self, name: str) -> Callable[[np.ndarray], Tensor] | None:
+        return None
+
+    def is_quantized(self) -> bool:
+        return False
+
+
+class LoadedWeights(NamedTuple):
+    """How the projections came: as blocks alone (packed for a kernel form at load), as blocks beside
+    their dequantized values, or as values only."""
+
+    num_blocks_only: int
+    num_with_blocks: int
+
+
+@torch.no_grad()
+def load_weights(
+    model: LlamaForCausalLM, source: WeightSource, *, use_blocks: bool, kernels: Any | None, is_invariant: bool
+) -> LoadedWeights:
+    """Copies the source's tensors into the model's parameters (every parameter covered exactly, shapes
+    checked), projections from their blocks where `use_blocks` (see the module's note), and gives the
+    output head the blocks a kernel form runs it on; then rebuilds the rotary table."""
+    targets = hf_targets(model)
+    _check_names(model, targets, source.names())
+    loaded: set[str] = set()
+    if use_blocks:
+        model.head_blocks = _head_blocks(model, source, kernels)
+        loaded |= _embedding_from_file(model, source, is_head_kernel=is_invariant and model.head_blocks is not None)
+    kinds: list[str] = []
+    for module_name, linear in model.named_modules():
+        if isinstance(linear, Linear) and use_blocks:
+            shard_names = _shard_names(module_name)
+            kind = _load_projection(linear, shard_names, source, targets, kernels if is_invariant else None)
+            if kind is not None:
+                kinds.append(kind)
+                loaded.update(shard_names)
+    for name, target in targets.items():
+        if name not in loaded:
+            _copy_in_chunks(name, source, *target)
+    model.model.rotary_emb.reset_cache()
+    return LoadedWeights(kinds.count("blocks only"), kinds.count("with blocks"))
+
+
+def _check_names(model: LlamaForCausalLM, targets: dict[str, Any], names: set[str]) -> None:
+    ignored = {name for name in names if name.endswith("rotary_emb.inv_freq")}
+    if model.lm_head is None:
+        ignored.add("lm_head.weight")
+    missing, unexpected = sorted(targets.keys() - names), sorted(names - targets.keys() - ignored)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint does not match the {model.config.architecture} model: "
+            f"missing {_first(missing)}, unexpected {_first(unexpected)}"
+        )
+
+
+def _load_projection(
+    linear: Linear, shard_names: list[str], source: WeightSource, targets: dict[str, tuple[Tensor, int, int]],
+    kernels: Any | None,
+) -> str | None:
+    """Gives a projection its file's blocks: alone, packed now, where `kernels` (a batch-invariant
+    load's) have a form for them; else beside its dequantized values. None where it has no blocks."""
+    parts = [source.blocks(name) for name in shard_names]
+    blocks = cat_blocks([part for part in parts if part is not None]) if None not in parts else None
+    if blocks is None:
+        return None
+    if kernels is not None and _has_kernel_form(kernels, blocks):
+        linear.kernels = kernels
+        linear.set_blocks(blocks, linear.weight.dtype, has_dense=False)
+        linear.prepack()  # NOTE: packs its kernel form now, and lets go of the blocks
+        return "blocks only"
+    for name in shard_names:
+        _copy(name, source.float(name), *targets[name])
+    linear.set_blocks(blocks, linear.weight.dtype)
+    return "with blocks"
+
+
+def _embedding_from_file(model: LlamaForCausalLM, source: WeightSource, is_head_kernel: bool) -> set[str]:
+    """Reads the token embedding a row at a time from the file where the source can (and a tied head
+    does not need its values: a kernel form of its blocks serves it), and an untied head as its blocks
+    alone where a kernel form serves it; returns the names so loaded, which take no values."""
+    embed_name = "model.embed_tokens.weight"
+    reader = source.row_reader(embed_name)
+    names: set[str] = set()
+    if reader is not None and (model.lm_head is not None or is_head_kernel):
+        model.model.embed_rows = RowEmbedding(reader, model.lm_head_weight.dtype)
+        names.add(embed_name)
+    if is_head_kernel and (model.lm_head is not None or names):
+        names.add("lm_head.weight" if model.lm_head is not None else embed_name)
+        model.has_dense_head = False
+    return names
+
+
+def _has_kernel_form(kernels: Any, blocks: Blocks | BlocksReader) -> bool:
+    """Whether a kernel form multiplies these blocks (tried on one block of them, so nothing big is packed twice)."""
+    reader = blocks if isinstance(blocks, BlocksReader) else BlocksReader.of(blocks)
+    sample = reader.read(slice(0, 16))
+    return any(kernel_form(kernels, spec, sample) is not None for spec in KERNEL_FORMS)
+
+
+def _head_blocks(model: LlamaForCausalLM, source: WeightSource, kernels: Any | None) -> BlocksReader | None:
+    """The output head's blocks for a kernel form, read some rows at a time: the file's own where a form
+    takes them, else (a quantized file's head in another type) its values rounded to Q8_0 blocks, as
+    llama.cpp would."""
+    name = "model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
+    if kernels is None:
+        return None
+    reader = source.blocks_reader(name)
+    if reader is not None and _has_kernel_form(kernels, reader):
+        return reader
+    num_rows, num_cols = model.lm_head_weight.shape
+    if not source.is_quantized() or num_cols % 32:
+        return None
+    return BlocksReader(Q8Blocks, num_rows, lambda rows: Q8Blocks.quantize(source.float(name, rows)))
+
+
+# NOTE: an embedding is copied this many rows at a time: its float32 values whole would be the load's
+# peak (a 49,152 × 2,048 table: 403 MB, twice its bfloat16 parameter).
+_ROWS_PER_COPY = 4096
+
+
+def _copy_in_chunks(name: str, source: WeightSource, param: Tensor, start: int, num_rows: int) -> None:
+    """Copies a tensor `_ROWS_PER_COPY` rows at a time, where the source reads rows alone."""
+    for row in range(0, num_rows, _ROWS_PER_COPY):
+        rows = slice(row, min(row + _ROWS_PER_COPY, num_rows))
+        values = source.float(name, rows)
+        if values.shape[0] == num_rows:  # NOTE: all of it: a source that reads whole tensors, or a small one
+            _copy(name, values, param, start, num_rows)
+            return
+        _copy(name, values, param, start + row, rows.stop - row)
+
+
+def _copy(name: str, tensor: Tensor, param: Tensor, start: int, num_rows: int) -> None:
+    target = param.narrow(0, start, num_rows)
+    if tensor.shape != target.shape:
+        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(target.shape)}")
+    target.copy_(tensor)
+
+
+def _shard_names(module_name: str) -> list[str]:
+    """The Hugging Face names of a projection's weight: its shards' for a fused one."""
+    fused = next((item for item in FUSED_PROJECTIONS if module_name.endswith(item[0])), None)
+    if fused is None:
+        return [f"{module_name}.weight"]
+    return [f"{module_name.removesuffix(fused[0])}{shard}.weight" for shard in fused[1]]
+
+
+def hf_targets(model: LlamaForCausalLM) -> dict[str, tuple[Tensor, int, int]]:
+    """Each Hugging Face name mapped to (parameter, first row, number of rows) it fills."""
+    config = model.config
+    shard_rows = {
+        "q_proj": config.q_size,
+        "k_proj": config.kv_size,
+        "v_proj": config.kv_size,
+        "gate_proj": config.intermediate_size,
+        "up_proj": config.intermediate_size,
+    }
+    targets: dict[str, tuple[Tensor, int, int]] = {}
+    for name, param in model.named_parameters():
+        fused = next((item for item in FUSED_PROJECTIONS if f".{item[0]}." in name), None)
+        if fused is None:
+            targets[name] = (param, 0, param.shape[0])
+            continue
+        start = 0
+        for shard in fused[1]:
+            targets[name.replace(fused[0], shard)] = (param, start, shard_rows[shard])
+            start += shard_rows[shard]
+    return targets
+
+
+def _first(names: list[str], limit: int = 5) -> str:
+    if not names:
+        return "none"
+    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
