@@ -1,0 +1,76 @@
+"""Loading a GGUF one tensor at a time: projections as the file's blocks alone (no values kept), the
+embedding read from the file a row at a time, the head packed from its blocks; the same logits as a
+load that keeps every value, and an engine whose memory follows the file's size, not its float32 one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.real_size_ggufs import Shape, write
+from engine_proc.cpu_features import cpu_features
+from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.loader import load_model
+from engine_proc.models.form_registry import FORMS
+from engine_proc.models.quantized_linear import Linear
+from tests.engine_proc.models.tiny_llama import run
+
+needs_kernels = pytest.mark.skipif(
+    load_cpu_kernels() is None,
+    reason=f"zeroserve's kernel forms need x86 with AVX2 or AVX-512 BF16 and VNNI, and g++ ({cpu_features().describe()})",
+)
+SMALL = Shape(256, 2, 512, 4, 2, 64, is_tied=True)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("ggml_type", "form"), [("Q4_0", "int4_q8"), ("Q8_0", "int8_q8")])
+def test_projections_loaded_as_blocks_alone_give_the_logits_of_a_load_that_keeps_their_values(
+    tmp_path: Path, ggml_type: str, form: str
+) -> None:
+    path = tmp_path / f"small-{ggml_type}.gguf"
+    write(SMALL, ggml_type, path)
+    lean = load_model(path, dtype=None, quantization="auto")
+    full = load_model(path, dtype=None, quantization="auto", batch_invariant=False)
+    projections = [module for module in lean.modules() if isinstance(module, Linear)]
+    assert projections and all(not p.has_dense and p.forms is not None and set(p.forms.runs) == {form} for p in projections)
+    assert lean.model.embed_rows is not None and not lean.has_dense_head
+    assert lean.head is not None and set(lean.head.runs) == {form}  # the tied head from the file's own blocks
+    # The other load keeps the values, and runs the same kernel forms when told to.
+    for module in full.modules():
+        if isinstance(module, Linear):
+            assert module.has_dense and module.forms is not None and FORMS[form].name in module.forms.runs
+            module.forms.plan = ((sys.maxsize, form),)
+    assert full.head is not None
+    full.head.add(form, lean.head.runs[form])
+    full.head.plan = ((sys.maxsize, form),)
+    ids = torch.randint(0, 49152, (40,))
+    assert torch.equal(lean.model.embed_rows(ids), full.model.embed_tokens(ids))
+    assert torch.equal(run(lean, [ids]), run(full, [ids]))
+
+
+@needs_kernels
+def test_an_engine_holds_little_more_than_its_file(tmp_path: Path) -> None:
+    # NOTE: about 170M parameters in Q4_0 (a 97 MB file; 690 MB in float32, 345 MB in bfloat16).
+    path = tmp_path / "mid-q4_0.gguf"
+    write(Shape(1024, 8, 4096, 16, 4, 64, is_tied=True), "Q4_0", path)
+    code = (
+        "import json\nfrom engine_proc.core import EngineCore\nfrom engine_proc.cpu_kernels import load_cpu_kernels\n"
+        "from proto.engine_config import EngineConfig\n"
+        "def memory(): return dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+        "load_cpu_kernels()\nbefore = memory()['VmRSS']\n"
+        f"core = EngineCore(EngineConfig(model_path={str(path)!r}, kv_cache_memory_gib=0.25, max_model_len=1024))\n"
+        "print(json.dumps({key: int(value.split()[0]) * 1024 for key, value in (('before', before), ('peak', memory()['VmHWM']))}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    memory = json.loads(result.stdout.strip().splitlines()[-1])
+    file_bytes, kv_bytes = path.stat().st_size, 2**28
+    # NOTE: the issue's bound: the file's size and a third, the KV cache, and 400 MB (torch and the rest);
+    # and, closer, what loading added to a process with torch and the kernels in it: a bfloat16 copy of the
+    # weights (345 MB) or their float32 values would break it.
+    assert memory["peak"] <= 1.3 * file_bytes + kv_bytes + 400e6, (memory, file_bytes)
+    assert memory["peak"] - memory["before"] <= 1.3 * file_bytes + 64e6, (memory, file_bytes)
