@@ -7,7 +7,7 @@ The default model's tokenizer (SmolLM2's 49,152-token vocabulary, its chat templ
 file, so every server and `zeroserve bench serve` can use it. Weights are normal with the spread of
 a trained model's (0.02; norms 1), quantized by gguf-py as llama.cpp's converter would, tensor by
 tensor and written as they come, so a file of 8B parameters needs about its own size in memory.
-Q4_0, Q4_1 and Q8_0 come out directly; a k-quant mix (Q4_K_M, Q5_K_M, Q6_K) is made from a Q8_0
+Q4_0, Q4_1, Q8_0 and Q4_K (every matrix, by a plain quantizer) come out directly; a k-quant mix (Q4_K_M, Q5_K_M, Q6_K) is made from a Q8_0
 file by llama.cpp's `llama-quantize --allow-requantize` (`--llama-quantize`, built by
 ../shared/tools/build-llama-cpp), as users' files are made from their originals.
 """
@@ -27,7 +27,7 @@ from proto.gguf_header import read_gguf_metadata
 from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 
 LLAMA_QUANTIZE = Path.home() / ".cache/zeroserve-peer/llama.cpp-native/bin/llama-quantize"
-DIRECT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "F16")
+DIRECT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "F16")
 REQUANTIZED_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K")
 
 
@@ -52,6 +52,33 @@ SHAPES = {
     "qwen2.5-3b": Shape(2048, 36, 11008, 16, 2, 128, is_tied=True, has_qkv_bias=True, architecture="qwen2", rope_theta=1e6),
     "llama-3.1-8b": Shape(4096, 32, 14336, 32, 8, 128, is_tied=False),
 }
+
+
+def quantize_q4_k(values: np.ndarray) -> np.ndarray:
+    """`values` [rows, cols] (cols a multiple of 256) as GGUF Q4_K bytes [rows, cols / 256 * 144] (gguf-py
+    reads but does not write them): per group of 32 a scale and a minimum from its range, as 6-bit
+    multiples of the super-block's float16 d and dmin (a plain quantizer: llama.cpp's searches for
+    better scales; the layout is the same)."""
+    rows, cols = values.shape
+    groups = values.reshape(rows, cols // 256, 8, 32).astype(np.float32)
+    low = np.minimum(groups.min(axis=-1), 0.0)
+    ranges = np.maximum(groups.max(axis=-1) - low, 1e-12)
+    d = (ranges.max(axis=-1) / 15 / 63).astype(np.float16)
+    dmin = (-low.min(axis=-1) / 63).astype(np.float16)
+    scales = np.clip(np.rint(ranges / 15 / np.maximum(d.astype(np.float32), 1e-20)[..., None]), 1, 63).astype(np.uint8)
+    mins = np.clip(np.rint(-low / np.maximum(dmin.astype(np.float32), 1e-20)[..., None]), 0, 63).astype(np.uint8)
+    step = (d.astype(np.float32)[..., None] * scales)[..., None]
+    offset = (dmin.astype(np.float32)[..., None] * mins)[..., None]
+    codes = np.clip(np.rint((groups + offset) / step), 0, 15).astype(np.uint8)
+    packed = np.empty((rows, cols // 256, 144), np.uint8)
+    packed[..., 0:2] = d[..., None].view(np.uint8)
+    packed[..., 2:4] = dmin[..., None].view(np.uint8)
+    packed[..., 4:8] = (scales[..., :4] & 63) | ((scales[..., 4:] >> 4) << 6)
+    packed[..., 8:12] = (mins[..., :4] & 63) | ((mins[..., 4:] >> 4) << 6)
+    packed[..., 12:16] = (scales[..., 4:] & 0xF) | ((mins[..., 4:] & 0xF) << 4)
+    pairs = codes.reshape(rows, cols // 256, 4, 2, 32)
+    packed[..., 16:] = (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).reshape(rows, cols // 256, 128)
+    return packed.reshape(rows, -1)
 
 
 def tensors(shape: Shape, vocab_size: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -117,7 +144,12 @@ def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0) -> None:
             writer.add_tensor_info(name, dims, np.dtype(np.float32), values.nbytes)
         else:
             values = rng.normal(0, 0.02, dims).astype(np.float32)
-            values = gguf.quants.quantize(values, quant) if quant != gguf.GGMLQuantizationType.F16 else values.astype(np.float16)
+            if quant == gguf.GGMLQuantizationType.Q4_K:
+                values = quantize_q4_k(values)
+            elif quant == gguf.GGMLQuantizationType.F16:
+                values = values.astype(np.float16)
+            else:
+                values = gguf.quants.quantize(values, quant)
             # NOTE: with `raw_dtype` gguf-py takes the shape in bytes per row, as the quantized array has it.
             writer.add_tensor_info(name, values.shape, values.dtype, values.nbytes, raw_dtype=quant)
         arrays.append((name, values))

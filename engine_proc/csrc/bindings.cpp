@@ -12,6 +12,10 @@ std::vector<at::Tensor> rotary_store_kv(
     const at::Tensor& qkv, const at::Tensor& cos_sin, const at::Tensor& slots, at::Tensor& cache, int64_t num_heads);
 std::vector<at::Tensor> pack_int4_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
 at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
+std::vector<at::Tensor> pack_int4k_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                                      const at::Tensor& d, const at::Tensor& dmin);
+at::Tensor int4k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                    const at::Tensor& d, const at::Tensor& dmin);
 std::vector<at::Tensor> pack_int8_q8(const at::Tensor& codes, const at::Tensor& scales);
 at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets);
 #ifdef ZEROSERVE_AMX
@@ -27,6 +31,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_store_kv", &rotary_store_kv, "rotary on a fused QKV's queries and keys, K/V stored in a paged cache");
   m.def("pack_int4_q8", &pack_int4_q8, "4-bit group-32 blocks (codes, float16-exact scales and minimums) in int4_q8's layout");
   m.def("int4_q8", &int4_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ a 4-bit weight's transpose, integer products");
+  m.def("pack_int4k_q8", &pack_int4k_q8, "GGUF Q4_K blocks (codes, 6-bit scales and minimums, float16-exact d and dmin) in int4k_q8's layout");
+  m.def("int4k_q8", &int4k_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ a Q4_K weight's transpose, integer products");
   m.def("pack_int8_q8", &pack_int8_q8, "8-bit group-32 blocks (codes, float16-exact scales) in int8_q8's layout");
   m.def("int8_q8", &int8_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ an 8-bit weight's transpose, integer products");
 #ifdef ZEROSERVE_AMX

@@ -13,6 +13,11 @@
 // 8c .. 8c + 7), 64 bytes: byte 4o + j holds output o's input 8c + j in its low nibble and input
 // 8c + 4 + j in its high one (a lane of four bytes per output, as `vpdpbusd` reads them). Scales
 // and minimums as the file's float16, [N / 16, G, 16] (float32 would add half again to the bytes a step reads).
+//
+// `int4k_q8` multiplies GGUF's Q4_K the same way: its codes in the same layout, and per group a 6-bit
+// scale s and minimum m ([N / 16, G, 16] bytes) that multiply the float16 d and dmin of their
+// super-block of 8 groups ([N / 16, G / 8, 16]): d_g = d·s, m_g = −dmin·m, as the file holds them
+// (4.6 bits a weight where the file has 4.5), each computed once per group and block for all rows.
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 
@@ -31,19 +36,65 @@ using namespace zeroserve;
 constexpr int64_t kGroup = 32;
 constexpr int64_t kBlock = 16;  // outputs per block
 constexpr int64_t kGroupBytes = kGroup * kBlock / 2;
+constexpr int64_t kSuperGroups = 8;  // groups per Q4_K super-block
 constexpr int kMaxTile = 8;  // rows per pass: their sums stay in registers
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
+using Lanes = __m512;  // one block's 16 outputs
+inline Lanes load_half(const uint16_t* src) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))); }
+inline Lanes load_bytes(const uint8_t* src) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)))); }
+inline Lanes mul(Lanes a, Lanes b) { return _mm512_mul_ps(a, b); }
+inline Lanes negate(Lanes a) { return _mm512_sub_ps(_mm512_setzero_ps(), a); }
+constexpr int kLanes = 16;
+#else
+using Lanes = __m256;  // half a block's outputs
+inline Lanes load_half(const uint16_t* src) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))); }
+inline Lanes load_bytes(const uint8_t* src) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)))); }
+inline Lanes mul(Lanes a, Lanes b) { return _mm256_mul_ps(a, b); }
+inline Lanes negate(Lanes a) { return _mm256_sub_ps(_mm256_setzero_ps(), a); }
+constexpr int kLanes = 8;
+#endif
 
-inline __m512 load_half16(const uint16_t* src) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
-}
+// int4_q8's scales and minimums: the file's float16 per group ([G, 16] for one block of outputs).
+struct GroupScales {
+  const uint16_t* scales;
+  const uint16_t* mins;
+
+  GroupScales at_block(int64_t b, int64_t num_groups) const {
+    return {scales + b * num_groups * kBlock, mins + b * num_groups * kBlock};
+  }
+  // Outputs `first` .. first + kLanes − 1 of group g.
+  Lanes scale(int64_t g, int first) const { return load_half(scales + g * kBlock + first); }
+  Lanes min(int64_t g, int first) const { return load_half(mins + g * kBlock + first); }
+};
+
+// int4k_q8's (Q4_K): 6-bit integers per group times the float16 d and dmin of the group's super-block.
+struct SuperBlockScales {
+  const uint8_t* scales;
+  const uint8_t* mins;
+  const uint16_t* d;
+  const uint16_t* dmin;
+
+  SuperBlockScales at_block(int64_t b, int64_t num_groups) const {
+    const int64_t num_supers = num_groups / kSuperGroups;
+    return {scales + b * num_groups * kBlock, mins + b * num_groups * kBlock, d + b * num_supers * kBlock,
+            dmin + b * num_supers * kBlock};
+  }
+  Lanes scale(int64_t g, int first) const {
+    return mul(load_bytes(scales + g * kBlock + first), load_half(d + g / kSuperGroups * kBlock + first));
+  }
+  Lanes min(int64_t g, int first) const {
+    return negate(mul(load_bytes(mins + g * kBlock + first), load_half(dmin + g / kSuperGroups * kBlock + first)));
+  }
+};
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
 
 // Rows [0, TILE) of x̂ (`k` apart; scales and sums [TILE, G]) times one block of 16 outputs into
 // `out` (bf16, `out_stride` apart).
-template <int TILE>
+template <int TILE, typename Scales>
 void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* sums, int64_t num_groups,
-                const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, uint16_t* out, int64_t out_stride) {
+                const uint8_t* codes, Scales block_scales, uint16_t* out, int64_t out_stride) {
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   __m512 acc[TILE];
   for (int r = 0; r < TILE; ++r) acc[r] = _mm512_setzero_ps();
@@ -61,8 +112,8 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
         dot[r] = _mm512_dpbusd_epi32(dot[r], second, _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c + 4)));
       }
     }
-    const __m512 d = load_half16(scales + g * kBlock);
-    const __m512 m = load_half16(mins + g * kBlock);
+    const __m512 d = block_scales.scale(g, 0);
+    const __m512 m = block_scales.min(g, 0);
     for (int r = 0; r < TILE; ++r) {
       const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_set1_ps(qscales[r * num_groups + g]));
       acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sums[r * num_groups + g]), m, _mm512_fmadd_ps(scaled, d, acc[r]));
@@ -73,15 +124,11 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
 
 #else  // AVX2 + FMA + F16C
 
-inline __m256 load_half8(const uint16_t* src) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-}
-
 // As the AVX-512 tile, 8 outputs a register: `vpmaddubsw` (pairs of products, at most 2·15·127 in
 // 16 bits) then `vpmaddwd` by ones (the two pairs of a lane of four) into 32-bit sums.
-template <int TILE>
+template <int TILE, typename Scales>
 void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* sums, int64_t num_groups,
-                const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, uint16_t* out, int64_t out_stride) {
+                const uint8_t* codes, Scales block_scales, uint16_t* out, int64_t out_stride) {
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   alignas(32) float acc[TILE][kBlock] = {};
@@ -102,8 +149,8 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
           dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs, ones));
         }
       }
-      const __m256 d = load_half8(scales + g * kBlock + 8 * half);
-      const __m256 m = load_half8(mins + g * kBlock + 8 * half);
+      const __m256 d = block_scales.scale(g, 8 * half);
+      const __m256 m = block_scales.min(g, 8 * half);
       for (int r = 0; r < TILE; ++r) {
         const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_set1_ps(qscales[r * num_groups + g]));
         float* row_acc = acc[r] + 8 * half;
@@ -117,12 +164,59 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
 
 #endif
 
-using TileFn = void (*)(const int8_t*, int64_t, const float*, const float*, int64_t, const uint8_t*, const uint16_t*,
-                        const uint16_t*, uint16_t*, int64_t);
+template <typename Scales>
+using TileFn = void (*)(const int8_t*, int64_t, const float*, const float*, int64_t, const uint8_t*, Scales, uint16_t*, int64_t);
 
-template <int... TILES>
-constexpr std::array<TileFn, sizeof...(TILES)> tile_table(std::integer_sequence<int, TILES...>) {
-  return {&tile_block<TILES + 1>...};
+template <typename Scales, int... TILES>
+constexpr std::array<TileFn<Scales>, sizeof...(TILES)> tile_table(std::integer_sequence<int, TILES...>) {
+  return {&tile_block<TILES + 1, Scales>...};
+}
+
+// The codes [N, K] (0..15) in the packed layout: [N / 16, K / 32, 4, 64].
+at::Tensor pack_codes(const at::Tensor& codes) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte);
+  const int64_t n = codes.size(0), k = codes.size(1);
+  TORCH_CHECK(n % kBlock == 0 && k % kGroup == 0);
+  const int64_t num_groups = k / kGroup;
+  // [N/16, 16 outputs, G, 4 quarters, 2 nibbles, 4] -> [N/16, G, 4 quarters, 2 nibbles, 16 outputs, 4]
+  auto lanes = codes.contiguous().view({n / kBlock, kBlock, num_groups, 4, 2, 4}).permute({0, 2, 3, 4, 1, 5}).contiguous();
+  auto packed = lanes.select(3, 0).bitwise_or(lanes.select(3, 1).bitwise_left_shift(4));
+  return packed.contiguous().view({n / kBlock, num_groups, 4, 64});
+}
+
+// A per-row, per-group (or per-super-block) table [N, C] as [N / 16, C, 16] in `dtype`.
+at::Tensor by_block(const at::Tensor& t, at::ScalarType dtype) {
+  const int64_t n = t.size(0), c = t.size(1);
+  return t.contiguous().view({n / kBlock, kBlock, c}).permute({0, 2, 1}).to(dtype).contiguous();
+}
+
+// x [M, K] bf16 times the packed codes, scaled per group as `scales` says -> [M, N] bf16.
+template <typename Scales>
+at::Tensor matmul(const char* name, const at::Tensor& x, const at::Tensor& codes, Scales scales) {
+  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == 4 && codes.size(3) == 64 && codes.is_contiguous());
+  const Q8Rows rows(x);
+  const int64_t num_blocks = codes.size(0), num_groups = codes.size(1), n = num_blocks * kBlock;
+  TORCH_CHECK(num_groups == rows.num_groups, name, ": the input has ", rows.k, " columns, the weight ", num_groups * kGroup);
+  auto out = at::empty({rows.m, n}, x.options());
+  static constexpr auto kTiles = tile_table<Scales>(std::make_integer_sequence<int, kMaxTile>{});
+  const auto* cs = codes.data_ptr<uint8_t>();
+  auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
+  for_each_tile(num_blocks, rows.m, kMaxTile, [&](int64_t b, int64_t row, int64_t num_rows) {
+    kTiles[num_rows - 1](rows.q.get() + row * rows.k, rows.k, rows.scales.get() + row * num_groups,
+                         rows.sums.get() + row * num_groups, num_groups, cs + b * num_groups * kGroupBytes,
+                         scales.at_block(b, num_groups), os + row * n + b * kBlock, n);
+  });
+  return out;
+}
+
+const uint16_t* halves(const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kHalf && t.is_contiguous());
+  return reinterpret_cast<const uint16_t*>(t.data_ptr());
+}
+
+const uint8_t* bytes(const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kByte && t.is_contiguous());
+  return t.data_ptr<uint8_t>();
 }
 
 }  // namespace
@@ -130,36 +224,30 @@ constexpr std::array<TileFn, sizeof...(TILES)> tile_table(std::integer_sequence<
 // codes [N, K] uint8 (0..15), scales and mins [N, K / 32] float32 (float16-exact) -> (packed codes
 // [N / 16, K / 32, 4, 64] uint8, scales [N / 16, K / 32, 16] float16, mins the same).
 std::vector<at::Tensor> pack_int4_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins) {
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte && scales.scalar_type() == at::kFloat && mins.scalar_type() == at::kFloat);
-  const int64_t n = codes.size(0), k = codes.size(1);
-  TORCH_CHECK(n % kBlock == 0 && k % kGroup == 0 && scales.size(0) == n && scales.size(1) == k / kGroup && mins.sizes() == scales.sizes());
-  const int64_t num_groups = k / kGroup;
-  // [N/16, 16 outputs, G, 4 quarters, 2 nibbles, 4] -> [N/16, G, 4 quarters, 2 nibbles, 16 outputs, 4]
-  auto lanes = codes.contiguous().view({n / kBlock, kBlock, num_groups, 4, 2, 4}).permute({0, 2, 3, 4, 1, 5}).contiguous();
-  auto packed = lanes.select(3, 0).bitwise_or(lanes.select(3, 1).bitwise_left_shift(4));
-  auto block_view = [&](const at::Tensor& t) {
-    return t.contiguous().view({n / kBlock, kBlock, num_groups}).permute({0, 2, 1}).to(at::kHalf).contiguous();
-  };
-  return {packed.contiguous().view({n / kBlock, num_groups, 4, 64}), block_view(scales), block_view(mins)};
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && mins.scalar_type() == at::kFloat && mins.sizes() == scales.sizes());
+  TORCH_CHECK(scales.size(0) == codes.size(0) && scales.size(1) * kGroup == codes.size(1));
+  return {pack_codes(codes), by_block(scales, at::kHalf), by_block(mins, at::kHalf)};
 }
 
 // x [M, K] bf16 @ the packed weight's transpose -> [M, N] bf16, x rounded to 8 bits per group of 32.
 at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins) {
-  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == 4 && codes.size(3) == 64 && codes.is_contiguous());
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && mins.scalar_type() == at::kHalf && scales.is_contiguous() && mins.is_contiguous());
-  const Q8Rows rows(x);
-  const int64_t num_blocks = codes.size(0), num_groups = codes.size(1), n = num_blocks * kBlock;
-  TORCH_CHECK(num_groups == rows.num_groups, "int4_q8: the input has ", rows.k, " columns, the weight ", num_groups * kGroup);
-  auto out = at::empty({rows.m, n}, x.options());
-  static constexpr auto kTiles = tile_table(std::make_integer_sequence<int, kMaxTile>{});
-  const auto* cs = codes.data_ptr<uint8_t>();
-  const auto* ds = reinterpret_cast<const uint16_t*>(scales.data_ptr());
-  const auto* ms = reinterpret_cast<const uint16_t*>(mins.data_ptr());
-  auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
-  for_each_tile(num_blocks, rows.m, kMaxTile, [&](int64_t b, int64_t row, int64_t num_rows) {
-    kTiles[num_rows - 1](rows.q.get() + row * rows.k, rows.k, rows.scales.get() + row * num_groups,
-                         rows.sums.get() + row * num_groups, num_groups, cs + b * num_groups * kGroupBytes,
-                         ds + b * num_groups * kBlock, ms + b * num_groups * kBlock, os + row * n + b * kBlock, n);
-  });
-  return out;
+  return matmul("int4_q8", x, codes, GroupScales{halves(scales), halves(mins)});
+}
+
+// Q4_K: codes [N, K] uint8 (0..15), scales and mins [N, K / 32] uint8 (0..63), d and dmin [N, K / 256]
+// float32 (float16-exact) -> (packed codes as int4_q8's, scales and mins [N / 16, K / 32, 16] uint8,
+// d and dmin [N / 16, K / 256, 16] float16).
+std::vector<at::Tensor> pack_int4k_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                                      const at::Tensor& d, const at::Tensor& dmin) {
+  TORCH_CHECK(scales.scalar_type() == at::kByte && mins.scalar_type() == at::kByte && mins.sizes() == scales.sizes());
+  TORCH_CHECK(d.scalar_type() == at::kFloat && dmin.sizes() == d.sizes() && codes.size(1) % (kGroup * kSuperGroups) == 0);
+  TORCH_CHECK(scales.size(1) * kGroup == codes.size(1) && d.size(1) * kSuperGroups == scales.size(1));
+  return {pack_codes(codes), by_block(scales, at::kByte), by_block(mins, at::kByte), by_block(d, at::kHalf),
+          by_block(dmin, at::kHalf)};
+}
+
+// x [M, K] bf16 @ the packed Q4_K weight's transpose -> [M, N] bf16, x rounded to 8 bits per group of 32.
+at::Tensor int4k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                    const at::Tensor& d, const at::Tensor& dmin) {
+  return matmul("int4k_q8", x, codes, SuperBlockScales{bytes(scales), bytes(mins), halves(d), halves(dmin)});
 }

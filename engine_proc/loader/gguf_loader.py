@@ -16,7 +16,7 @@ from gguf.quants import dequantize
 
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.llama import inverse_frequencies
-from engine_proc.models.weight_blocks import Blocks, BlocksReader, Q4Blocks, Q8Blocks
+from engine_proc.models.weight_blocks import Blocks, BlocksReader, Q4Blocks, Q4KBlocks, Q8Blocks
 from proto.gguf_header import GGUFHeader, read_gguf_header
 
 _ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -125,7 +125,7 @@ class GGUFWeights:
             rows = slice(None)
         start, stop, _ = rows.indices(tensor.num_rows)
         data = _read(self.path, tensor, start, stop)
-        arrays = _q4_arrays(tensor, data) if kind is Q4Blocks else _q8_arrays(data)
+        arrays = _q4_arrays(tensor, data) if kind is Q4Blocks else _q8_arrays(data) if kind is Q8Blocks else _q4k_arrays(data)
         return kind(*(torch.from_numpy(np.ascontiguousarray(self._unpermuted(name, a))) for a in arrays))
 
     def blocks_reader(self, name: str) -> BlocksReader | None:
@@ -148,8 +148,9 @@ class GGUFWeights:
 
 
 _FLOAT_TYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
-_BLOCK_KINDS: dict[GGMLQuantizationType, type[Q4Blocks] | type[Q8Blocks]] = {
+_BLOCK_KINDS: dict[GGMLQuantizationType, type[Q4Blocks] | type[Q8Blocks] | type[Q4KBlocks]] = {
     GGMLQuantizationType.Q4_0: Q4Blocks, GGMLQuantizationType.Q4_1: Q4Blocks, GGMLQuantizationType.Q8_0: Q8Blocks,
+    GGMLQuantizationType.Q4_K: Q4KBlocks,
 }
 
 
@@ -199,6 +200,25 @@ def _q4_arrays(tensor: _Tensor, raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]
     packed = raw[..., header:]
     codes = np.concatenate((packed & 0x0F, packed >> 4), axis=-1).reshape(num_rows, -1)
     return codes, scales, mins
+
+
+def _q4k_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(codes, scales, mins, d, dmin) of a Q4_K tensor. A super-block of 256 is a float16 d, a float16
+    dmin, 12 bytes of 6-bit scales and minimums for its 8 groups (ggml's get_scale_min_k4 packing: groups
+    0-3 in the low 6 bits of bytes 0-3 and 4-7, groups 4-7 in the nibbles of bytes 8-11 with their top
+    2 bits in the top bits of bytes 0-7), then 128 bytes of codes: 32 bytes for each two groups, the
+    first group in their low nibbles, the second in their high ones."""
+    num_rows = raw_bytes.shape[0]
+    raw = raw_bytes.reshape(num_rows, -1, 144)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    packed = raw[..., 4:16]
+    low, high, both = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scales = np.concatenate((low & 63, (both & 0xF) | ((low >> 6) << 4)), axis=-1).reshape(num_rows, -1)
+    mins = np.concatenate((high & 63, (both >> 4) | ((high >> 6) << 4)), axis=-1).reshape(num_rows, -1)
+    pairs = raw[..., 16:].reshape(num_rows, -1, 4, 1, 32)
+    codes = np.concatenate((pairs & 0x0F, pairs >> 4), axis=3).reshape(num_rows, -1)
+    return codes, scales, mins, d, dmin
 
 
 def _q8_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:

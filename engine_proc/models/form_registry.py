@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine_proc.models.weight_blocks import Blocks, Q4Blocks, Q8Blocks
+from engine_proc.models.weight_blocks import Blocks, Q4Blocks, Q4KBlocks, Q8Blocks
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class KernelOps:
     """How zeroserve's C++ kernels (the module `load_cpu_kernels` returns) pack a weight's blocks
     for a form and multiply bfloat16 rows by them, and a trial call that must hold before a load uses them."""
 
-    blocks: type[Q4Blocks] | type[Q8Blocks]
+    blocks: type[Q4Blocks] | type[Q8Blocks] | type[Q4KBlocks]
     pack: Callable[[Any, Blocks], list[Tensor]]
     run: Callable[[Any], Callable[..., Tensor]]
     trial: Callable[[Any], bool]
@@ -52,7 +52,7 @@ class FormSpec:
     """One matmul form: what it is built from, its promises, and (ours) its kernel."""
 
     name: str
-    source: str  # "weight": the loaded float weight; "q4 blocks", "q8 blocks": the file's blocks
+    source: str  # "weight": the loaded float weight; "q4 blocks", "q8 blocks", "q4k blocks": the file's blocks
     is_row_invariant: bool  # each row's bits are the same whatever other rows share the call
     fidelity: Fidelity
     kernel: KernelOps | None = None  # zeroserve's C++ kernel forms only
@@ -71,9 +71,19 @@ def _trial_q8(kernels: Any) -> bool:
     return _is_close(kernels, FORMS["int8_q8"], Q8Blocks(codes, torch.full((16, 2), 0.125)))
 
 
+def _trial_q4k(kernels: Any) -> bool:
+    """int4k_q8 on 16 outputs × one super-block of 256 inputs, 3 rows, against the dequantized weight's product."""
+    codes = (torch.arange(16 * 256) % 16).to(torch.uint8).view(16, 256)
+    scales = (torch.arange(16 * 8) % 64).to(torch.uint8).view(16, 8)
+    mins = (torch.arange(16 * 8) * 7 % 64).to(torch.uint8).view(16, 8)
+    blocks = Q4KBlocks(codes, scales, mins, torch.full((16, 1), 2.0**-6), torch.full((16, 1), 2.0**-7))
+    return _is_close(kernels, FORMS["int4k_q8"], blocks)
+
+
 def _is_close(kernels: Any, spec: FormSpec, blocks: Blocks) -> bool:
     assert spec.kernel is not None
-    x = torch.linspace(-1, 1, 3 * 64).view(3, 64).bfloat16()
+    num_inputs = blocks.codes.shape[1]
+    x = torch.linspace(-1, 1, 3 * num_inputs).view(3, num_inputs).bfloat16()
     got = spec.kernel.run(kernels)(x, *spec.kernel.pack(kernels, blocks)).float()
     expected = x.float() @ blocks.dequantize().t()
     # NOTE: bfloat16 rounds the outputs (2**-8); the 8-bit inputs move each product by at most half a
@@ -92,6 +102,12 @@ FORMS = {spec.name: spec for spec in (
         "int4_q8", "q4 blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
         kernel=KernelOps(
             Q4Blocks, lambda kernels, b: kernels.pack_int4_q8(*b), lambda kernels: kernels.int4_q8, _trial_q4,
+        ),
+    ),
+    FormSpec(
+        "int4k_q8", "q4k blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
+        kernel=KernelOps(
+            Q4KBlocks, lambda kernels, b: kernels.pack_int4k_q8(*b), lambda kernels: kernels.int4k_q8, _trial_q4k,
         ),
     ),
     FormSpec(

@@ -64,7 +64,7 @@ def _packed(kernels: Any, spec: FormSpec, reader: BlocksReader) -> list[Tensor] 
     num_padded = reader.num_rows + -reader.num_rows % 16
     for start in range(0, reader.num_rows, _ROWS_PER_PACK):
         part = reader.read(slice(start, min(start + _ROWS_PER_PACK, reader.num_rows)))
-        if not all(torch.equal(t.half().float(), t) for t in part[1:]):
+        if not all(torch.equal(t.half().float(), t) for t in part[1:] if t.is_floating_point()):
             return None
         padding = -part.codes.shape[0] % 16
         if padding:

@@ -2,7 +2,9 @@
 
 A Q4_1 block holds 32 codes q in 0..15, a scale d and a minimum m: w = q·d + m (Q4_0 is the case
 m = −8·d). A Q8_0 block holds 32 codes q in −127..127 and a scale d: w = q·d. The scales (and
-minimums) are float16 in the file, so every value here is one a float16 holds.
+minimums) are float16 in the file, so every value here is one a float16 holds. A Q4_K super-block
+of 256 holds eight such groups of 4-bit codes whose scales and minimums are 6-bit integers times the
+super-block's float16 d and dmin.
 """
 
 from __future__ import annotations
@@ -63,7 +65,33 @@ class Q8Blocks(NamedTuple):
         return Q8Blocks(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
 
 
-Blocks = Q4Blocks | Q8Blocks
+class Q4KBlocks(NamedTuple):
+    """A weight [rows, cols] as GGUF's Q4_K holds it: 4-bit codes in groups of 32, each group with a 6-bit
+    scale and a 6-bit minimum, and per super-block of 256 (8 groups) a float16 d and dmin:
+    w = d·sc·q − dmin·m."""
+
+    codes: Tensor  # [rows, cols] uint8, values 0..15
+    scales: Tensor  # [rows, cols // 32] uint8, values 0..63
+    mins: Tensor  # [rows, cols // 32] uint8, values 0..63
+    d: Tensor  # [rows, cols // 256] float32, values a float16 holds
+    dmin: Tensor  # [rows, cols // 256] float32, values a float16 holds
+
+    def dequantize(self) -> Tensor:
+        rows, cols = self.codes.shape
+        groups = self.codes.view(rows, cols // GROUP_SIZE, GROUP_SIZE).float()
+        d = self.d.repeat_interleave(SUPER_BLOCK // GROUP_SIZE, dim=1)
+        dmin = self.dmin.repeat_interleave(SUPER_BLOCK // GROUP_SIZE, dim=1)
+        scales, mins = d * self.scales.float(), dmin * self.mins.float()
+        return (groups * scales.unsqueeze(-1) - mins.unsqueeze(-1)).view(rows, cols)
+
+    @staticmethod
+    def cat(parts: list[Q4KBlocks]) -> Q4KBlocks:
+        """The blocks of the weights stacked by rows (a fused projection from its shards)."""
+        return Q4KBlocks(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
+
+
+SUPER_BLOCK = 256
+Blocks = Q4Blocks | Q8Blocks | Q4KBlocks
 
 
 def cat_blocks(parts: list[Blocks]) -> Blocks | None:
@@ -73,6 +101,8 @@ def cat_blocks(parts: list[Blocks]) -> Blocks | None:
         return Q4Blocks.cat([part for part in parts if isinstance(part, Q4Blocks)])
     if kinds == {Q8Blocks}:
         return Q8Blocks.cat([part for part in parts if isinstance(part, Q8Blocks)])
+    if kinds == {Q4KBlocks}:
+        return Q4KBlocks.cat([part for part in parts if isinstance(part, Q4KBlocks)])
     return None
 
 
@@ -81,7 +111,7 @@ class BlocksReader:
     """A weight's blocks read some rows at a time (from its file), so that packing a large one (an
     output head) never holds a whole unpacked copy of it."""
 
-    kind: type[Q4Blocks] | type[Q8Blocks]
+    kind: type[Q4Blocks] | type[Q8Blocks] | type[Q4KBlocks]
     num_rows: int
     read: Callable[[slice], Blocks]
 

@@ -15,7 +15,7 @@ import torch
 from benchmarks.real_size_ggufs import Shape, write
 from engine_proc.cpu_features import cpu_features
 from engine_proc.cpu_kernels import load_cpu_kernels
-from engine_proc.loader import load_model
+from engine_proc.loader import load_gguf, load_model
 from engine_proc.models.form_registry import FORMS
 from engine_proc.models.quantized_linear import Linear
 from tests.engine_proc.models.tiny_llama import run
@@ -28,7 +28,7 @@ SMALL = Shape(256, 2, 512, 4, 2, 64, is_tied=True)
 
 
 @needs_kernels
-@pytest.mark.parametrize(("ggml_type", "form"), [("Q4_0", "int4_q8"), ("Q8_0", "int8_q8")])
+@pytest.mark.parametrize(("ggml_type", "form"), [("Q4_0", "int4_q8"), ("Q8_0", "int8_q8"), ("Q4_K", "int4k_q8")])
 def test_projections_loaded_as_blocks_alone_give_the_logits_of_a_load_that_keeps_their_values(
     tmp_path: Path, ggml_type: str, form: str
 ) -> None:
@@ -51,6 +51,19 @@ def test_projections_loaded_as_blocks_alone_give_the_logits_of_a_load_that_keeps
     ids = torch.randint(0, 49152, (40,))
     assert torch.equal(lean.model.embed_rows(ids), full.model.embed_tokens(ids))
     assert torch.equal(run(lean, [ids]), run(full, [ids]))
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+def test_the_files_blocks_hold_the_values_gguf_py_reads(tmp_path: Path, ggml_type: str) -> None:
+    path = tmp_path / f"small-{ggml_type}.gguf"
+    write(SMALL, ggml_type, path)
+    _, weights = load_gguf(path)
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight", "model.embed_tokens.weight"):
+        blocks = weights.blocks(name)
+        assert blocks is not None and torch.equal(blocks.dequantize(), weights.float(name)), name
+        if "q_proj" not in name:  # NOTE: a llama file's Q and K rows are permuted: read whole
+            part = weights.blocks(name, slice(16, 48))
+            assert part is not None and torch.equal(part.dequantize(), weights.float(name)[16:48]), name
 
 
 @needs_kernels

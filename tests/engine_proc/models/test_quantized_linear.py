@@ -17,7 +17,7 @@ from engine_proc.models.form_registry import FORMS
 from engine_proc.models.matmul_forms import PackedWeight
 from engine_proc.models.matmul_plan import plan_linears
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form
-from engine_proc.models.weight_blocks import Q4Blocks, Q8Blocks
+from engine_proc.models.weight_blocks import Q4Blocks, Q4KBlocks, Q8Blocks
 from proto import envs
 
 
@@ -202,11 +202,23 @@ def random_q8_weight(rows: int, cols: int) -> torch.Tensor:
     return (torch.randn(rows, cols // 32, 32, generator=generator) * scales).view(rows, cols)
 
 
+def random_q4k_blocks(rows: int, cols: int) -> Q4KBlocks:
+    """Q4_K blocks as llama-quantize writes them: 6-bit scales and minimums, float16 d and dmin per 256."""
+    generator = torch.Generator().manual_seed(4)
+    codes = torch.randint(0, 16, (rows, cols), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(1, 64, (rows, cols // 32), dtype=torch.uint8, generator=generator)
+    mins = torch.randint(0, 64, (rows, cols // 32), dtype=torch.uint8, generator=generator)
+    d = (torch.rand(rows, cols // 256, generator=generator) * 1e-3 + 1e-4).half().float()
+    dmin = (torch.rand(rows, cols // 256, generator=generator) * 1e-3).half().float()
+    return Q4KBlocks(codes, scales, mins, d, dmin)
+
+
 def row_invariant_form(form: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The run of each form the registry says is row-invariant, on a random weight of 96 outputs and 256 inputs."""
     spec = FORMS[form]
     assert spec.kernel is not None, f"{form} claims row invariance: give it a case here"
-    blocks = random_blocks(96, 256) if spec.kernel.blocks is Q4Blocks else Q8Blocks.quantize(random_q8_weight(96, 256))
+    makers = {Q4Blocks: random_blocks, Q4KBlocks: random_q4k_blocks, Q8Blocks: lambda n, k: Q8Blocks.quantize(random_q8_weight(n, k))}
+    blocks = makers[spec.kernel.blocks](96, 256)
     run = kernel_form(load_cpu_kernels(), spec, blocks)
     assert run is not None
     return run
@@ -256,3 +268,27 @@ def test_q8_blocks_of_a_q8_0_tensor_are_its_own_blocks() -> None:
     blocks = Q8Blocks(codes, scales)
     again = Q8Blocks.quantize(blocks.dequantize())
     assert torch.equal(again.codes, codes) and torch.equal(again.scales, scales)
+
+
+@needs_kernels
+@pytest.mark.parametrize("num_tokens", [1, 8, 9, 40])
+def test_int4k_q8_multiplies_q4_k_blocks_with_their_two_level_scales(num_tokens: int) -> None:
+    blocks = random_q4k_blocks(40, 512)  # NOTE: 40 outputs: padded to 48 for the kernel, cut again
+    run = kernel_form(load_cpu_kernels(), FORMS["int4k_q8"], blocks)
+    assert run is not None
+    x = torch.randn(num_tokens, 512).bfloat16()
+    x[0, 40] = 30.0
+    out = run(x).double()
+    # What the kernel says it computes: Σ_g (d·s_g)·a·Σ q·x̂ − (dmin·m_g)·Σ x, the 6-bit scales times the
+    # super-block's float16 d exact in float32; then float32 sums and one bfloat16 rounding.
+    q, a = q8_rows(x)
+    codes = blocks.codes.double().view(40, -1, 32)
+    products = torch.einsum("mgk,ngk->mng", q.double(), codes)
+    scales = blocks.d.double().repeat_interleave(8, dim=1) * blocks.scales.double()
+    mins = blocks.dmin.double().repeat_interleave(8, dim=1) * blocks.mins.double()
+    sums = x.double().view(num_tokens, -1, 32).sum(-1)
+    stated = (products * a.double().unsqueeze(1) * scales).sum(-1) - sums @ mins.T
+    assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
+    expected = x.double() @ blocks.dequantize().double().T
+    steps = torch.einsum("mg,ngk->mn", a.double() / 2, codes * scales.unsqueeze(-1))
+    assert ((out - expected).abs() <= steps + 2**-8 * expected.abs() + 1e-4 * expected.abs().max()).all()
