@@ -84,7 +84,7 @@ class GGUFWeights:
 
     def is_quantized(self) -> bool:
         """Whether the file's matrices come as quantized blocks (not float32, float16 or bfloat16)."""
-        return any(t.tensor_type not in _FLOAT_TYPES for t in self._tensors.values() if len(t.shape) > 1)
+        return any(t.tensor_type not in _UNQUANTIZED for t in self._tensors.values() if len(t.shape) > 1)
 
     def float(self, name: str, rows: slice = slice(None)) -> torch.Tensor:
         """The tensor (its outermost `rows` only, where its rows are not permuted) dequantized to float32,
@@ -115,10 +115,15 @@ class GGUFWeights:
         return rows
 
     def blocks(self, name: str, rows: slice = slice(None)) -> Blocks | None:
-        """The tensor's blocks as the file holds them (Q4_0, Q4_1, Q8_0; see weight_blocks), its outermost
-        `rows` only where its rows are not permuted, in Hugging Face's row order; None for other types."""
+        """The tensor's blocks (see weight_blocks), its outermost `rows` only where its rows are not
+        permuted, in Hugging Face's row order: as the file holds them for Q4_0, Q4_1, Q4_K and Q8_0; for
+        the other quantized types (Q5_0, Q5_1, Q5_K, Q6_K, ...: no kernel form of their own yet) their
+        values rounded to Q8_0, whose 8 bits a weight with a scale per 32 are finer than theirs; None for
+        float tensors."""
         tensor = self._tensors[name]
         kind = _BLOCK_KINDS.get(tensor.tensor_type)
+        if kind is None and tensor.tensor_type not in _UNQUANTIZED and len(tensor.shape) == 2 and tensor.shape[0] % 32 == 0:
+            return Q8Blocks.quantize(self.float(name, rows))
         if kind is None:
             return None
         if name in self._permuted_heads:
@@ -131,8 +136,8 @@ class GGUFWeights:
     def blocks_reader(self, name: str) -> BlocksReader | None:
         """The tensor's blocks read some rows at a time; None for types other than blocks'."""
         tensor = self._tensors[name]
-        kind = _BLOCK_KINDS.get(tensor.tensor_type)
-        if kind is None or name in self._permuted_heads:
+        kind = _BLOCK_KINDS.get(tensor.tensor_type, None if tensor.tensor_type in _UNQUANTIZED else Q8Blocks)
+        if kind is None or name in self._permuted_heads or len(tensor.shape) != 2 or tensor.shape[0] % 32:
             return None
 
         def read(rows: slice) -> Blocks:
@@ -148,6 +153,7 @@ class GGUFWeights:
 
 
 _FLOAT_TYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
+_UNQUANTIZED = {*_FLOAT_TYPES, GGMLQuantizationType.BF16}
 _BLOCK_KINDS: dict[GGMLQuantizationType, type[Q4Blocks] | type[Q8Blocks] | type[Q4KBlocks]] = {
     GGMLQuantizationType.Q4_0: Q4Blocks, GGMLQuantizationType.Q4_1: Q4Blocks, GGMLQuantizationType.Q8_0: Q8Blocks,
     GGMLQuantizationType.Q4_K: Q4KBlocks,

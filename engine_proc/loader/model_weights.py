@@ -125,9 +125,9 @@ def _load_projection(
     """Gives a projection its file's blocks: alone, packed now, where `kernels` (a batch-invariant
     load's) have a form for them; else beside its dequantized values. None where it has no blocks."""
     parts = [source.blocks(name) for name in shard_names]
-    blocks = cat_blocks([part for part in parts if part is not None]) if None not in parts else None
-    if blocks is None:
+    if None in parts:
         return None
+    blocks = cat_blocks([part for part in parts if part is not None])
     if kernels is not None and _has_kernel_form(kernels, blocks):
         linear.kernels = kernels
         linear.set_blocks(blocks, linear.weight.dtype, has_dense=False)

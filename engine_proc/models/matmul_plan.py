@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from engine_proc.models.matmul_forms import (
@@ -71,7 +72,10 @@ def plan_linears(
             for matmul in group:
                 matmul.set_plan(plan)
             previous = plan
-        plans[kind] = describe_plan(group[0].plan)
+        # NOTE: a file may hold one kind of projection in several types (a Q4_K_M file's down
+        # projections in Q4_K and Q6_K): each plan, with how many weights it serves.
+        described = Counter(describe_plan(matmul.plan) for matmul in group)
+        plans[kind] = ", ".join(plan if len(described) == 1 else f"{plan} ({count})" for plan, count in described.items())
     if is_measured:
         for _, linear in linears:
             linear.drop_unplanned()

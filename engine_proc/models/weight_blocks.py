@@ -94,16 +94,16 @@ SUPER_BLOCK = 256
 Blocks = Q4Blocks | Q8Blocks | Q4KBlocks
 
 
-def cat_blocks(parts: list[Blocks]) -> Blocks | None:
-    """The shards' blocks stacked by rows, or None where they are not all of one kind."""
+def cat_blocks(parts: list[Blocks]) -> Blocks:
+    """The shards' blocks stacked by rows (a fused projection from its shards); shards of different kinds
+    (a Q4_K_M file's Q4_K queries beside its Q6_K values) all as Q8_0 blocks, 8 bits a weight being
+    finer than any of theirs."""
     kinds = {type(part) for part in parts}
     if kinds == {Q4Blocks}:
         return Q4Blocks.cat([part for part in parts if isinstance(part, Q4Blocks)])
-    if kinds == {Q8Blocks}:
-        return Q8Blocks.cat([part for part in parts if isinstance(part, Q8Blocks)])
     if kinds == {Q4KBlocks}:
         return Q4KBlocks.cat([part for part in parts if isinstance(part, Q4KBlocks)])
-    return None
+    return Q8Blocks.cat([part if isinstance(part, Q8Blocks) else Q8Blocks.quantize(part.dequantize()) for part in parts])
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,21 @@ def test_projections_loaded_as_blocks_alone_give_the_logits_of_a_load_that_keeps
     assert torch.equal(run(lean, [ids]), run(full, [ids]))
 
 
+@needs_kernels
+def test_a_type_without_a_kernel_form_of_its_own_runs_as_8_bit_blocks(tmp_path: Path) -> None:
+    # NOTE: Q5_0 (5-bit codes, a float16 scale per 32) is rounded to Q8_0 at load, tensor by tensor.
+    path = tmp_path / "small-q5_0.gguf"
+    write(SMALL, "Q5_0", path)
+    lean = load_model(path, dtype=None, quantization="auto")
+    exact = load_model(path, dtype=torch.float32, quantization="none")
+    projections = [module for module in lean.modules() if isinstance(module, Linear)]
+    assert all(not p.has_dense and p.forms is not None and set(p.forms.runs) == {"int8_q8"} for p in projections)
+    ids = torch.randint(0, 49152, (40,))
+    got, expected = run(lean, [ids]), run(exact, [ids])
+    # NOTE: 8-bit weights and activations, bfloat16 between: well within the logits' spread.
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()
+
+
 @pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
 def test_the_files_blocks_hold_the_values_gguf_py_reads(tmp_path: Path, ggml_type: str) -> None:
     path = tmp_path / f"small-{ggml_type}.gguf"

@@ -17,7 +17,7 @@ from engine_proc.models.form_registry import FORMS
 from engine_proc.models.matmul_forms import PackedWeight
 from engine_proc.models.matmul_plan import plan_linears
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form
-from engine_proc.models.weight_blocks import Q4Blocks, Q4KBlocks, Q8Blocks
+from engine_proc.models.weight_blocks import Q4Blocks, Q4KBlocks, Q8Blocks, cat_blocks
 from proto import envs
 
 
@@ -292,3 +292,14 @@ def test_int4k_q8_multiplies_q4_k_blocks_with_their_two_level_scales(num_tokens:
     expected = x.double() @ blocks.dequantize().double().T
     steps = torch.einsum("mg,ngk->mn", a.double() / 2, codes * scales.unsqueeze(-1))
     assert ((out - expected).abs() <= steps + 2**-8 * expected.abs() + 1e-4 * expected.abs().max()).all()
+
+
+def test_shards_of_different_kinds_are_stacked_as_8_bit_blocks() -> None:
+    # NOTE: a Q4_K_M file holds a layer's queries in Q4_K and its values in Q6_K (read as Q8_0).
+    q4k, q8 = random_q4k_blocks(32, 256), Q8Blocks.quantize(random_q8_weight(16, 256))
+    fused = cat_blocks([q4k, q8])
+    assert isinstance(fused, Q8Blocks) and fused.codes.shape == (48, 256)
+    expected = torch.cat([q4k.dequantize(), q8.dequantize()])
+    # NOTE: the Q4_K rows rounded again to 8 bits: at most half a step of 1/127 of each group's largest.
+    assert ((fused.dequantize() - expected).abs() <= expected.abs().amax() / 254 + 1e-9).all()
+    assert isinstance(cat_blocks([q4k, q4k]), Q4KBlocks)
