@@ -124,8 +124,9 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
 
 #else  // AVX2 + FMA + F16C
 
-// As the AVX-512 tile, 8 outputs a register: `vpmaddubsw` (pairs of products, at most 2·15·127 in
-// 16 bits) then `vpmaddwd` by ones (the two pairs of a lane of four) into 32-bit sums.
+// As the AVX-512 tile, 8 outputs a register: `vpmaddubsw` (pairs of products, at most 2·15·127),
+// the group's 8 of them per row added in 16 bits (at most 8·3810 = 30480: no overflow), then one
+// `vpmaddwd` by ones (the two pairs of a lane of four) into 32-bit sums.
 template <int TILE, typename Scales>
 void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* sums, int64_t num_groups,
                 const uint8_t* codes, Scales block_scales, uint16_t* out, int64_t out_stride) {
@@ -136,23 +137,23 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
     const uint8_t* group_codes = codes + g * kGroupBytes;
     const int8_t* group_q = q + g * kGroup;
     for (int half = 0; half < 2; ++half) {  // outputs 8·half .. 8·half + 7
-      __m256i dot[TILE];
-      for (int r = 0; r < TILE; ++r) dot[r] = _mm256_setzero_si256();
+      __m256i pairs[TILE];
+      for (int r = 0; r < TILE; ++r) pairs[r] = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
         const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_codes + 64 * c + 32 * half));
         const __m256i first = _mm256_and_si256(bytes, low_nibbles);
         const __m256i second = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_nibbles);
         for (int r = 0; r < TILE; ++r) {
-          const __m256i pairs = _mm256_add_epi16(
+          pairs[r] = _mm256_add_epi16(pairs[r], _mm256_add_epi16(
               _mm256_maddubs_epi16(first, _mm256_set1_epi32(load_int32(group_q + r * k + 8 * c))),
-              _mm256_maddubs_epi16(second, _mm256_set1_epi32(load_int32(group_q + r * k + 8 * c + 4))));
-          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs, ones));
+              _mm256_maddubs_epi16(second, _mm256_set1_epi32(load_int32(group_q + r * k + 8 * c + 4)))));
         }
       }
       const __m256 d = block_scales.scale(g, 8 * half);
       const __m256 m = block_scales.min(g, 8 * half);
       for (int r = 0; r < TILE; ++r) {
-        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_set1_ps(qscales[r * num_groups + g]));
+        const __m256i dot = _mm256_madd_epi16(pairs[r], ones);
+        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(qscales[r * num_groups + g]));
         float* row_acc = acc[r] + 8 * half;
         _mm256_store_ps(row_acc, _mm256_fmadd_ps(_mm256_set1_ps(sums[r * num_groups + g]), m,
                                                  _mm256_fmadd_ps(scaled, d, _mm256_load_ps(row_acc))));
