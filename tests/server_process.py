@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import socket
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -52,13 +53,21 @@ async def wait_healthy(server: ServerProcess) -> None:
             await asyncio.sleep(0.05)
 
 
-async def kill_engines(server: ServerProcess, num_kills: int, rng: random.Random) -> list[int]:
-    """SIGKILLs a serving engine `num_kills` times, each at a random moment once the gateway is
-    healthy again (streams under way); returns the pids killed."""
+async def kill_engines(
+    server: ServerProcess, num_kills: int, rng: random.Random, is_under_way: Callable[[], bool] = lambda: True,
+    delay_s: tuple[float, float] = (0.2, 0.6),
+) -> list[int]:
+    """SIGKILLs a serving engine `num_kills` times, each a random `delay_s` after the gateway is healthy
+    again and then as soon as `is_under_way()` says the streams are (so a kill never lands on an
+    engine whose streams have all ended); returns the pids killed."""
     killed = []
     for _ in range(num_kills):
         await wait_healthy(server)
-        await asyncio.sleep(rng.uniform(0.2, 0.6))
+        await asyncio.sleep(rng.uniform(*delay_s))
+        deadline = asyncio.get_running_loop().time() + 60
+        while not is_under_way():
+            assert asyncio.get_running_loop().time() < deadline, "the streams were never under way at a kill"
+            await asyncio.sleep(0.005)
         pid = rng.choice(server.engine_pids())
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)

@@ -10,6 +10,8 @@ import os
 import random
 import signal
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -31,7 +33,15 @@ NUM_STREAMS = 40
 NUM_SEEDED = 8
 
 
-async def one_stream(client: openai.AsyncOpenAI, index: int) -> tuple[str, int, str | None]:
+@dataclass
+class Progress:
+    """How many streams have had their first text, and how many have ended."""
+
+    num_started: int = 0
+    num_finished: int = 0
+
+
+async def one_stream(client: openai.AsyncOpenAI, index: int, progress: Progress) -> tuple[str, int, str | None]:
     """(text, completion tokens, finish reason) of stream `index`: greedy, or seeded sampling for the last ones."""
     is_seeded = index >= NUM_STREAMS - NUM_SEEDED
     stream = await client.completions.create(
@@ -42,21 +52,27 @@ async def one_stream(client: openai.AsyncOpenAI, index: int) -> tuple[str, int, 
     )
     text, num_tokens, finish_reason = "", 0, None
     async for chunk in stream:
+        progress.num_started += not text and any(choice.text for choice in chunk.choices)
         for choice in chunk.choices:
             text += choice.text
             finish_reason = choice.finish_reason or finish_reason
         if chunk.usage is not None:
             num_tokens = chunk.usage.completion_tokens
+    progress.num_finished += 1
     return text, num_tokens, finish_reason
 
 
-async def all_streams(server: ServerProcess, chaos: asyncio.Future[None] | None = None) -> list[tuple[str, int, str | None]]:
+async def all_streams(
+    server: ServerProcess, chaos: Callable[[Progress], Awaitable[list[int]]] | None = None
+) -> list[tuple[str, int, str | None]]:
+    """Every stream's result, with `chaos` (given the streams' progress) run beside them."""
+    progress = Progress()
     async with openai.AsyncOpenAI(
         base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300
     ) as client:
-        streams = asyncio.gather(*(one_stream(client, index) for index in range(NUM_STREAMS)))
+        streams = asyncio.gather(*(one_stream(client, index, progress) for index in range(NUM_STREAMS)))
         if chaos is not None:
-            await chaos
+            await chaos(progress)
         return await streams
 
 
@@ -72,9 +88,15 @@ async def test_streams_survive_three_engine_kills_with_restarts_and_match_an_und
     log = tmp_path / "gateway.log"
     with running_server(tiny_model_dir, "--served-model-name", "tiny", log_file=log) as server:
         undisturbed = await all_streams(server)
-        chaos = asyncio.ensure_future(kill_engines(server, 3, random.Random(0)))
+        killed: list[int] = []
+
+        async def chaos(progress: Progress) -> list[int]:
+            killed.extend(await kill_engines(
+                server, 3, random.Random(0), lambda: progress.num_started > 0 and progress.num_finished < NUM_STREAMS
+            ))
+            return killed
+
         disturbed = await all_streams(server, chaos)
-        killed = chaos.result()
         await wait_healthy(server)
         assert len(set(killed)) == 3 and not set(killed) & set(server.engine_pids())
     check_whole(undisturbed, disturbed)
@@ -90,7 +112,15 @@ async def test_streams_survive_losing_one_of_two_engines_for_good(tiny_model_dir
         tiny_model_dir, "--served-model-name", "tiny", "--data-parallel-size", "2", "--no-engine-restart", log_file=log
     ) as server:
         undisturbed = await all_streams(server)
-        chaos = asyncio.ensure_future(kill_engines(server, 1, random.Random(1)))
+
+        def chaos(progress: Progress) -> Awaitable[list[int]]:
+            # NOTE: killed once every stream has its first text and none has ended: both engines hold
+            # streams then, so the one killed leaves some to resume on the other.
+            return kill_engines(
+                server, 1, random.Random(1), lambda: progress.num_started == NUM_STREAMS and progress.num_finished == 0,
+                delay_s=(0.0, 0.0),
+            )
+
         disturbed = await all_streams(server, chaos)
         assert len(server.engine_pids()) == 1
         async with httpx.AsyncClient(base_url=server.base_url) as client:
