@@ -35,8 +35,10 @@ NUM_SEEDED = 8
 
 @dataclass
 class Progress:
-    """How many streams have had their first text, and how many have ended."""
+    """How many streams the gateway has answered (each then held by an engine), how many have had
+    their first text, and how many have ended."""
 
+    num_opened: int = 0
     num_started: int = 0
     num_finished: int = 0
 
@@ -50,6 +52,7 @@ async def one_stream(client: openai.AsyncOpenAI, index: int, progress: Progress)
         stream=True, stream_options={"include_usage": True},
         extra_body={"ignore_eos": True, "top_k": 40} if is_seeded else {"ignore_eos": True},
     )
+    progress.num_opened += 1
     text, num_tokens, finish_reason = "", 0, None
     async for chunk in stream:
         progress.num_started += not text and any(choice.text for choice in chunk.choices)
@@ -114,10 +117,10 @@ async def test_streams_survive_losing_one_of_two_engines_for_good(tiny_model_dir
         undisturbed = await all_streams(server)
 
         def chaos(progress: Progress) -> Awaitable[list[int]]:
-            # NOTE: killed once every stream has its first text and none has ended: both engines hold
-            # streams then, so the one killed leaves some to resume on the other.
+            # NOTE: killed once the gateway has answered every stream and none has ended: all of them are
+            # held by the two engines then, so the one killed leaves some to resume on the other.
             return kill_engines(
-                server, 1, random.Random(1), lambda: progress.num_started == NUM_STREAMS and progress.num_finished == 0,
+                server, 1, random.Random(1), lambda: progress.num_opened == NUM_STREAMS and progress.num_finished == 0,
                 delay_s=(0.0, 0.0),
             )
 
