@@ -43,12 +43,14 @@ class Progress:
     num_finished: int = 0
 
 
-async def one_stream(client: openai.AsyncOpenAI, index: int, progress: Progress) -> tuple[str, int, str | None]:
+async def one_stream(
+    client: openai.AsyncOpenAI, index: int, progress: Progress, max_tokens: int
+) -> tuple[str, int, str | None]:
     """(text, completion tokens, finish reason) of stream `index`: greedy, or seeded sampling for the last ones."""
     is_seeded = index >= NUM_STREAMS - NUM_SEEDED
     stream = await client.completions.create(
         model="tiny", prompt=f"{PROMPTS[index % len(PROMPTS)]} (Question {index}.)",
-        max_tokens=150 + 10 * (index % 8), temperature=1.0 if is_seeded else 0.0, seed=index if is_seeded else None,
+        max_tokens=max_tokens + 10 * (index % 8), temperature=1.0 if is_seeded else 0.0, seed=index if is_seeded else None,
         stream=True, stream_options={"include_usage": True},
         extra_body={"ignore_eos": True, "top_k": 40} if is_seeded else {"ignore_eos": True},
     )
@@ -66,14 +68,15 @@ async def one_stream(client: openai.AsyncOpenAI, index: int, progress: Progress)
 
 
 async def all_streams(
-    server: ServerProcess, chaos: Callable[[Progress], Awaitable[list[int]]] | None = None
+    server: ServerProcess, chaos: Callable[[Progress], Awaitable[list[int]]] | None = None, max_tokens: int = 150
 ) -> list[tuple[str, int, str | None]]:
-    """Every stream's result, with `chaos` (given the streams' progress) run beside them."""
+    """Every stream's result (`max_tokens` and up to 70 more each), with `chaos` (given the streams'
+    progress) run beside them."""
     progress = Progress()
     async with openai.AsyncOpenAI(
         base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300
     ) as client:
-        streams = asyncio.gather(*(one_stream(client, index, progress) for index in range(NUM_STREAMS)))
+        streams = asyncio.gather(*(one_stream(client, index, progress, max_tokens) for index in range(NUM_STREAMS)))
         if chaos is not None:
             await chaos(progress)
         return await streams
@@ -114,7 +117,9 @@ async def test_streams_survive_losing_one_of_two_engines_for_good(tiny_model_dir
     with running_server(
         tiny_model_dir, "--served-model-name", "tiny", "--data-parallel-size", "2", "--no-engine-restart", log_file=log
     ) as server:
-        undisturbed = await all_streams(server)
+        # NOTE: long streams: the tiny model writes 150 tokens in well under a second, sooner than a
+        # loaded machine opened all 40 streams; killed with some of them ended, an engine may hold none.
+        undisturbed = await all_streams(server, max_tokens=500)
 
         def chaos(progress: Progress) -> Awaitable[list[int]]:
             # NOTE: killed once the gateway has answered every stream and none has ended: all of them are
@@ -124,7 +129,7 @@ async def test_streams_survive_losing_one_of_two_engines_for_good(tiny_model_dir
                 delay_s=(0.0, 0.0),
             )
 
-        disturbed = await all_streams(server, chaos)
+        disturbed = await all_streams(server, chaos, max_tokens=500)
         assert len(server.engine_pids()) == 1
         async with httpx.AsyncClient(base_url=server.base_url) as client:
             assert (await client.get("/health")).status_code == 200
