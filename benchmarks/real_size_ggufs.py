@@ -7,7 +7,8 @@ The default model's tokenizer (SmolLM2's 49,152-token vocabulary, its chat templ
 file, so every server and `zeroserve bench serve` can use it. Weights are normal with the spread of
 a trained model's (0.02; norms 1), quantized by gguf-py as llama.cpp's converter would, tensor by
 tensor and written as they come, so a file of 8B parameters needs about its own size in memory.
-Q4_0, Q4_1, Q8_0 and Q4_K (every matrix, by a plain quantizer) come out directly; a k-quant mix (Q4_K_M, Q5_K_M, Q6_K) is made from a Q8_0
+Q4_0, Q4_1, Q8_0, Q4_K and Q6_K (every matrix; the k-quants by a plain quantizer) come out directly;
+a k-quant mix (Q4_K_M, Q5_K_M) is made from a Q8_0
 file by llama.cpp's `llama-quantize --allow-requantize` (`--llama-quantize`, built by
 ../shared/tools/build-llama-cpp), as users' files are made from their originals.
 """
@@ -27,8 +28,8 @@ from proto.gguf_header import read_gguf_metadata
 from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 
 LLAMA_QUANTIZE = Path.home() / ".cache/zeroserve-peer/llama.cpp-native/bin/llama-quantize"
-DIRECT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "F16")
-REQUANTIZED_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K")
+DIRECT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16")
+REQUANTIZED_TYPES = ("Q4_K_M", "Q5_K_M")
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,29 @@ def quantize_q4_k(values: np.ndarray) -> np.ndarray:
     packed[..., 12:16] = (scales[..., 4:] & 0xF) | ((mins[..., 4:] & 0xF) << 4)
     pairs = codes.reshape(rows, cols // 256, 4, 2, 32)
     packed[..., 16:] = (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).reshape(rows, cols // 256, 128)
+    return packed.reshape(rows, -1)
+
+
+def quantize_q6_k(values: np.ndarray) -> np.ndarray:
+    """`values` [rows, cols] (cols a multiple of 256) as GGUF Q6_K bytes [rows, cols / 256 * 210] (gguf-py
+    reads but does not write them): per sub-block of 16 a scale from its largest magnitude, as a signed
+    8-bit multiple of the super-block's float16 d, codes q − 32 in −32..31 (a plain quantizer)."""
+    rows, cols = values.shape
+    sub_blocks = values.reshape(rows, cols // 256, 16, 16).astype(np.float32)
+    steps = np.abs(sub_blocks).max(axis=-1) / 31
+    d = (steps.max(axis=-1) / 127).astype(np.float16)
+    scales = np.clip(np.rint(steps / np.maximum(d.astype(np.float32), 1e-20)[..., None]), 1, 127).astype(np.int8)
+    step = (d.astype(np.float32)[..., None] * scales)[..., None]
+    codes = (np.clip(np.rint(sub_blocks / np.maximum(step, 1e-20)), -32, 31) + 32).astype(np.uint8)
+    quarters = codes.reshape(rows, cols // 256, 2, 4, 32)  # per half of 128: quarters of 32
+    packed = np.empty((rows, cols // 256, 210), np.uint8)
+    low = packed[..., 0:128].reshape(rows, cols // 256, 2, 2, 32)
+    low[...] = (quarters[..., 0:2, :] & 0x0F) | ((quarters[..., 2:4, :] & 0x0F) << 4)
+    packed[..., 128:192] = sum(
+        (quarters[..., j, :] >> 4) << (2 * j) for j in range(4)
+    ).astype(np.uint8).reshape(rows, cols // 256, 64)
+    packed[..., 192:208] = scales.view(np.uint8)
+    packed[..., 208:210] = d[..., None].view(np.uint8)
     return packed.reshape(rows, -1)
 
 
@@ -146,6 +170,8 @@ def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0) -> None:
             values = rng.normal(0, 0.02, dims).astype(np.float32)
             if quant == gguf.GGMLQuantizationType.Q4_K:
                 values = quantize_q4_k(values)
+            elif quant == gguf.GGMLQuantizationType.Q6_K:
+                values = quantize_q6_k(values)
             elif quant == gguf.GGMLQuantizationType.F16:
                 values = values.astype(np.float16)
             else:

@@ -27,8 +27,11 @@ from proto import envs
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "int4_q8.cpp", "int8_q8.cpp")]
-_HEADERS = [_CSRC / "vec16.h", _CSRC / "q8_rows.h"]
+_SOURCES = [
+    _CSRC / name
+    for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "int4_q8.cpp", "int6k_q8.cpp", "int8_q8.cpp")
+]
+_HEADERS = [_CSRC / "vec16.h", _CSRC / "q8_rows.h", _CSRC / "nibble_layout.h"]
 # NOTE: explicit instruction sets rather than -march=native, and one build per instruction set
 # (its name says which), so a build cached on one machine never runs on a CPU that lacks them.
 # AMX code is compiled in but runs only where `has_amx` says the CPU has it.

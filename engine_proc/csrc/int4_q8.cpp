@@ -21,6 +21,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 
+#include "nibble_layout.h"
 #include "q8_rows.h"
 #include "vec16.h"
 
@@ -173,24 +174,6 @@ constexpr std::array<TileFn<Scales>, sizeof...(TILES)> tile_table(std::integer_s
   return {&tile_block<TILES + 1, Scales>...};
 }
 
-// The codes [N, K] (0..15) in the packed layout: [N / 16, K / 32, 4, 64].
-at::Tensor pack_codes(const at::Tensor& codes) {
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte);
-  const int64_t n = codes.size(0), k = codes.size(1);
-  TORCH_CHECK(n % kBlock == 0 && k % kGroup == 0);
-  const int64_t num_groups = k / kGroup;
-  // [N/16, 16 outputs, G, 4 quarters, 2 nibbles, 4] -> [N/16, G, 4 quarters, 2 nibbles, 16 outputs, 4]
-  auto lanes = codes.contiguous().view({n / kBlock, kBlock, num_groups, 4, 2, 4}).permute({0, 2, 3, 4, 1, 5}).contiguous();
-  auto packed = lanes.select(3, 0).bitwise_or(lanes.select(3, 1).bitwise_left_shift(4));
-  return packed.contiguous().view({n / kBlock, num_groups, 4, 64});
-}
-
-// A per-row, per-group (or per-super-block) table [N, C] as [N / 16, C, 16] in `dtype`.
-at::Tensor by_block(const at::Tensor& t, at::ScalarType dtype) {
-  const int64_t n = t.size(0), c = t.size(1);
-  return t.contiguous().view({n / kBlock, kBlock, c}).permute({0, 2, 1}).to(dtype).contiguous();
-}
-
 // x [M, K] bf16 times the packed codes, scaled per group as `scales` says -> [M, N] bf16.
 template <typename Scales>
 at::Tensor matmul(const char* name, const at::Tensor& x, const at::Tensor& codes, Scales scales) {
@@ -227,7 +210,7 @@ const uint8_t* bytes(const at::Tensor& t) {
 std::vector<at::Tensor> pack_int4_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins) {
   TORCH_CHECK(scales.scalar_type() == at::kFloat && mins.scalar_type() == at::kFloat && mins.sizes() == scales.sizes());
   TORCH_CHECK(scales.size(0) == codes.size(0) && scales.size(1) * kGroup == codes.size(1));
-  return {pack_codes(codes), by_block(scales, at::kHalf), by_block(mins, at::kHalf)};
+  return {pack_low_nibbles(codes), by_block(scales, at::kHalf), by_block(mins, at::kHalf)};
 }
 
 // x [M, K] bf16 @ the packed weight's transpose -> [M, N] bf16, x rounded to 8 bits per group of 32.
@@ -243,7 +226,7 @@ std::vector<at::Tensor> pack_int4k_q8(const at::Tensor& codes, const at::Tensor&
   TORCH_CHECK(scales.scalar_type() == at::kByte && mins.scalar_type() == at::kByte && mins.sizes() == scales.sizes());
   TORCH_CHECK(d.scalar_type() == at::kFloat && dmin.sizes() == d.sizes() && codes.size(1) % (kGroup * kSuperGroups) == 0);
   TORCH_CHECK(scales.size(1) * kGroup == codes.size(1) && d.size(1) * kSuperGroups == scales.size(1));
-  return {pack_codes(codes), by_block(scales, at::kByte), by_block(mins, at::kByte), by_block(d, at::kHalf),
+  return {pack_low_nibbles(codes), by_block(scales, at::kByte), by_block(mins, at::kByte), by_block(d, at::kHalf),
           by_block(dmin, at::kHalf)};
 }
 

@@ -16,7 +16,7 @@ from gguf.quants import dequantize
 
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.llama import inverse_frequencies
-from engine_proc.models.weight_blocks import Blocks, BlocksReader, Q4Blocks, Q4KBlocks, Q8Blocks
+from engine_proc.models.weight_blocks import Blocks, BlocksKind, BlocksReader, Q4Blocks, Q4KBlocks, Q6KBlocks, Q8Blocks
 from proto.gguf_header import GGUFHeader, read_gguf_header
 
 _ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -116,8 +116,8 @@ class GGUFWeights:
 
     def blocks(self, name: str, rows: slice = slice(None)) -> Blocks | None:
         """The tensor's blocks (see weight_blocks), its outermost `rows` only where its rows are not
-        permuted, in Hugging Face's row order: as the file holds them for Q4_0, Q4_1, Q4_K and Q8_0; for
-        the other quantized types (Q5_0, Q5_1, Q5_K, Q6_K, ...: no kernel form of their own yet) their
+        permuted, in Hugging Face's row order: as the file holds them for Q4_0, Q4_1, Q4_K, Q6_K and Q8_0;
+        for the other quantized types (Q5_0, Q5_1, Q5_K, ...: no kernel form of their own yet) their
         values rounded to Q8_0, whose 8 bits a weight with a scale per 32 are finer than theirs; None for
         float tensors."""
         tensor = self._tensors[name]
@@ -130,7 +130,7 @@ class GGUFWeights:
             rows = slice(None)
         start, stop, _ = rows.indices(tensor.num_rows)
         data = _read(self.path, tensor, start, stop)
-        arrays = _q4_arrays(tensor, data) if kind is Q4Blocks else _q8_arrays(data) if kind is Q8Blocks else _q4k_arrays(data)
+        arrays = _q4_arrays(tensor, data) if kind is Q4Blocks else _ARRAYS[kind](data)
         return kind(*(torch.from_numpy(np.ascontiguousarray(self._unpermuted(name, a))) for a in arrays))
 
     def blocks_reader(self, name: str) -> BlocksReader | None:
@@ -154,9 +154,9 @@ class GGUFWeights:
 
 _FLOAT_TYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
 _UNQUANTIZED = {*_FLOAT_TYPES, GGMLQuantizationType.BF16}
-_BLOCK_KINDS: dict[GGMLQuantizationType, type[Q4Blocks] | type[Q8Blocks] | type[Q4KBlocks]] = {
+_BLOCK_KINDS: dict[GGMLQuantizationType, BlocksKind] = {
     GGMLQuantizationType.Q4_0: Q4Blocks, GGMLQuantizationType.Q4_1: Q4Blocks, GGMLQuantizationType.Q8_0: Q8Blocks,
-    GGMLQuantizationType.Q4_K: Q4KBlocks,
+    GGMLQuantizationType.Q4_K: Q4KBlocks, GGMLQuantizationType.Q6_K: Q6KBlocks,
 }
 
 
@@ -227,12 +227,34 @@ def _q4k_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
     return codes, scales, mins, d, dmin
 
 
+def _q6k_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(codes, scales, d) of a Q6_K tensor. A super-block of 256 is 128 bytes of low nibbles, 64 bytes of
+    top bit pairs, 16 signed 8-bit scales (one per 16) and a float16 d. Each half of 128 has 64 low-nibble
+    bytes (its quarters 0 and 1 in the low nibbles of bytes 0-31 and 32-63, quarters 2 and 3 in their
+    high nibbles) and 32 bytes of pairs (quarter j's top two bits at bits 2j, 2j + 1 of byte l)."""
+    num_rows = raw_bytes.shape[0]
+    raw = raw_bytes.reshape(num_rows, -1, 210)
+    low = raw[..., 0:128].reshape(num_rows, -1, 2, 2, 32)
+    high = raw[..., 128:192].reshape(num_rows, -1, 2, 1, 32)
+    lows = np.concatenate((low & 0x0F, low >> 4), axis=3)
+    highs = (high >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 3
+    codes = (lows | (highs << 4)).reshape(num_rows, -1)
+    scales = raw[..., 192:208].copy().view(np.int8).reshape(num_rows, -1)
+    d = raw[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    return codes, scales, d
+
+
 def _q8_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
     """(codes, scales) of a Q8_0 tensor: w = code * scale per block of 32 (a float16 scale, then 32 int8 codes)."""
     raw = raw_bytes.reshape(raw_bytes.shape[0], -1, 34)
     scales = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     codes = raw[..., 2:].copy().view(np.int8).reshape(raw_bytes.shape[0], -1)
     return codes, scales
+
+
+_ARRAYS: dict[BlocksKind, Callable[[np.ndarray], tuple[np.ndarray, ...]]] = {
+    Q8Blocks: _q8_arrays, Q4KBlocks: _q4k_arrays, Q6KBlocks: _q6k_arrays,
+}
 
 
 def _hf_name(gguf_name: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine_proc.models.weight_blocks import Blocks, Q4Blocks, Q4KBlocks, Q8Blocks
+from engine_proc.models.weight_blocks import Blocks, BlocksKind, Q4Blocks, Q4KBlocks, Q6KBlocks, Q8Blocks
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class KernelOps:
     """How zeroserve's C++ kernels (the module `load_cpu_kernels` returns) pack a weight's blocks
     for a form and multiply bfloat16 rows by them, and a trial call that must hold before a load uses them."""
 
-    blocks: type[Q4Blocks] | type[Q8Blocks] | type[Q4KBlocks]
+    blocks: BlocksKind
     pack: Callable[[Any, Blocks], list[Tensor]]
     run: Callable[[Any], Callable[..., Tensor]]
     trial: Callable[[Any], bool]
@@ -52,7 +52,7 @@ class FormSpec:
     """One matmul form: what it is built from, its promises, and (ours) its kernel."""
 
     name: str
-    source: str  # "weight": the loaded float weight; "q4 blocks", "q8 blocks", "q4k blocks": the file's blocks
+    source: str  # "weight": the loaded float weight; "q4 blocks", "q8 blocks", "q4k blocks", "q6k blocks": the file's blocks
     is_row_invariant: bool  # each row's bits are the same whatever other rows share the call
     fidelity: Fidelity
     kernel: KernelOps | None = None  # zeroserve's C++ kernel forms only
@@ -78,6 +78,13 @@ def _trial_q4k(kernels: Any) -> bool:
     mins = (torch.arange(16 * 8) * 7 % 64).to(torch.uint8).view(16, 8)
     blocks = Q4KBlocks(codes, scales, mins, torch.full((16, 1), 2.0**-6), torch.full((16, 1), 2.0**-7))
     return _is_close(kernels, FORMS["int4k_q8"], blocks)
+
+
+def _trial_q6k(kernels: Any) -> bool:
+    """int6k_q8 on 16 outputs × one super-block of 256 inputs, 3 rows, against the dequantized weight's product."""
+    codes = (torch.arange(16 * 256) * 5 % 64).to(torch.uint8).view(16, 256)
+    scales = (torch.arange(16 * 16) * 13 % 255 - 127).to(torch.int8).view(16, 16)
+    return _is_close(kernels, FORMS["int6k_q8"], Q6KBlocks(codes, scales, torch.full((16, 1), 2.0**-10)))
 
 
 def _is_close(kernels: Any, spec: FormSpec, blocks: Blocks) -> bool:
@@ -108,6 +115,12 @@ FORMS = {spec.name: spec for spec in (
         "int4k_q8", "q4k blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
         kernel=KernelOps(
             Q4KBlocks, lambda kernels, b: kernels.pack_int4k_q8(*b), lambda kernels: kernels.int4k_q8, _trial_q4k,
+        ),
+    ),
+    FormSpec(
+        "int6k_q8", "q6k blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
+        kernel=KernelOps(
+            Q6KBlocks, lambda kernels, b: kernels.pack_int6k_q8(*b), lambda kernels: kernels.int6k_q8, _trial_q6k,
         ),
     ),
     FormSpec(

@@ -4,7 +4,8 @@ A Q4_1 block holds 32 codes q in 0..15, a scale d and a minimum m: w = q·d + m 
 m = −8·d). A Q8_0 block holds 32 codes q in −127..127 and a scale d: w = q·d. The scales (and
 minimums) are float16 in the file, so every value here is one a float16 holds. A Q4_K super-block
 of 256 holds eight such groups of 4-bit codes whose scales and minimums are 6-bit integers times the
-super-block's float16 d and dmin.
+super-block's float16 d and dmin. A Q6_K super-block of 256 holds 6-bit codes in sixteen sub-blocks
+of 16, each with a signed 8-bit scale times the super-block's float16 d.
 """
 
 from __future__ import annotations
@@ -31,10 +32,6 @@ class Q4Blocks(NamedTuple):
         groups = self.codes.view(rows, cols // GROUP_SIZE, GROUP_SIZE).float()
         return (groups * self.scales.unsqueeze(-1) + self.mins.unsqueeze(-1)).view(rows, cols)
 
-    @staticmethod
-    def cat(parts: list[Q4Blocks]) -> Q4Blocks:
-        """The blocks of the weights stacked by rows (a fused projection from its shards)."""
-        return Q4Blocks(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
 
 
 class Q8Blocks(NamedTuple):
@@ -59,10 +56,6 @@ class Q8Blocks(NamedTuple):
         codes = (groups * inverse.unsqueeze(-1)).round_().clamp_(-127, 127).to(torch.int8).view(rows, cols)
         return Q8Blocks(codes, scales.half().float())
 
-    @staticmethod
-    def cat(parts: list[Q8Blocks]) -> Q8Blocks:
-        """The blocks of the weights stacked by rows (a fused projection from its shards)."""
-        return Q8Blocks(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
 
 
 class Q4KBlocks(NamedTuple):
@@ -84,26 +77,37 @@ class Q4KBlocks(NamedTuple):
         scales, mins = d * self.scales.float(), dmin * self.mins.float()
         return (groups * scales.unsqueeze(-1) - mins.unsqueeze(-1)).view(rows, cols)
 
-    @staticmethod
-    def cat(parts: list[Q4KBlocks]) -> Q4KBlocks:
-        """The blocks of the weights stacked by rows (a fused projection from its shards)."""
-        return Q4KBlocks(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
+
+
+class Q6KBlocks(NamedTuple):
+    """A weight [rows, cols] as GGUF's Q6_K holds it: 6-bit codes q in 0..63 in sub-blocks of 16 columns,
+    each with a signed 8-bit scale s, and per super-block of 256 a float16 d: w = d·s·(q − 32)."""
+
+    codes: Tensor  # [rows, cols] uint8, values 0..63
+    scales: Tensor  # [rows, cols // 16] int8
+    d: Tensor  # [rows, cols // 256] float32, values a float16 holds
+
+    def dequantize(self) -> Tensor:
+        rows, cols = self.codes.shape
+        sub_blocks = self.codes.view(rows, cols // SUB_BLOCK, SUB_BLOCK).float() - 32
+        scales = self.d.repeat_interleave(SUPER_BLOCK // SUB_BLOCK, dim=1) * self.scales.float()
+        return (sub_blocks * scales.unsqueeze(-1)).view(rows, cols)
+
 
 
 SUPER_BLOCK = 256
-Blocks = Q4Blocks | Q8Blocks | Q4KBlocks
+SUB_BLOCK = 16
+Blocks = Q4Blocks | Q8Blocks | Q4KBlocks | Q6KBlocks
+BlocksKind = type[Q4Blocks] | type[Q8Blocks] | type[Q4KBlocks] | type[Q6KBlocks]
 
 
 def cat_blocks(parts: list[Blocks]) -> Blocks:
     """The shards' blocks stacked by rows (a fused projection from its shards); shards of different kinds
     (a Q4_K_M file's Q4_K queries beside its Q6_K values) all as Q8_0 blocks, 8 bits a weight being
     finer than any of theirs."""
-    kinds = {type(part) for part in parts}
-    if kinds == {Q4Blocks}:
-        return Q4Blocks.cat([part for part in parts if isinstance(part, Q4Blocks)])
-    if kinds == {Q4KBlocks}:
-        return Q4KBlocks.cat([part for part in parts if isinstance(part, Q4KBlocks)])
-    return Q8Blocks.cat([part if isinstance(part, Q8Blocks) else Q8Blocks.quantize(part.dequantize()) for part in parts])
+    if len({type(part) for part in parts}) > 1:
+        parts = [part if isinstance(part, Q8Blocks) else Q8Blocks.quantize(part.dequantize()) for part in parts]
+    return type(parts[0])(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ class BlocksReader:
     """A weight's blocks read some rows at a time (from its file), so that packing a large one (an
     output head) never holds a whole unpacked copy of it."""
 
-    kind: type[Q4Blocks] | type[Q8Blocks] | type[Q4KBlocks]
+    kind: BlocksKind
     num_rows: int
     read: Callable[[slice], Blocks]
 

@@ -17,7 +17,7 @@ from engine_proc.models.form_registry import FORMS
 from engine_proc.models.matmul_forms import PackedWeight
 from engine_proc.models.matmul_plan import plan_linears
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form
-from engine_proc.models.weight_blocks import Q4Blocks, Q4KBlocks, Q8Blocks, cat_blocks
+from engine_proc.models.weight_blocks import Q4Blocks, Q4KBlocks, Q6KBlocks, Q8Blocks, cat_blocks
 from proto import envs
 
 
@@ -213,11 +213,23 @@ def random_q4k_blocks(rows: int, cols: int) -> Q4KBlocks:
     return Q4KBlocks(codes, scales, mins, d, dmin)
 
 
+def random_q6k_blocks(rows: int, cols: int) -> Q6KBlocks:
+    """Q6_K blocks as llama-quantize writes them: 6-bit codes, signed 8-bit scales per 16, a float16 d per 256."""
+    generator = torch.Generator().manual_seed(6)
+    codes = torch.randint(0, 64, (rows, cols), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(-128, 128, (rows, cols // 16), generator=generator).to(torch.int8)
+    d = (torch.rand(rows, cols // 256, generator=generator) * 1e-3 + 1e-4).half().float()
+    return Q6KBlocks(codes, scales, d)
+
+
 def row_invariant_form(form: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The run of each form the registry says is row-invariant, on a random weight of 96 outputs and 256 inputs."""
     spec = FORMS[form]
     assert spec.kernel is not None, f"{form} claims row invariance: give it a case here"
-    makers = {Q4Blocks: random_blocks, Q4KBlocks: random_q4k_blocks, Q8Blocks: lambda n, k: Q8Blocks.quantize(random_q8_weight(n, k))}
+    makers = {
+        Q4Blocks: random_blocks, Q4KBlocks: random_q4k_blocks, Q6KBlocks: random_q6k_blocks,
+        Q8Blocks: lambda n, k: Q8Blocks.quantize(random_q8_weight(n, k)),
+    }
     blocks = makers[spec.kernel.blocks](96, 256)
     run = kernel_form(load_cpu_kernels(), spec, blocks)
     assert run is not None
@@ -294,6 +306,32 @@ def test_int4k_q8_multiplies_q4_k_blocks_with_their_two_level_scales(num_tokens:
     assert ((out - expected).abs() <= steps + 2**-8 * expected.abs() + 1e-4 * expected.abs().max()).all()
 
 
+@needs_kernels
+@pytest.mark.parametrize("num_tokens", [1, 8, 9, 40])
+def test_int6k_q8_multiplies_q6_k_blocks_with_their_sub_block_scales(num_tokens: int) -> None:
+    blocks = random_q6k_blocks(40, 512)  # NOTE: 40 outputs: padded to 48 for the kernel, cut again
+    codes = blocks.codes.clone()
+    codes[3, :16], codes[4, 16:32] = 0, 63  # NOTE: the codes' ends (q − 32 = −32 and 31) beside a −128 scale
+    scales = blocks.scales.clone()
+    scales[3, 0], scales[4, 1] = -128, -128
+    blocks = Q6KBlocks(codes, scales, blocks.d)
+    run = kernel_form(load_cpu_kernels(), FORMS["int6k_q8"], blocks)
+    assert run is not None
+    x = torch.randn(num_tokens, 512).bfloat16()
+    x[0, 40] = 30.0
+    out = run(x).double()
+    assert out.shape == (num_tokens, 40)
+    # What the kernel says it computes: Σ_g a·Σ_j d·s_j·Σ_{k∈j} (q − 32)·x̂, integer sums exact, then
+    # float32 and one bfloat16 rounding.
+    q, a = q8_rows(x)
+    products = torch.einsum("mjk,njk->mnj", q.double().view(num_tokens, -1, 16), codes.double().view(40, -1, 16) - 32)
+    steps = blocks.d.double().repeat_interleave(16, dim=1) * blocks.scales.double()
+    stated = (products * steps * a.double().repeat_interleave(2, dim=1).unsqueeze(1)).sum(-1)
+    assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
+    expected = x.double() @ blocks.dequantize().double().T
+    assert ((out - expected).abs() <= 0.02 * expected.abs().max()).all()
+
+
 def test_shards_of_different_kinds_are_stacked_as_8_bit_blocks() -> None:
     # NOTE: a Q4_K_M file holds a layer's queries in Q4_K and its values in Q6_K (read as Q8_0).
     q4k, q8 = random_q4k_blocks(32, 256), Q8Blocks.quantize(random_q8_weight(16, 256))
@@ -303,3 +341,5 @@ def test_shards_of_different_kinds_are_stacked_as_8_bit_blocks() -> None:
     # NOTE: the Q4_K rows rounded again to 8 bits: at most half a step of 1/127 of each group's largest.
     assert ((fused.dequantize() - expected).abs() <= expected.abs().amax() / 254 + 1e-9).all()
     assert isinstance(cat_blocks([q4k, q4k]), Q4KBlocks)
+    q6k = random_q6k_blocks(16, 256)
+    assert isinstance(cat_blocks([q6k, q6k]), Q6KBlocks) and isinstance(cat_blocks([q4k, q6k]), Q8Blocks)
