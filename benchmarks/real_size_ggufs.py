@@ -7,7 +7,8 @@ The default model's tokenizer (SmolLM2's 49,152-token vocabulary, its chat templ
 file, so every server and `zeroserve bench serve` can use it. Weights are normal with the spread of
 a trained model's (0.02; norms 1), quantized by gguf-py as llama.cpp's converter would, tensor by
 tensor and written as they come, so a file of 8B parameters needs about its own size in memory.
-Q4_0, Q4_1, Q8_0, Q4_K and Q6_K (every matrix; the k-quants by a plain quantizer) come out directly;
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K (every matrix; the k-quants by a plain quantizer)
+come out directly;
 a k-quant mix (Q4_K_M, Q5_K_M) is made from a Q8_0
 file by llama.cpp's `llama-quantize --allow-requantize` (`--llama-quantize`, built by
 ../shared/tools/build-llama-cpp), as users' files are made from their originals.
@@ -28,7 +29,7 @@ from proto.gguf_header import read_gguf_metadata
 from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 
 LLAMA_QUANTIZE = Path.home() / ".cache/zeroserve-peer/llama.cpp-native/bin/llama-quantize"
-DIRECT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16")
+DIRECT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16")
 REQUANTIZED_TYPES = ("Q4_K_M", "Q5_K_M")
 
 
@@ -55,30 +56,33 @@ SHAPES = {
 }
 
 
-def quantize_q4_k(values: np.ndarray) -> np.ndarray:
-    """`values` [rows, cols] (cols a multiple of 256) as GGUF Q4_K bytes [rows, cols / 256 * 144] (gguf-py
-    reads but does not write them): per group of 32 a scale and a minimum from its range, as 6-bit
-    multiples of the super-block's float16 d and dmin (a plain quantizer: llama.cpp's searches for
-    better scales; the layout is the same)."""
+def quantize_q4_k(values: np.ndarray, bits: int = 4) -> np.ndarray:
+    """`values` [rows, cols] (cols a multiple of 256) as GGUF Q4_K bytes [rows, cols / 256 * 144] (bits=5:
+    Q5_K, [rows, cols / 256 * 176]; gguf-py reads but does not write them): per group of 32 a scale and a
+    minimum from its range, as 6-bit multiples of the super-block's float16 d and dmin (a plain quantizer:
+    llama.cpp's searches for better scales; the layout is the same)."""
     rows, cols = values.shape
+    top = 2**bits - 1
     groups = values.reshape(rows, cols // 256, 8, 32).astype(np.float32)
     low = np.minimum(groups.min(axis=-1), 0.0)
     ranges = np.maximum(groups.max(axis=-1) - low, 1e-12)
-    d = (ranges.max(axis=-1) / 15 / 63).astype(np.float16)
+    d = (ranges.max(axis=-1) / top / 63).astype(np.float16)
     dmin = (-low.min(axis=-1) / 63).astype(np.float16)
-    scales = np.clip(np.rint(ranges / 15 / np.maximum(d.astype(np.float32), 1e-20)[..., None]), 1, 63).astype(np.uint8)
+    scales = np.clip(np.rint(ranges / top / np.maximum(d.astype(np.float32), 1e-20)[..., None]), 1, 63).astype(np.uint8)
     mins = np.clip(np.rint(-low / np.maximum(dmin.astype(np.float32), 1e-20)[..., None]), 0, 63).astype(np.uint8)
     step = (d.astype(np.float32)[..., None] * scales)[..., None]
     offset = (dmin.astype(np.float32)[..., None] * mins)[..., None]
-    codes = np.clip(np.rint((groups + offset) / step), 0, 15).astype(np.uint8)
-    packed = np.empty((rows, cols // 256, 144), np.uint8)
+    codes = np.clip(np.rint((groups + offset) / step), 0, top).astype(np.uint8)
+    packed = np.empty((rows, cols // 256, 144 if bits == 4 else 176), np.uint8)
     packed[..., 0:2] = d[..., None].view(np.uint8)
     packed[..., 2:4] = dmin[..., None].view(np.uint8)
     packed[..., 4:8] = (scales[..., :4] & 63) | ((scales[..., 4:] >> 4) << 6)
     packed[..., 8:12] = (mins[..., :4] & 63) | ((mins[..., 4:] >> 4) << 6)
     packed[..., 12:16] = (scales[..., 4:] & 0xF) | ((mins[..., 4:] & 0xF) << 4)
-    pairs = codes.reshape(rows, cols // 256, 4, 2, 32)
-    packed[..., 16:] = (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).reshape(rows, cols // 256, 128)
+    if bits == 5:  # group g's fifth bits at bit g of bytes 16..47
+        packed[..., 16:48] = sum(((codes[..., g, :] >> 4) << g) for g in range(8)).astype(np.uint8)
+    pairs = (codes & 0x0F).reshape(rows, cols // 256, 4, 2, 32)
+    packed[..., -128:] = (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).reshape(rows, cols // 256, 128)
     return packed.reshape(rows, -1)
 
 
@@ -168,8 +172,8 @@ def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0) -> None:
             writer.add_tensor_info(name, dims, np.dtype(np.float32), values.nbytes)
         else:
             values = rng.normal(0, 0.02, dims).astype(np.float32)
-            if quant == gguf.GGMLQuantizationType.Q4_K:
-                values = quantize_q4_k(values)
+            if quant in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K):
+                values = quantize_q4_k(values, bits=4 if quant == gguf.GGMLQuantizationType.Q4_K else 5)
             elif quant == gguf.GGMLQuantizationType.Q6_K:
                 values = quantize_q6_k(values)
             elif quant == gguf.GGMLQuantizationType.F16:

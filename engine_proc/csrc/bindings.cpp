@@ -16,6 +16,13 @@ std::vector<at::Tensor> pack_int4k_q8(const at::Tensor& codes, const at::Tensor&
                                       const at::Tensor& d, const at::Tensor& dmin);
 at::Tensor int4k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                     const at::Tensor& d, const at::Tensor& dmin);
+std::vector<at::Tensor> pack_int5_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
+at::Tensor int5_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& high, const at::Tensor& scales,
+                   const at::Tensor& mins);
+std::vector<at::Tensor> pack_int5k_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                                      const at::Tensor& d, const at::Tensor& dmin);
+at::Tensor int5k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& high, const at::Tensor& scales,
+                    const at::Tensor& mins, const at::Tensor& d, const at::Tensor& dmin);
 std::vector<at::Tensor> pack_int6k_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& d);
 at::Tensor int6k_q8(const at::Tensor& x, const at::Tensor& low, const at::Tensor& high, const at::Tensor& scales,
                     const at::Tensor& d);
@@ -36,6 +43,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_q8", &int4_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ a 4-bit weight's transpose, integer products");
   m.def("pack_int4k_q8", &pack_int4k_q8, "GGUF Q4_K blocks (codes, 6-bit scales and minimums, float16-exact d and dmin) in int4k_q8's layout");
   m.def("int4k_q8", &int4k_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ a Q4_K weight's transpose, integer products");
+  m.def("pack_int5_q8", &pack_int5_q8, "5-bit group-32 blocks (GGUF Q5_0, Q5_1) in int5_q8's layout");
+  m.def("int5_q8", &int5_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ a 5-bit weight's transpose, integer products");
+  m.def("pack_int5k_q8", &pack_int5k_q8, "GGUF Q5_K blocks (5-bit codes, 6-bit scales and minimums, float16-exact d and dmin) in int5k_q8's layout");
+  m.def("int5k_q8", &int5k_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ a Q5_K weight's transpose, integer products");
   m.def("pack_int6k_q8", &pack_int6k_q8, "GGUF Q6_K blocks (6-bit codes, 8-bit scales per 16, float16-exact d) in int6k_q8's layout");
   m.def("int6k_q8", &int6k_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ a Q6_K weight's transpose, integer products");
   m.def("pack_int8_q8", &pack_int8_q8, "8-bit group-32 blocks (codes, float16-exact scales) in int8_q8's layout");

@@ -18,6 +18,10 @@
 // scale s and minimum m ([N / 16, G, 16] bytes) that multiply the float16 d and dmin of their
 // super-block of 8 groups ([N / 16, G / 8, 16]): d_g = d·s, m_g = −dmin·m, as the file holds them
 // (4.6 bits a weight where the file has 4.5), each computed once per group and block for all rows.
+//
+// `int5_q8` (GGUF's Q5_0, Q5_1) and `int5k_q8` (Q5_K) take 5-bit codes (0..31): the low 4 bits in the
+// same layout, the fifth bits beside them ([N / 16, G, 64]: per output's lane of four, bit 2c + h of
+// byte 4o + j is the input that nibble h of quarter c holds), put back at bit 4 before the products.
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 
@@ -37,6 +41,7 @@ using namespace zeroserve;
 constexpr int64_t kGroup = 32;
 constexpr int64_t kBlock = 16;  // outputs per block
 constexpr int64_t kGroupBytes = kGroup * kBlock / 2;
+constexpr int64_t kHighBytes = kGroup * kBlock / 8;  // a group's fifth bits for one block
 constexpr int64_t kSuperGroups = 8;  // groups per Q4_K super-block
 constexpr int kMaxTile = 8;  // rows per pass: their sums stay in registers
 
@@ -92,11 +97,12 @@ struct SuperBlockScales {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 
 // Rows [0, TILE) of x̂ (`k` apart; scales and sums [TILE, G]) times one block of 16 outputs into
-// `out` (bf16, `out_stride` apart).
-template <int TILE, typename Scales>
+// `out` (bf16, `out_stride` apart); with HIGH, each code's fifth bit from `high` ([G, 64]).
+template <int TILE, typename Scales, bool HIGH>
 void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* sums, int64_t num_groups,
-                const uint8_t* codes, Scales block_scales, uint16_t* out, int64_t out_stride) {
+                const uint8_t* codes, const uint8_t* high, Scales block_scales, uint16_t* out, int64_t out_stride) {
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  const __m512i fifth_bit = _mm512_set1_epi8(0x10);
   __m512 acc[TILE];
   for (int r = 0; r < TILE; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < num_groups; ++g) {
@@ -104,10 +110,16 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
     for (int r = 0; r < TILE; ++r) dot[r] = _mm512_setzero_si512();
     const uint8_t* group_codes = codes + g * kGroupBytes;
     const int8_t* group_q = q + g * kGroup;
+    __m512i highs = HIGH ? _mm512_loadu_si512(high + g * kHighBytes) : _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
       const __m512i bytes = _mm512_loadu_si512(group_codes + 64 * c);
-      const __m512i first = _mm512_and_si512(bytes, low_nibbles);
-      const __m512i second = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles);
+      __m512i first = _mm512_and_si512(bytes, low_nibbles);
+      __m512i second = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles);
+      if constexpr (HIGH) {  // quarter c's bits at 2c, 2c + 1 (shifted down to 0, 1 as c goes) to bit 4
+        first = _mm512_or_si512(first, _mm512_and_si512(_mm512_slli_epi16(highs, 4), fifth_bit));
+        second = _mm512_or_si512(second, _mm512_and_si512(_mm512_slli_epi16(highs, 3), fifth_bit));
+        highs = _mm512_srli_epi16(highs, 2);
+      }
       for (int r = 0; r < TILE; ++r) {
         dot[r] = _mm512_dpbusd_epi32(dot[r], first, _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c)));
         dot[r] = _mm512_dpbusd_epi32(dot[r], second, _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c + 4)));
@@ -125,36 +137,49 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
 
 #else  // AVX2 + FMA + F16C
 
-// As the AVX-512 tile, 8 outputs a register: `vpmaddubsw` (pairs of products, at most 2·15·127),
-// the group's 8 of them per row added in 16 bits (at most 8·3810 = 30480: no overflow), then one
-// `vpmaddwd` by ones (the two pairs of a lane of four) into 32-bit sums.
-template <int TILE, typename Scales>
+// As the AVX-512 tile, 8 outputs a register: `vpmaddubsw` (pairs of products, at most 2·15·127, or
+// 2·31·127 with a fifth bit), added per row in 16 bits (4-bit: the group's 8 of them, at most 8·3810 =
+// 30480; 5-bit: 4 of them, at most 4·7874 = 31496: no overflow), then `vpmaddwd` by ones (the two
+// pairs of a lane of four) into 32-bit sums.
+template <int TILE, typename Scales, bool HIGH>
 void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* sums, int64_t num_groups,
-                const uint8_t* codes, Scales block_scales, uint16_t* out, int64_t out_stride) {
+                const uint8_t* codes, const uint8_t* high, Scales block_scales, uint16_t* out, int64_t out_stride) {
+  constexpr int kQuartersPerSum = HIGH ? 2 : 4;  // quarters added in 16 bits before `vpmaddwd`
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+  const __m256i fifth_bit = _mm256_set1_epi8(0x10);
   const __m256i ones = _mm256_set1_epi16(1);
   alignas(32) float acc[TILE][kBlock] = {};
   for (int64_t g = 0; g < num_groups; ++g) {
     const uint8_t* group_codes = codes + g * kGroupBytes;
     const int8_t* group_q = q + g * kGroup;
     for (int half = 0; half < 2; ++half) {  // outputs 8·half .. 8·half + 7
-      __m256i pairs[TILE];
-      for (int r = 0; r < TILE; ++r) pairs[r] = _mm256_setzero_si256();
+      __m256i dot[TILE], pairs[TILE];
+      for (int r = 0; r < TILE; ++r) dot[r] = pairs[r] = _mm256_setzero_si256();
+      __m256i highs = HIGH ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high + g * kHighBytes + 32 * half))
+                           : _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
         const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_codes + 64 * c + 32 * half));
-        const __m256i first = _mm256_and_si256(bytes, low_nibbles);
-        const __m256i second = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_nibbles);
+        __m256i first = _mm256_and_si256(bytes, low_nibbles);
+        __m256i second = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_nibbles);
+        if constexpr (HIGH) {
+          first = _mm256_or_si256(first, _mm256_and_si256(_mm256_slli_epi16(highs, 4), fifth_bit));
+          second = _mm256_or_si256(second, _mm256_and_si256(_mm256_slli_epi16(highs, 3), fifth_bit));
+          highs = _mm256_srli_epi16(highs, 2);
+        }
         for (int r = 0; r < TILE; ++r) {
           pairs[r] = _mm256_add_epi16(pairs[r], _mm256_add_epi16(
               _mm256_maddubs_epi16(first, _mm256_set1_epi32(load_int32(group_q + r * k + 8 * c))),
               _mm256_maddubs_epi16(second, _mm256_set1_epi32(load_int32(group_q + r * k + 8 * c + 4)))));
+          if ((c + 1) % kQuartersPerSum == 0) {
+            dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs[r], ones));
+            pairs[r] = _mm256_setzero_si256();
+          }
         }
       }
       const __m256 d = block_scales.scale(g, 8 * half);
       const __m256 m = block_scales.min(g, 8 * half);
       for (int r = 0; r < TILE; ++r) {
-        const __m256i dot = _mm256_madd_epi16(pairs[r], ones);
-        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(qscales[r * num_groups + g]));
+        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_set1_ps(qscales[r * num_groups + g]));
         float* row_acc = acc[r] + 8 * half;
         _mm256_store_ps(row_acc, _mm256_fmadd_ps(_mm256_set1_ps(sums[r * num_groups + g]), m,
                                                  _mm256_fmadd_ps(scaled, d, _mm256_load_ps(row_acc))));
@@ -166,31 +191,50 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
 
 #endif
 
-template <typename Scales>
-using TileFn = void (*)(const int8_t*, int64_t, const float*, const float*, int64_t, const uint8_t*, Scales, uint16_t*, int64_t);
+template <typename Scales, bool HIGH>
+using TileFn = void (*)(const int8_t*, int64_t, const float*, const float*, int64_t, const uint8_t*, const uint8_t*, Scales,
+                        uint16_t*, int64_t);
 
-template <typename Scales, int... TILES>
-constexpr std::array<TileFn<Scales>, sizeof...(TILES)> tile_table(std::integer_sequence<int, TILES...>) {
-  return {&tile_block<TILES + 1, Scales>...};
+template <typename Scales, bool HIGH, int... TILES>
+constexpr std::array<TileFn<Scales, HIGH>, sizeof...(TILES)> tile_table(std::integer_sequence<int, TILES...>) {
+  return {&tile_block<TILES + 1, Scales, HIGH>...};
 }
 
-// x [M, K] bf16 times the packed codes, scaled per group as `scales` says -> [M, N] bf16.
-template <typename Scales>
-at::Tensor matmul(const char* name, const at::Tensor& x, const at::Tensor& codes, Scales scales) {
+// x [M, K] bf16 times the packed codes (with HIGH, their fifth bits `high`), scaled per group as
+// `scales` says -> [M, N] bf16.
+template <typename Scales, bool HIGH = false>
+at::Tensor matmul(const char* name, const at::Tensor& x, const at::Tensor& codes, Scales scales, const at::Tensor* high = nullptr) {
   TORCH_CHECK(codes.dim() == 4 && codes.size(2) == 4 && codes.size(3) == 64 && codes.is_contiguous());
+  const uint8_t* hs = nullptr;
+  if constexpr (HIGH) {
+    TORCH_CHECK(high->is_contiguous() && high->scalar_type() == at::kByte && high->numel() * 4 == codes.numel());
+    hs = high->data_ptr<uint8_t>();
+  }
   const Q8Rows rows(x);
   const int64_t num_blocks = codes.size(0), num_groups = codes.size(1), n = num_blocks * kBlock;
   TORCH_CHECK(num_groups == rows.num_groups, name, ": the input has ", rows.k, " columns, the weight ", num_groups * kGroup);
   auto out = at::empty({rows.m, n}, x.options());
-  static constexpr auto kTiles = tile_table<Scales>(std::make_integer_sequence<int, kMaxTile>{});
+  static constexpr auto kTiles = tile_table<Scales, HIGH>(std::make_integer_sequence<int, kMaxTile>{});
   const auto* cs = codes.data_ptr<uint8_t>();
   auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
   for_each_tile(num_blocks, rows.m, kMaxTile, [&](int64_t b, int64_t row, int64_t num_rows) {
     kTiles[num_rows - 1](rows.q.get() + row * rows.k, rows.k, rows.scales.get() + row * num_groups,
                          rows.sums.get() + row * num_groups, num_groups, cs + b * num_groups * kGroupBytes,
-                         scales.at_block(b, num_groups), os + row * n + b * kBlock, n);
+                         HIGH ? hs + b * num_groups * kHighBytes : nullptr, scales.at_block(b, num_groups),
+                         os + row * n + b * kBlock, n);
   });
   return out;
+}
+
+// The fifth bits of codes [N, K] (0..31): [N / 16, K / 32, 64], byte 4o + j holding at bit 2c + h output
+// o's input 8c + 4h + j (the input its nibble h of quarter c holds).
+at::Tensor pack_fifth_bits(const at::Tensor& codes) {
+  const auto lanes = nibble_lanes(codes).bitwise_right_shift(4).bitwise_and(1);  // [N/16, G, 4, 2, 16, 4]
+  auto bits = at::zeros({lanes.size(0), lanes.size(1), 16, 4}, codes.options());
+  for (int c = 0; c < 4; ++c) {
+    for (int h = 0; h < 2; ++h) bits.bitwise_or_(lanes.select(2, c).select(2, h).bitwise_left_shift(2 * c + h));
+  }
+  return bits.view({lanes.size(0), lanes.size(1), 64});
 }
 
 const uint16_t* halves(const at::Tensor& t) {
@@ -213,9 +257,22 @@ std::vector<at::Tensor> pack_int4_q8(const at::Tensor& codes, const at::Tensor& 
   return {pack_low_nibbles(codes), by_block(scales, at::kHalf), by_block(mins, at::kHalf)};
 }
 
+// Q5_0, Q5_1: codes [N, K] uint8 (0..31), scales and mins as pack_int4_q8's -> (its packing of the low
+// 4 bits, the fifth bits [N / 16, K / 32, 64] uint8, scales, mins).
+std::vector<at::Tensor> pack_int5_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins) {
+  auto packed = pack_int4_q8(codes, scales, mins);
+  packed.insert(packed.begin() + 1, pack_fifth_bits(codes));
+  return packed;
+}
+
 // x [M, K] bf16 @ the packed weight's transpose -> [M, N] bf16, x rounded to 8 bits per group of 32.
 at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins) {
   return matmul("int4_q8", x, codes, GroupScales{halves(scales), halves(mins)});
+}
+
+at::Tensor int5_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& high, const at::Tensor& scales,
+                   const at::Tensor& mins) {
+  return matmul<GroupScales, true>("int5_q8", x, codes, GroupScales{halves(scales), halves(mins)}, &high);
 }
 
 // Q4_K: codes [N, K] uint8 (0..15), scales and mins [N, K / 32] uint8 (0..63), d and dmin [N, K / 256]
@@ -234,4 +291,18 @@ std::vector<at::Tensor> pack_int4k_q8(const at::Tensor& codes, const at::Tensor&
 at::Tensor int4k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                     const at::Tensor& d, const at::Tensor& dmin) {
   return matmul("int4k_q8", x, codes, SuperBlockScales{bytes(scales), bytes(mins), halves(d), halves(dmin)});
+}
+
+// Q5_K: codes [N, K] uint8 (0..31), the rest as pack_int4k_q8's -> (its packing of the low 4 bits, the
+// fifth bits [N / 16, K / 32, 64] uint8, scales, mins, d, dmin).
+std::vector<at::Tensor> pack_int5k_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                                      const at::Tensor& d, const at::Tensor& dmin) {
+  auto packed = pack_int4k_q8(codes, scales, mins, d, dmin);
+  packed.insert(packed.begin() + 1, pack_fifth_bits(codes));
+  return packed;
+}
+
+at::Tensor int5k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& high, const at::Tensor& scales,
+                    const at::Tensor& mins, const at::Tensor& d, const at::Tensor& dmin) {
+  return matmul<SuperBlockScales, true>("int5k_q8", x, codes, SuperBlockScales{bytes(scales), bytes(mins), halves(d), halves(dmin)}, &high);
 }

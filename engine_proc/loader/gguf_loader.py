@@ -16,7 +16,17 @@ from gguf.quants import dequantize
 
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.llama import inverse_frequencies
-from engine_proc.models.weight_blocks import Blocks, BlocksKind, BlocksReader, Q4Blocks, Q4KBlocks, Q6KBlocks, Q8Blocks
+from engine_proc.models.weight_blocks import (
+    Blocks,
+    BlocksKind,
+    BlocksReader,
+    Q4Blocks,
+    Q4KBlocks,
+    Q5Blocks,
+    Q5KBlocks,
+    Q6KBlocks,
+    Q8Blocks,
+)
 from proto.gguf_header import GGUFHeader, read_gguf_header
 
 _ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -116,8 +126,9 @@ class GGUFWeights:
 
     def blocks(self, name: str, rows: slice = slice(None)) -> Blocks | None:
         """The tensor's blocks (see weight_blocks), its outermost `rows` only where its rows are not
-        permuted, in Hugging Face's row order: as the file holds them for Q4_0, Q4_1, Q4_K, Q6_K and Q8_0;
-        for the other quantized types (Q5_0, Q5_1, Q5_K, ...: no kernel form of their own yet) their
+        permuted, in Hugging Face's row order: as the file holds them for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+        Q5_K, Q6_K and Q8_0; for the other quantized types (IQ4_XS, Q2_K, Q3_K, ...: no kernel form of
+        their own yet) their
         values rounded to Q8_0, whose 8 bits a weight with a scale per 32 are finer than theirs; None for
         float tensors."""
         tensor = self._tensors[name]
@@ -130,7 +141,7 @@ class GGUFWeights:
             rows = slice(None)
         start, stop, _ = rows.indices(tensor.num_rows)
         data = _read(self.path, tensor, start, stop)
-        arrays = _q4_arrays(tensor, data) if kind is Q4Blocks else _ARRAYS[kind](data)
+        arrays = _ARRAYS[tensor.tensor_type](data)
         return kind(*(torch.from_numpy(np.ascontiguousarray(self._unpermuted(name, a))) for a in arrays))
 
     def blocks_reader(self, name: str) -> BlocksReader | None:
@@ -156,7 +167,8 @@ _FLOAT_TYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: 
 _UNQUANTIZED = {*_FLOAT_TYPES, GGMLQuantizationType.BF16}
 _BLOCK_KINDS: dict[GGMLQuantizationType, BlocksKind] = {
     GGMLQuantizationType.Q4_0: Q4Blocks, GGMLQuantizationType.Q4_1: Q4Blocks, GGMLQuantizationType.Q8_0: Q8Blocks,
-    GGMLQuantizationType.Q4_K: Q4KBlocks, GGMLQuantizationType.Q6_K: Q6KBlocks,
+    GGMLQuantizationType.Q5_0: Q5Blocks, GGMLQuantizationType.Q5_1: Q5Blocks,
+    GGMLQuantizationType.Q4_K: Q4KBlocks, GGMLQuantizationType.Q5_K: Q5KBlocks, GGMLQuantizationType.Q6_K: Q6KBlocks,
 }
 
 
@@ -191,40 +203,47 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, GGUFWeights]:
     return config, GGUFWeights(path, header, config)
 
 
-def _q4_arrays(tensor: _Tensor, raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(codes, scales, mins) of a Q4_0/Q4_1 tensor: w = code * scale + min per block of 32.
+def _affine_arrays(raw_bytes: np.ndarray, has_min: bool, has_fifth_bit: bool) -> tuple[np.ndarray, ...]:
+    """(codes, scales, mins) of a Q4_0, Q4_1, Q5_0 or Q5_1 tensor: w = code * scale + min per block of 32.
 
-    A block is a float16 scale (Q4_1: then a float16 min) and 16 bytes of codes, element j in
-    the low nibble of byte j and element j + 16 in the high nibble.
+    A block is a float16 scale (Q4_1, Q5_1: then a float16 min; Q5_0, Q5_1: then 32 fifth bits, element
+    j's at bit j of a little-endian word) and 16 bytes of codes, element j in the low nibble of byte j
+    and element j + 16 in the high nibble. Without a min: w = (code − 8) * scale (Q5_0: − 16).
     """
-    has_min = tensor.tensor_type == GGMLQuantizationType.Q4_1
-    header = 4 if has_min else 2
+    header = (4 if has_min else 2) + (4 if has_fifth_bit else 0)
     num_rows = raw_bytes.shape[0]
     raw = raw_bytes.reshape(num_rows, -1, header + 16)
     scales = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    mins = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if has_min else -8 * scales
     packed = raw[..., header:]
-    codes = np.concatenate((packed & 0x0F, packed >> 4), axis=-1).reshape(num_rows, -1)
-    return codes, scales, mins
+    codes = np.concatenate((packed & 0x0F, packed >> 4), axis=-1)
+    if has_fifth_bit:
+        bits = np.unpackbits(raw[..., header - 4 : header], axis=-1, bitorder="little")
+        codes |= bits << 4
+    mins = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if has_min else -(16 if has_fifth_bit else 8) * scales
+    return codes.reshape(num_rows, -1), scales, mins
 
 
-def _q4k_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(codes, scales, mins, d, dmin) of a Q4_K tensor. A super-block of 256 is a float16 d, a float16
-    dmin, 12 bytes of 6-bit scales and minimums for its 8 groups (ggml's get_scale_min_k4 packing: groups
-    0-3 in the low 6 bits of bytes 0-3 and 4-7, groups 4-7 in the nibbles of bytes 8-11 with their top
-    2 bits in the top bits of bytes 0-7), then 128 bytes of codes: 32 bytes for each two groups, the
-    first group in their low nibbles, the second in their high ones."""
+def _k_arrays(raw_bytes: np.ndarray, has_fifth_bit: bool) -> tuple[np.ndarray, ...]:
+    """(codes, scales, mins, d, dmin) of a Q4_K or Q5_K tensor. A super-block of 256 is a float16 d, a
+    float16 dmin, 12 bytes of 6-bit scales and minimums for its 8 groups (ggml's get_scale_min_k4
+    packing: groups 0-3 in the low 6 bits of bytes 0-3 and 4-7, groups 4-7 in the nibbles of bytes 8-11
+    with their top 2 bits in the top bits of bytes 0-7), (Q5_K: 32 bytes of fifth bits, group g's
+    element l at bit g of byte l,) then 128 bytes of codes: 32 bytes for each two groups, the first
+    group in their low nibbles, the second in their high ones."""
     num_rows = raw_bytes.shape[0]
-    raw = raw_bytes.reshape(num_rows, -1, 144)
+    raw = raw_bytes.reshape(num_rows, -1, 176 if has_fifth_bit else 144)
     d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     dmin = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     packed = raw[..., 4:16]
     low, high, both = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
     scales = np.concatenate((low & 63, (both & 0xF) | ((low >> 6) << 4)), axis=-1).reshape(num_rows, -1)
     mins = np.concatenate((high & 63, (both >> 4) | ((high >> 6) << 4)), axis=-1).reshape(num_rows, -1)
-    pairs = raw[..., 16:].reshape(num_rows, -1, 4, 1, 32)
-    codes = np.concatenate((pairs & 0x0F, pairs >> 4), axis=3).reshape(num_rows, -1)
-    return codes, scales, mins, d, dmin
+    pairs = raw[..., -128:].reshape(num_rows, -1, 4, 1, 32)
+    codes = np.concatenate((pairs & 0x0F, pairs >> 4), axis=3).reshape(num_rows, -1, 8, 32)
+    if has_fifth_bit:
+        high = raw[..., 16:48].reshape(num_rows, -1, 1, 32)
+        codes |= ((high >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1) << 4
+    return codes.reshape(num_rows, -1), scales, mins, d, dmin
 
 
 def _q6k_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -252,8 +271,15 @@ def _q8_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
     return codes, scales
 
 
-_ARRAYS: dict[BlocksKind, Callable[[np.ndarray], tuple[np.ndarray, ...]]] = {
-    Q8Blocks: _q8_arrays, Q4KBlocks: _q4k_arrays, Q6KBlocks: _q6k_arrays,
+_ARRAYS: dict[GGMLQuantizationType, Callable[[np.ndarray], tuple[np.ndarray, ...]]] = {
+    GGMLQuantizationType.Q4_0: lambda raw: _affine_arrays(raw, has_min=False, has_fifth_bit=False),
+    GGMLQuantizationType.Q4_1: lambda raw: _affine_arrays(raw, has_min=True, has_fifth_bit=False),
+    GGMLQuantizationType.Q5_0: lambda raw: _affine_arrays(raw, has_min=False, has_fifth_bit=True),
+    GGMLQuantizationType.Q5_1: lambda raw: _affine_arrays(raw, has_min=True, has_fifth_bit=True),
+    GGMLQuantizationType.Q4_K: lambda raw: _k_arrays(raw, has_fifth_bit=False),
+    GGMLQuantizationType.Q5_K: lambda raw: _k_arrays(raw, has_fifth_bit=True),
+    GGMLQuantizationType.Q6_K: _q6k_arrays,
+    GGMLQuantizationType.Q8_0: _q8_arrays,
 }
 
 

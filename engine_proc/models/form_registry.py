@@ -16,7 +16,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine_proc.models.weight_blocks import Blocks, BlocksKind, Q4Blocks, Q4KBlocks, Q6KBlocks, Q8Blocks
+from engine_proc.models.weight_blocks import (
+    Blocks,
+    BlocksKind,
+    Q4Blocks,
+    Q4KBlocks,
+    Q5Blocks,
+    Q5KBlocks,
+    Q6KBlocks,
+    Q8Blocks,
+)
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,7 @@ class FormSpec:
     """One matmul form: what it is built from, its promises, and (ours) its kernel."""
 
     name: str
-    source: str  # "weight": the loaded float weight; "q4 blocks", "q8 blocks", "q4k blocks", "q6k blocks": the file's blocks
+    source: str  # "weight": the loaded float weight; "q4 blocks", "q5k blocks", ...: the file's blocks (weight_blocks)
     is_row_invariant: bool  # each row's bits are the same whatever other rows share the call
     fidelity: Fidelity
     kernel: KernelOps | None = None  # zeroserve's C++ kernel forms only
@@ -78,6 +87,22 @@ def _trial_q4k(kernels: Any) -> bool:
     mins = (torch.arange(16 * 8) * 7 % 64).to(torch.uint8).view(16, 8)
     blocks = Q4KBlocks(codes, scales, mins, torch.full((16, 1), 2.0**-6), torch.full((16, 1), 2.0**-7))
     return _is_close(kernels, FORMS["int4k_q8"], blocks)
+
+
+def _trial_q5(kernels: Any) -> bool:
+    """int5_q8 on 16 outputs × 64 inputs, every code 0..31, 3 rows, against the dequantized weight's product."""
+    codes = (torch.arange(16 * 64) * 3 % 32).to(torch.uint8).view(16, 64)
+    blocks = Q5Blocks(codes, torch.full((16, 2), 0.125), torch.full((16, 2), -2.0))
+    return _is_close(kernels, FORMS["int5_q8"], blocks)
+
+
+def _trial_q5k(kernels: Any) -> bool:
+    """int5k_q8 on 16 outputs × one super-block of 256 inputs, 3 rows, against the dequantized weight's product."""
+    codes = (torch.arange(16 * 256) * 3 % 32).to(torch.uint8).view(16, 256)
+    scales = (torch.arange(16 * 8) % 64).to(torch.uint8).view(16, 8)
+    mins = (torch.arange(16 * 8) * 7 % 64).to(torch.uint8).view(16, 8)
+    blocks = Q5KBlocks(codes, scales, mins, torch.full((16, 1), 2.0**-7), torch.full((16, 1), 2.0**-7))
+    return _is_close(kernels, FORMS["int5k_q8"], blocks)
 
 
 def _trial_q6k(kernels: Any) -> bool:
@@ -115,6 +140,18 @@ FORMS = {spec.name: spec for spec in (
         "int4k_q8", "q4k blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
         kernel=KernelOps(
             Q4KBlocks, lambda kernels, b: kernels.pack_int4k_q8(*b), lambda kernels: kernels.int4k_q8, _trial_q4k,
+        ),
+    ),
+    FormSpec(
+        "int5_q8", "q5 blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
+        kernel=KernelOps(
+            Q5Blocks, lambda kernels, b: kernels.pack_int5_q8(*b), lambda kernels: kernels.int5_q8, _trial_q5,
+        ),
+    ),
+    FormSpec(
+        "int5k_q8", "q5k blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
+        kernel=KernelOps(
+            Q5KBlocks, lambda kernels, b: kernels.pack_int5k_q8(*b), lambda kernels: kernels.int5k_q8, _trial_q5k,
         ),
     ),
     FormSpec(

@@ -4,7 +4,7 @@ A Q4_1 block holds 32 codes q in 0..15, a scale d and a minimum m: w = q·d + m 
 m = −8·d). A Q8_0 block holds 32 codes q in −127..127 and a scale d: w = q·d. The scales (and
 minimums) are float16 in the file, so every value here is one a float16 holds. A Q4_K super-block
 of 256 holds eight such groups of 4-bit codes whose scales and minimums are 6-bit integers times the
-super-block's float16 d and dmin. A Q6_K super-block of 256 holds 6-bit codes in sixteen sub-blocks
+super-block's float16 d and dmin. Q5_0, Q5_1 and Q5_K are their 4-bit kin with 5-bit codes. A Q6_K super-block of 256 holds 6-bit codes in sixteen sub-blocks
 of 16, each with a signed 8-bit scale times the super-block's float16 d.
 """
 
@@ -20,6 +20,13 @@ from torch import Tensor
 GROUP_SIZE = 32
 
 
+def _affine(codes: Tensor, scales: Tensor, mins: Tensor) -> Tensor:
+    """codes [rows, cols] · scales + mins, both [rows, cols // 32]: one per group of 32."""
+    rows, cols = codes.shape
+    groups = codes.view(rows, cols // GROUP_SIZE, GROUP_SIZE).float()
+    return (groups * scales.unsqueeze(-1) + mins.unsqueeze(-1)).view(rows, cols)
+
+
 class Q4Blocks(NamedTuple):
     """A weight [rows, cols] as 4-bit codes with a scale and a minimum per group of 32 columns."""
 
@@ -28,9 +35,19 @@ class Q4Blocks(NamedTuple):
     mins: Tensor  # [rows, cols // 32] float32
 
     def dequantize(self) -> Tensor:
-        rows, cols = self.codes.shape
-        groups = self.codes.view(rows, cols // GROUP_SIZE, GROUP_SIZE).float()
-        return (groups * self.scales.unsqueeze(-1) + self.mins.unsqueeze(-1)).view(rows, cols)
+        return _affine(self.codes, self.scales, self.mins)
+
+
+class Q5Blocks(NamedTuple):
+    """A weight [rows, cols] as 5-bit codes with a scale and a minimum per group of 32 columns (GGUF's
+    Q5_1; Q5_0 is the case m = −16·d)."""
+
+    codes: Tensor  # [rows, cols] uint8, values 0..31
+    scales: Tensor  # [rows, cols // 32] float32
+    mins: Tensor  # [rows, cols // 32] float32
+
+    def dequantize(self) -> Tensor:
+        return _affine(self.codes, self.scales, self.mins)
 
 
 
@@ -70,12 +87,26 @@ class Q4KBlocks(NamedTuple):
     dmin: Tensor  # [rows, cols // 256] float32, values a float16 holds
 
     def dequantize(self) -> Tensor:
-        rows, cols = self.codes.shape
-        groups = self.codes.view(rows, cols // GROUP_SIZE, GROUP_SIZE).float()
-        d = self.d.repeat_interleave(SUPER_BLOCK // GROUP_SIZE, dim=1)
-        dmin = self.dmin.repeat_interleave(SUPER_BLOCK // GROUP_SIZE, dim=1)
-        scales, mins = d * self.scales.float(), dmin * self.mins.float()
-        return (groups * scales.unsqueeze(-1) - mins.unsqueeze(-1)).view(rows, cols)
+        return _affine(self.codes, *_super_block_scales(self.scales, self.mins, self.d, self.dmin))
+
+
+class Q5KBlocks(NamedTuple):
+    """A weight [rows, cols] as GGUF's Q5_K holds it: Q4_K's scales with 5-bit codes, w = d·sc·q − dmin·m."""
+
+    codes: Tensor  # [rows, cols] uint8, values 0..31
+    scales: Tensor  # [rows, cols // 32] uint8, values 0..63
+    mins: Tensor  # [rows, cols // 32] uint8, values 0..63
+    d: Tensor  # [rows, cols // 256] float32, values a float16 holds
+    dmin: Tensor  # [rows, cols // 256] float32, values a float16 holds
+
+    def dequantize(self) -> Tensor:
+        return _affine(self.codes, *_super_block_scales(self.scales, self.mins, self.d, self.dmin))
+
+
+def _super_block_scales(scales: Tensor, mins: Tensor, d: Tensor, dmin: Tensor) -> tuple[Tensor, Tensor]:
+    """A k-quant's per-group scale d·sc and minimum −dmin·m, [rows, cols // 32] float32."""
+    per_group = SUPER_BLOCK // GROUP_SIZE
+    return d.repeat_interleave(per_group, dim=1) * scales.float(), -dmin.repeat_interleave(per_group, dim=1) * mins.float()
 
 
 
@@ -97,8 +128,8 @@ class Q6KBlocks(NamedTuple):
 
 SUPER_BLOCK = 256
 SUB_BLOCK = 16
-Blocks = Q4Blocks | Q8Blocks | Q4KBlocks | Q6KBlocks
-BlocksKind = type[Q4Blocks] | type[Q8Blocks] | type[Q4KBlocks] | type[Q6KBlocks]
+Blocks = Q4Blocks | Q5Blocks | Q8Blocks | Q4KBlocks | Q5KBlocks | Q6KBlocks
+BlocksKind = type[Q4Blocks] | type[Q5Blocks] | type[Q8Blocks] | type[Q4KBlocks] | type[Q5KBlocks] | type[Q6KBlocks]
 
 
 def cat_blocks(parts: list[Blocks]) -> Blocks:

@@ -28,7 +28,7 @@ SMALL = Shape(256, 2, 512, 4, 2, 64, is_tied=True)
 
 
 @needs_kernels
-@pytest.mark.parametrize(("ggml_type", "form"), [("Q4_0", "int4_q8"), ("Q8_0", "int8_q8"), ("Q4_K", "int4k_q8"), ("Q6_K", "int6k_q8")])
+@pytest.mark.parametrize(("ggml_type", "form"), [("Q4_0", "int4_q8"), ("Q5_1", "int5_q8"), ("Q8_0", "int8_q8"), ("Q4_K", "int4k_q8"), ("Q5_K", "int5k_q8"), ("Q6_K", "int6k_q8")])
 def test_projections_loaded_as_blocks_alone_give_the_logits_of_a_load_that_keeps_their_values(
     tmp_path: Path, ggml_type: str, form: str
 ) -> None:
@@ -55,9 +55,9 @@ def test_projections_loaded_as_blocks_alone_give_the_logits_of_a_load_that_keeps
 
 @needs_kernels
 def test_a_type_without_a_kernel_form_of_its_own_runs_as_8_bit_blocks(tmp_path: Path) -> None:
-    # NOTE: Q5_0 (5-bit codes, a float16 scale per 32) is rounded to Q8_0 at load, tensor by tensor.
-    path = tmp_path / "small-q5_0.gguf"
-    write(SMALL, "Q5_0", path)
+    # NOTE: MXFP4 (gpt-oss's 4-bit floats, a power-of-two scale per 32) is rounded to Q8_0 at load, tensor by tensor.
+    path = tmp_path / "small-mxfp4.gguf"
+    write(SMALL, "MXFP4", path)
     lean = load_model(path, dtype=None, quantization="auto")
     exact = load_model(path, dtype=torch.float32, quantization="none")
     projections = [module for module in lean.modules() if isinstance(module, Linear)]
@@ -68,7 +68,7 @@ def test_a_type_without_a_kernel_form_of_its_own_runs_as_8_bit_blocks(tmp_path: 
     assert (got - expected).abs().max() < 0.05 * expected.abs().max()
 
 
-@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_the_files_blocks_hold_the_values_gguf_py_reads(tmp_path: Path, ggml_type: str) -> None:
     path = tmp_path / f"small-{ggml_type}.gguf"
     write(SMALL, ggml_type, path)

@@ -17,7 +17,7 @@ from engine_proc.models.form_registry import FORMS
 from engine_proc.models.matmul_forms import PackedWeight
 from engine_proc.models.matmul_plan import plan_linears
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form
-from engine_proc.models.weight_blocks import Q4Blocks, Q4KBlocks, Q6KBlocks, Q8Blocks, cat_blocks
+from engine_proc.models.weight_blocks import Q4Blocks, Q4KBlocks, Q5Blocks, Q5KBlocks, Q6KBlocks, Q8Blocks, cat_blocks
 from proto import envs
 
 
@@ -202,15 +202,23 @@ def random_q8_weight(rows: int, cols: int) -> torch.Tensor:
     return (torch.randn(rows, cols // 32, 32, generator=generator) * scales).view(rows, cols)
 
 
-def random_q4k_blocks(rows: int, cols: int) -> Q4KBlocks:
-    """Q4_K blocks as llama-quantize writes them: 6-bit scales and minimums, float16 d and dmin per 256."""
+def random_q5_blocks(rows: int, cols: int, has_min: bool = True) -> Q5Blocks:
+    """Q5_1 blocks (Q5_0: the minimum −16 scales), with random_blocks' scales and minimums."""
+    blocks = random_blocks(rows, cols, has_min)
+    generator = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 32, (rows, cols), dtype=torch.uint8, generator=generator)
+    return Q5Blocks(codes, blocks.scales, blocks.mins if has_min else -16 * blocks.scales)
+
+
+def random_q4k_blocks(rows: int, cols: int, kind: type[Q4KBlocks | Q5KBlocks] = Q4KBlocks) -> Q4KBlocks | Q5KBlocks:
+    """Q4_K (Q5_K) blocks as llama-quantize writes them: 6-bit scales and minimums, float16 d and dmin per 256."""
     generator = torch.Generator().manual_seed(4)
-    codes = torch.randint(0, 16, (rows, cols), dtype=torch.uint8, generator=generator)
+    codes = torch.randint(0, 16 if kind is Q4KBlocks else 32, (rows, cols), dtype=torch.uint8, generator=generator)
     scales = torch.randint(1, 64, (rows, cols // 32), dtype=torch.uint8, generator=generator)
     mins = torch.randint(0, 64, (rows, cols // 32), dtype=torch.uint8, generator=generator)
     d = (torch.rand(rows, cols // 256, generator=generator) * 1e-3 + 1e-4).half().float()
     dmin = (torch.rand(rows, cols // 256, generator=generator) * 1e-3).half().float()
-    return Q4KBlocks(codes, scales, mins, d, dmin)
+    return kind(codes, scales, mins, d, dmin)
 
 
 def random_q6k_blocks(rows: int, cols: int) -> Q6KBlocks:
@@ -227,7 +235,8 @@ def row_invariant_form(form: str) -> Callable[[torch.Tensor], torch.Tensor]:
     spec = FORMS[form]
     assert spec.kernel is not None, f"{form} claims row invariance: give it a case here"
     makers = {
-        Q4Blocks: random_blocks, Q4KBlocks: random_q4k_blocks, Q6KBlocks: random_q6k_blocks,
+        Q4Blocks: random_blocks, Q5Blocks: random_q5_blocks, Q4KBlocks: random_q4k_blocks,
+        Q5KBlocks: lambda n, k: random_q4k_blocks(n, k, Q5KBlocks), Q6KBlocks: random_q6k_blocks,
         Q8Blocks: lambda n, k: Q8Blocks.quantize(random_q8_weight(n, k)),
     }
     blocks = makers[spec.kernel.blocks](96, 256)
@@ -283,10 +292,33 @@ def test_q8_blocks_of_a_q8_0_tensor_are_its_own_blocks() -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("has_min", [True, False], ids=["q5_1", "q5_0"])
 @pytest.mark.parametrize("num_tokens", [1, 8, 9, 40])
-def test_int4k_q8_multiplies_q4_k_blocks_with_their_two_level_scales(num_tokens: int) -> None:
-    blocks = random_q4k_blocks(40, 512)  # NOTE: 40 outputs: padded to 48 for the kernel, cut again
-    run = kernel_form(load_cpu_kernels(), FORMS["int4k_q8"], blocks)
+def test_int5_q8_multiplies_5_bit_codes_as_int4_q8_does_4_bit_ones(has_min: bool, num_tokens: int) -> None:
+    blocks = random_q5_blocks(40, 256, has_min)  # NOTE: 40 outputs: padded to 48 for the kernel, cut again
+    codes = blocks.codes.clone()
+    codes[3], codes[4] = 31, torch.arange(256) % 32  # NOTE: all fifth bits set, then every code in turn
+    blocks = Q5Blocks(codes, blocks.scales, blocks.mins)
+    run = kernel_form(load_cpu_kernels(), FORMS["int5_q8"], blocks)
+    assert run is not None
+    x = torch.randn(num_tokens, 256).bfloat16()
+    x[0, 40] = 30.0
+    out = run(x).double()
+    # What the kernel says it computes: Σ_g d·a·Σ q·x̂ + m·Σ x; integer sums exact, then float32 and one
+    # bfloat16 rounding.
+    q, a = q8_rows(x)
+    products = torch.einsum("mgk,ngk->mng", q.double(), codes.double().view(40, -1, 32))
+    sums = x.double().view(num_tokens, -1, 32).sum(-1)
+    stated = (products * a.double().unsqueeze(1) * blocks.scales.double()).sum(-1) + sums @ blocks.mins.double().T
+    assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", [Q4KBlocks, Q5KBlocks], ids=["q4_k", "q5_k"])
+@pytest.mark.parametrize("num_tokens", [1, 8, 9, 40])
+def test_int4k_q8_multiplies_q4_k_blocks_with_their_two_level_scales(kind: type[Q4KBlocks | Q5KBlocks], num_tokens: int) -> None:
+    blocks = random_q4k_blocks(40, 512, kind)  # NOTE: 40 outputs: padded to 48 for the kernel, cut again
+    run = kernel_form(load_cpu_kernels(), FORMS["int4k_q8" if kind is Q4KBlocks else "int5k_q8"], blocks)
     assert run is not None
     x = torch.randn(num_tokens, 512).bfloat16()
     x[0, 40] = 30.0
@@ -328,8 +360,11 @@ def test_int6k_q8_multiplies_q6_k_blocks_with_their_sub_block_scales(num_tokens:
     steps = blocks.d.double().repeat_interleave(16, dim=1) * blocks.scales.double()
     stated = (products * steps * a.double().repeat_interleave(2, dim=1).unsqueeze(1)).sum(-1)
     assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
+    # Against the exact product: no further than half a step of each input's group.
     expected = x.double() @ blocks.dequantize().double().T
-    assert ((out - expected).abs() <= 0.02 * expected.abs().max()).all()
+    weights = blocks.dequantize().double().abs().view(40, -1, 32)
+    steps = torch.einsum("mg,ngk->mn", a.double() / 2, weights)
+    assert ((out - expected).abs() <= steps + 2**-8 * expected.abs() + 1e-4 * expected.abs().max()).all()
 
 
 def test_shards_of_different_kinds_are_stacked_as_8_bit_blocks() -> None:
