@@ -144,7 +144,6 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
 template <int TILE, typename Scales, bool HIGH>
 void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* sums, int64_t num_groups,
                 const uint8_t* codes, const uint8_t* high, Scales block_scales, uint16_t* out, int64_t out_stride) {
-  constexpr int kQuartersPerSum = HIGH ? 2 : 4;  // quarters added in 16 bits before `vpmaddwd`
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
   const __m256i fifth_bit = _mm256_set1_epi8(0x10);
   const __m256i ones = _mm256_set1_epi16(1);
@@ -153,8 +152,9 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
     const uint8_t* group_codes = codes + g * kGroupBytes;
     const int8_t* group_q = q + g * kGroup;
     for (int half = 0; half < 2; ++half) {  // outputs 8·half .. 8·half + 7
-      __m256i dot[TILE], pairs[TILE];
-      for (int r = 0; r < TILE; ++r) dot[r] = pairs[r] = _mm256_setzero_si256();
+      __m256i pairs[TILE];
+      __m256i first_half[HIGH ? TILE : 1];  // 5-bit: the 32-bit sums of quarters 0 and 1
+      for (int r = 0; r < TILE; ++r) pairs[r] = _mm256_setzero_si256();
       __m256i highs = HIGH ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high + g * kHighBytes + 32 * half))
                            : _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
@@ -170,16 +170,20 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
           pairs[r] = _mm256_add_epi16(pairs[r], _mm256_add_epi16(
               _mm256_maddubs_epi16(first, _mm256_set1_epi32(load_int32(group_q + r * k + 8 * c))),
               _mm256_maddubs_epi16(second, _mm256_set1_epi32(load_int32(group_q + r * k + 8 * c + 4)))));
-          if ((c + 1) % kQuartersPerSum == 0) {
-            dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs[r], ones));
-            pairs[r] = _mm256_setzero_si256();
+          if constexpr (HIGH) {
+            if (c == 1) {
+              first_half[r] = _mm256_madd_epi16(pairs[r], ones);
+              pairs[r] = _mm256_setzero_si256();
+            }
           }
         }
       }
       const __m256 d = block_scales.scale(g, 8 * half);
       const __m256 m = block_scales.min(g, 8 * half);
       for (int r = 0; r < TILE; ++r) {
-        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_set1_ps(qscales[r * num_groups + g]));
+        __m256i dot = _mm256_madd_epi16(pairs[r], ones);
+        if constexpr (HIGH) dot = _mm256_add_epi32(first_half[r], dot);
+        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(qscales[r * num_groups + g]));
         float* row_acc = acc[r] + 8 * half;
         _mm256_store_ps(row_acc, _mm256_fmadd_ps(_mm256_set1_ps(sums[r * num_groups + g]), m,
                                                  _mm256_fmadd_ps(scaled, d, _mm256_load_ps(row_acc))));
