@@ -10,8 +10,10 @@ costs), all with `--threads` threads. Each is driven by `zeroserve bench serve` 
 requests (natural chat text, about 230 tokens once templated, each distinct; 128 tokens out,
 greedy, EOS ignored) at 1 and 16 concurrent streams; the rounds take the servers in turn, so a slow
 spell of a shared machine weighs on all. Reports, as medians over rounds: output tokens/s, one
-stream's decode speed (1000 / TPOT p50), TTFT p50, each server's resident memory (its processes
-together, after the run), and each zeroserve configuration against llama-server.
+stream's decode speed (1000 / TPOT p50), TTFT p50, each server's time to ready (start to a healthy
+/health, the servers started one after another) and resident memory (its processes together, after
+the run), and each zeroserve configuration against llama-server. `--concurrency 1` leaves out the 16
+streams (an 8B model on 2 cores takes most of an hour for them).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from service.bench.local_server import free_port, local_server
 from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 
 LLAMA_SERVER = Path.home() / ".cache/zeroserve-peer/llama.cpp-native/bin/llama-server"
-CONCURRENCY = (1, 16)
 
 
 @contextmanager
@@ -103,6 +104,7 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=230)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], choices=[1, 16])
     parser.add_argument("--result-json", type=Path, default=Path("llama_server_compare.json"))
     args = parser.parse_args()
     args.model = args.model or resolve_model(DEFAULT_MODEL).path
@@ -112,24 +114,30 @@ def main() -> None:
                                                 if args.zeroserve_args else {})}
     rounds: list[dict[str, dict[str, dict[str, float]]]] = []
     memory: dict[str, float] = {}
+    ready_s: dict[str, float] = {}
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        start = time.monotonic()
         llama_url, llama_pid = stack.enter_context(llama_server(args.llama_server, args.model, args.threads, tmp / "llama.log"))
         servers = {"llama-server": (llama_url, llama_pid)}
+        ready_s["llama-server"] = time.monotonic() - start
         for name, extra in configs.items():
+            start = time.monotonic()
             serve = [str(args.model), "--num-threads", str(args.threads), *extra]
             server = stack.enter_context(local_server(serve, log_file=tmp / f"{len(servers)}.log"))
             servers[name] = (server.base_url, server.proc.pid)
+            ready_s[name] = time.monotonic() - start
         version = httpx.get(f"{servers['zeroserve default flags'][0]}/version", timeout=10).json()
         print(f"{cpu_model_name()}; zeroserve: {version.get('kernels')}", flush=True)
         for index in range(args.rounds):
             rounds.append({})
             for position, (name, (base_url, _)) in enumerate(servers.items()):
                 rounds[-1][name] = {
-                    str(c): figures(bench(base_url, c, 1000 * index + 10 * position + c, args, tmp)) for c in CONCURRENCY
+                    str(c): figures(bench(base_url, c, 1000 * index + 10 * position + c, args, tmp)) for c in args.concurrency
                 }
             print(f"round {index + 1}: " + "; ".join(
-                f"{name} {r['1']['decode_tok_s']:.1f} / {r['16']['output_tok_s']:.1f} tok/s" for name, r in rounds[-1].items()
+                f"{name} " + " / ".join(f"{r[str(c)]['output_tok_s' if c > 1 else 'decode_tok_s']:.1f}" for c in args.concurrency)
+                + " tok/s" for name, r in rounds[-1].items()
             ), flush=True)
         memory = {name: rss_mib(pid) for name, (_, pid) in servers.items()}
     medians = {
@@ -137,16 +145,23 @@ def main() -> None:
         for name in rounds[0]
     }
     peer = medians["llama-server"]
-    print(f"\n{'server':<36} {'1 stream tok/s':>14} {'16 streams tok/s':>16} {'TTFT p50 @16':>12} {'RSS MiB':>8}")
+    missing = {"decode_tok_s": float("nan"), "output_tok_s": float("nan"), "ttft_p50_s": float("nan")}
+    print(f"\n{'server':<36} {'1 stream tok/s':>14} {'16 streams tok/s':>16} {'TTFT p50 @16':>12} {'ready s':>8} {'RSS MiB':>8}")
     for name, by_concurrency in medians.items():
-        print(f"{name:<36} {by_concurrency['1']['decode_tok_s']:>14.1f} {by_concurrency['16']['output_tok_s']:>16.1f} "
-              f"{by_concurrency['16']['ttft_p50_s']:>11.2f}s {memory[name]:>8.0f}")
+        one, sixteen = by_concurrency.get("1", missing), by_concurrency.get("16", missing)
+        print(f"{name:<36} {one['decode_tok_s']:>14.1f} {sixteen['output_tok_s']:>16.1f} "
+              f"{sixteen['ttft_p50_s']:>11.2f}s {ready_s[name]:>8.1f} {memory[name]:>8.0f}")
     for name, by_concurrency in medians.items():
         if name != "llama-server":
-            print(f"{name} / llama-server: one stream {by_concurrency['1']['decode_tok_s'] / peer['1']['decode_tok_s']:.2f}x, "
-                  f"16 streams {by_concurrency['16']['output_tok_s'] / peer['16']['output_tok_s']:.2f}x")
+            ratios = [f"{'one stream' if c == '1' else '16 streams'} "
+                      f"{by_concurrency[c]['decode_tok_s' if c == '1' else 'output_tok_s'] / peer[c]['decode_tok_s' if c == '1' else 'output_tok_s']:.2f}x"
+                      for c in by_concurrency]
+            if "16" in by_concurrency:
+                ratios.append(f"TTFT p50 at 16 {by_concurrency['16']['ttft_p50_s'] / peer['16']['ttft_p50_s']:.2f}x")
+            print(f"{name} / llama-server: " + ", ".join(ratios))
     args.result_json.write_text(json.dumps({
-        "cpu": cpu_model_name(), "zeroserve_version": version, "medians": medians, "rss_mib": memory, "rounds": rounds,
+        "cpu": cpu_model_name(), "zeroserve_version": version, "medians": medians, "rss_mib": memory, "ready_s": ready_s,
+        "rounds": rounds,
         "settings": {key: str(value) for key, value in vars(args).items()},
     }, indent=2))
 
