@@ -136,8 +136,9 @@ def tensors(shape: Shape, vocab_size: int) -> list[tuple[str, tuple[int, ...]]]:
     return names
 
 
-def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0) -> None:
-    """A GGUF of `shape` with random weights, matrices in `ggml_type` (norms and biases float32)."""
+def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0, types: dict[str, str] | None = None) -> None:
+    """A GGUF of `shape` with random weights, matrices in `ggml_type` (norms and biases float32), or in
+    `types[kind]` for the matrices of a kind (`attn_v`, `ffn_down`, `token_embd`: a k-quant mix's own)."""
     metadata = read_gguf_metadata(resolve_model(DEFAULT_MODEL).path)
     vocab_size = len(metadata["tokenizer.ggml.tokens"])
     arch = shape.architecture
@@ -163,7 +164,6 @@ def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0) -> None:
         writer.add_uint32(f"tokenizer.ggml.{key}", int(metadata[f"tokenizer.ggml.{key}"]))
     writer.add_add_bos_token(bool(metadata.get("tokenizer.ggml.add_bos_token", False)))
     writer.add_chat_template(metadata["tokenizer.chat_template"])
-    quant = gguf.GGMLQuantizationType[ggml_type]
     rng = np.random.default_rng(seed)
     arrays: list[tuple[str, np.ndarray]] = []
     for name, dims in tensors(shape, vocab_size):
@@ -172,6 +172,8 @@ def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0) -> None:
             writer.add_tensor_info(name, dims, np.dtype(np.float32), values.nbytes)
         else:
             values = rng.normal(0, 0.02, dims).astype(np.float32)
+            kind = name.split(".")[-2]
+            quant = gguf.GGMLQuantizationType[(types or {}).get(kind, ggml_type)]
             if quant in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K):
                 values = quantize_q4_k(values, bits=4 if quant == gguf.GGMLQuantizationType.Q4_K else 5)
             elif quant == gguf.GGMLQuantizationType.Q6_K:

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
+from benchmarks.real_size_ggufs import Shape, write
 from proto.engine_config import EngineConfig
 from service.client.engine_launcher import engine_argv
 from service.model_files.model_registry import DEFAULT_MODEL
@@ -105,3 +107,35 @@ def test_a_gateway_serves_the_native_greedy_tokens_from_the_default_model_on_an_
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@needs_qemu
+def test_the_k_quant_forms_give_the_native_logits_on_an_emulated_avx2_cpu(tmp_path: Path) -> None:
+    # NOTE: a small model in a k-quant mix as llama-quantize makes them (Q4_K, Q5_K, Q6_K beside Q5_0),
+    # each fused projection's parts of one type (parts of two types are held as Q8_0 blocks),
+    # its head from the Q6_K embedding; on an AVX-512 machine this is where the AVX2 bodies run at all.
+    path = tmp_path / "small-k-quants.gguf"
+    types = {kind: "Q5_K" for kind in ("attn_q", "attn_k", "attn_v")}
+    types |= {"attn_output": "Q5_0", "ffn_down": "Q6_K", "token_embd": "Q6_K"}
+    write(Shape(256, 2, 512, 4, 2, 64, is_tied=True), "Q4_K", path, types=types)
+
+    def logits(*wrapper: str) -> tuple[dict[str, object], torch.Tensor]:
+        out = tmp_path / f"logits-{len(wrapper)}.pt"
+        result = subprocess.run(
+            [*wrapper, sys.executable, "-m", "tests.emulated_logits", str(path), str(out)],
+            cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=900,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return dict(json.loads(result.stdout.strip().splitlines()[-1])), torch.load(out)
+
+    assert QEMU is not None
+    native, native_logits = logits()
+    emulated, emulated_logits = logits(QEMU, "-cpu", "Haswell")
+    assert "x86_64 AVX2" in str(emulated["cpu"]), emulated
+    assert {"int4k_q8", "int5k_q8", "int6k_q8", "int5_q8"} <= set(emulated["forms"]), emulated  # type: ignore[call-overload]
+    assert emulated["forms"] == native["forms"]
+    if "x86_64 AVX2" in str(native["cpu"]):
+        assert torch.equal(emulated_logits, native_logits)
+    else:
+        # NOTE: the AVX-512 bodies make the same integer sums and float32 steps; the ops between (torch's) may differ.
+        assert (emulated_logits - native_logits).abs().max() <= 1e-2 * native_logits.abs().max()
