@@ -7,8 +7,8 @@ The default model's tokenizer (SmolLM2's 49,152-token vocabulary, its chat templ
 file, so every server and `zeroserve bench serve` can use it. Weights are normal with the spread of
 a trained model's (0.02; norms 1), quantized by gguf-py as llama.cpp's converter would, tensor by
 tensor and written as they come, so a file of 8B parameters needs about its own size in memory.
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K (every matrix; the k-quants by a plain quantizer)
-come out directly;
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS (every matrix; the k- and i-quants by a
+plain quantizer) come out directly;
 a k-quant mix (Q4_K_M, Q5_K_M) is made from a Q8_0
 file by llama.cpp's `llama-quantize --allow-requantize` (`--llama-quantize`, built by
 ../shared/tools/build-llama-cpp), as users' files are made from their originals.
@@ -29,7 +29,7 @@ from proto.gguf_header import read_gguf_metadata
 from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 
 LLAMA_QUANTIZE = Path.home() / ".cache/zeroserve-peer/llama.cpp-native/bin/llama-quantize"
-DIRECT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16")
+DIRECT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16")
 REQUANTIZED_TYPES = ("Q4_K_M", "Q5_K_M")
 
 
@@ -109,6 +109,28 @@ def quantize_q6_k(values: np.ndarray) -> np.ndarray:
     return packed.reshape(rows, -1)
 
 
+def quantize_iq4_xs(values: np.ndarray) -> np.ndarray:
+    """`values` [rows, cols] (cols a multiple of 256) as GGUF IQ4_XS bytes [rows, cols / 256 * 136] (gguf-py
+    reads but does not write them): per group of 32 a scale from its largest magnitude, as a signed
+    6-bit multiple of the super-block's float16 d, each value's nearest of the 16 table values (a
+    plain quantizer: llama.cpp's searches for better scales; the layout is the same)."""
+    table = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+    rows, cols = values.shape
+    groups = values.reshape(rows, cols // 256, 8, 32).astype(np.float32)
+    steps = np.abs(groups).max(axis=-1) / 127
+    d = (steps.max(axis=-1) / 31).astype(np.float16)
+    scales = np.clip(np.rint(steps / np.maximum(d.astype(np.float32), 1e-20)[..., None]), 1, 31).astype(np.int8)
+    step = np.maximum(d.astype(np.float32)[..., None] * scales, 1e-20)[..., None]
+    codes = np.abs((groups / step)[..., None] - table).argmin(axis=-1).astype(np.uint8)
+    biased = (scales.astype(np.int16) + 32).astype(np.uint16)
+    packed = np.empty((rows, cols // 256, 136), np.uint8)
+    packed[..., 0:2] = d[..., None].view(np.uint8)
+    packed[..., 2:4] = sum((biased[..., g] >> 4) << (2 * g) for g in range(8)).astype(np.uint16)[..., None].view(np.uint8)
+    packed[..., 4:8] = ((biased[..., 0::2] & 0x0F) | ((biased[..., 1::2] & 0x0F) << 4)).astype(np.uint8)
+    packed[..., 8:] = (codes[..., :16] | (codes[..., 16:] << 4)).reshape(rows, cols // 256, 128)
+    return packed.reshape(rows, -1)
+
+
 def tensors(shape: Shape, vocab_size: int) -> list[tuple[str, tuple[int, ...]]]:
     """Each tensor's GGUF name and numpy shape (outermost first), in llama.cpp's order."""
     q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
@@ -178,6 +200,8 @@ def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0, types: dict[st
                 values = quantize_q4_k(values, bits=4 if quant == gguf.GGMLQuantizationType.Q4_K else 5)
             elif quant == gguf.GGMLQuantizationType.Q6_K:
                 values = quantize_q6_k(values)
+            elif quant == gguf.GGMLQuantizationType.IQ4_XS:
+                values = quantize_iq4_xs(values)
             elif quant == gguf.GGMLQuantizationType.F16:
                 values = values.astype(np.float16)
             else:

@@ -28,6 +28,9 @@ at::Tensor int6k_q8(const at::Tensor& x, const at::Tensor& low, const at::Tensor
                     const at::Tensor& d);
 std::vector<at::Tensor> pack_int8_q8(const at::Tensor& codes, const at::Tensor& scales);
 at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets);
+std::vector<at::Tensor> pack_iq4xs_q8(const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d);
+at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d,
+                    const at::Tensor& offsets);
 #ifdef ZEROSERVE_AMX
 at::Tensor pack_greedy_head(const at::Tensor& weight);
 at::Tensor greedy_head(const at::Tensor& hidden, const at::Tensor& packed_weight, int64_t vocab_size);
@@ -51,6 +54,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int6k_q8", &int6k_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ a Q6_K weight's transpose, integer products");
   m.def("pack_int8_q8", &pack_int8_q8, "8-bit group-32 blocks (codes, float16-exact scales) in int8_q8's layout");
   m.def("int8_q8", &int8_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ an 8-bit weight's transpose, integer products");
+  m.def("pack_iq4xs_q8", &pack_iq4xs_q8, "GGUF IQ4_XS blocks (4-bit indices, signed 6-bit scales, float16-exact d) in iq4xs_q8's layout");
+  m.def("iq4xs_q8", &iq4xs_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ an IQ4_XS weight's transpose, integer products");
 #ifdef ZEROSERVE_AMX
   m.def("pack_greedy_head", &pack_greedy_head, "an output head's weight in greedy_head's AMX tile layout");
   m.def("greedy_head", &greedy_head, "each row's first argmax of bf16(hidden @ weight.T), logits never written (AMX)");

@@ -15,9 +15,16 @@
 // Layout (`pack_int8_q8`): for each block of 16 outputs, each group, each eighth e of it (inputs
 // 4e .. 4e + 3), 64 bytes: byte 4o + j holds output o's input 4e + j (a lane of four bytes per
 // output, as `vpdpbusd` reads them). Scales as the file's float16 [N / 16, G, 16]; offsets int32, the same shape.
+//
+// `iq4xs_q8` multiplies GGUF's IQ4_XS the same way: 4-bit indices into llama.cpp's table of 16 signed
+// 8-bit values (kvalues_iq4nl), packed as int4_q8 packs its codes (nibble_layout.h: quarter c's low
+// nibbles are eighth 2c, its high ones eighth 2c + 1) and looked up by `vpshufb` before the
+// products; per group a signed 6-bit scale s ([N / 16, G, 16] int8) times the float16 d of its
+// super-block of 8 groups ([N / 16, G / 8, 16]): d_g = d·s, 4.3 bits a weight as in the file.
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 
+#include "nibble_layout.h"
 #include "q8_rows.h"
 #include "vec16.h"
 
@@ -32,36 +39,104 @@ using namespace zeroserve;
 
 constexpr int64_t kGroup = kQ8Group;
 constexpr int64_t kBlock = 16;  // outputs per block
-constexpr int64_t kGroupBytes = kGroup * kBlock;
+constexpr int64_t kSuperGroups = 8;  // groups per IQ4_XS super-block
 constexpr int kMaxTile = 8;  // rows per pass: their sums stay in registers
+
+// llama.cpp's kvalues_iq4nl: the values an IQ4_NL or IQ4_XS index stands for.
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+using Bytes = __m512i;  // one block's 16 outputs × 4 inputs
+constexpr int64_t kBytes = 64;
+inline Bytes load_bytes(const void* src) { return _mm512_loadu_si512(src); }
+inline Bytes nibbles_low(Bytes b) { return _mm512_and_si512(b, _mm512_set1_epi8(0x0F)); }
+inline Bytes nibbles_high(Bytes b) { return _mm512_and_si512(_mm512_srli_epi16(b, 4), _mm512_set1_epi8(0x0F)); }
+inline Bytes look_up(Bytes indices) {
+  return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values))), indices);
+}
+using Lanes = __m512;
+inline Lanes load_half(const uint16_t* src) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))); }
+inline Lanes load_int8s(const int8_t* src) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)))); }
+inline Lanes mul(Lanes a, Lanes b) { return _mm512_mul_ps(a, b); }
+#else
+using Bytes = __m256i;  // half a block's outputs × 4 inputs
+constexpr int64_t kBytes = 32;
+inline Bytes load_bytes(const void* src) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)); }
+inline Bytes nibbles_low(Bytes b) { return _mm256_and_si256(b, _mm256_set1_epi8(0x0F)); }
+inline Bytes nibbles_high(Bytes b) { return _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0F)); }
+inline Bytes look_up(Bytes indices) {
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values))), indices);
+}
+using Lanes = __m256;
+inline Lanes load_half(const uint16_t* src) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))); }
+inline Lanes load_int8s(const int8_t* src) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)))); }
+inline Lanes mul(Lanes a, Lanes b) { return _mm256_mul_ps(a, b); }
+#endif
+
+// int8_q8's codes: eighth e of group g, 64 bytes ([G, 8, 64] for one block of outputs).
+struct Int8Codes {
+  const int8_t* codes;
+  static constexpr int64_t kGroupBytes = kGroup * kBlock;
+
+  // The signed weights of eighths 2c and 2c + 1 of group g, for the outputs from `half` (AVX2: 8·half; AVX-512: all 16).
+  void quarter(int64_t g, int c, int half, Bytes& first, Bytes& second) const {
+    first = load_bytes(codes + g * kGroupBytes + 64 * (2 * c) + kBytes * half);
+    second = load_bytes(codes + g * kGroupBytes + 64 * (2 * c + 1) + kBytes * half);
+  }
+};
+
+// iq4xs_q8's codes: 4-bit indices in int4_q8's layout ([G, 4, 64]), each looked up in kIq4Values.
+struct Iq4Codes {
+  const uint8_t* codes;
+  static constexpr int64_t kGroupBytes = kGroup * kBlock / 2;
+
+  void quarter(int64_t g, int c, int half, Bytes& first, Bytes& second) const {
+    const Bytes bytes = load_bytes(codes + g * kGroupBytes + 64 * c + kBytes * half);
+    first = look_up(nibbles_low(bytes));
+    second = look_up(nibbles_high(bytes));
+  }
+};
+
+// int8_q8's scales: the file's float16 per group ([G, 16]).
+struct GroupScales {
+  const uint16_t* scales;
+  Lanes scale(int64_t g, int first) const { return load_half(scales + g * kBlock + first); }
+};
+
+// iq4xs_q8's: a signed integer per group times the float16 d of its super-block.
+struct SuperBlockScales {
+  const int8_t* scales;  // [G, 16]
+  const uint16_t* d;  // [G / 8, 16]
+  Lanes scale(int64_t g, int first) const {
+    return mul(load_int8s(scales + g * kBlock + first), load_half(d + g / kSuperGroups * kBlock + first));
+  }
+};
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 
-inline __m512 load_half16(const uint16_t* src) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
-}
-
 // Rows [0, TILE) of x̂ (`k` apart; scales [TILE, G]) times one block of 16 outputs into `out`
 // (bf16, `out_stride` apart).
-template <int TILE>
-void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_groups, const int8_t* codes,
-                const uint16_t* scales, const int32_t* offsets, uint16_t* out, int64_t out_stride) {
+template <int TILE, typename Codes, typename Scales>
+void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_groups, Codes codes, Scales scales,
+                const int32_t* offsets, uint16_t* out, int64_t out_stride) {
   __m512 acc[TILE];
   for (int r = 0; r < TILE; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < num_groups; ++g) {
     __m512i dot[TILE];
     for (int r = 0; r < TILE; ++r) dot[r] = _mm512_setzero_si512();
-    const int8_t* group_codes = codes + g * kGroupBytes;
     const int8_t* group_q = q + g * kGroup;
-    for (int e = 0; e < 8; ++e) {
-      const __m512i weights = _mm512_loadu_si512(group_codes + 64 * e);
-      for (int r = 0; r < TILE; ++r) {
-        const int32_t shifted = load_int32(group_q + r * k + 4 * e) ^ static_cast<int32_t>(0x80808080u);
-        dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_set1_epi32(shifted), weights);
+    for (int c = 0; c < 4; ++c) {
+      __m512i weights[2];
+      codes.quarter(g, c, 0, weights[0], weights[1]);
+      for (int h = 0; h < 2; ++h) {
+        for (int r = 0; r < TILE; ++r) {
+          const int32_t shifted = load_int32(group_q + r * k + 8 * c + 4 * h) ^ static_cast<int32_t>(0x80808080u);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_set1_epi32(shifted), weights[h]);
+        }
       }
     }
     const __m512i offset = _mm512_loadu_si512(offsets + g * kBlock);
-    const __m512 d = load_half16(scales + g * kBlock);
+    const __m512 d = scales.scale(g, 0);
     for (int r = 0; r < TILE; ++r) {
       const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r], offset));
       acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(sum, _mm512_set1_ps(qscales[r * num_groups + g])), d, acc[r]);
@@ -72,32 +147,30 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_gr
 
 #else  // AVX2 + FMA + F16C
 
-inline __m256 load_half8(const uint16_t* src) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-}
-
 // As the AVX-512 tile, 8 outputs a register: |q| times x̂ with q's sign by `vpmaddubsw`, then
 // `vpmaddwd` by ones (the two pairs of a lane of four) into 32-bit sums.
-template <int TILE>
-void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_groups, const int8_t* codes,
-                const uint16_t* scales, const int32_t* /*offsets*/, uint16_t* out, int64_t out_stride) {
+template <int TILE, typename Codes, typename Scales>
+void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_groups, Codes codes, Scales scales,
+                const int32_t* /*offsets*/, uint16_t* out, int64_t out_stride) {
   const __m256i ones = _mm256_set1_epi16(1);
   alignas(32) float acc[TILE][kBlock] = {};
   for (int64_t g = 0; g < num_groups; ++g) {
-    const int8_t* group_codes = codes + g * kGroupBytes;
     const int8_t* group_q = q + g * kGroup;
     for (int half = 0; half < 2; ++half) {  // outputs 8·half .. 8·half + 7
       __m256i dot[TILE];
       for (int r = 0; r < TILE; ++r) dot[r] = _mm256_setzero_si256();
-      for (int e = 0; e < 8; ++e) {
-        const __m256i weights = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_codes + 64 * e + 32 * half));
-        const __m256i magnitudes = _mm256_sign_epi8(weights, weights);
-        for (int r = 0; r < TILE; ++r) {
-          const __m256i signed_q = _mm256_sign_epi8(_mm256_set1_epi32(load_int32(group_q + r * k + 4 * e)), weights);
-          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed_q), ones));
+      for (int c = 0; c < 4; ++c) {
+        __m256i weights[2];
+        codes.quarter(g, c, half, weights[0], weights[1]);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i magnitudes = _mm256_sign_epi8(weights[h], weights[h]);
+          for (int r = 0; r < TILE; ++r) {
+            const __m256i signed_q = _mm256_sign_epi8(_mm256_set1_epi32(load_int32(group_q + r * k + 8 * c + 4 * h)), weights[h]);
+            dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed_q), ones));
+          }
         }
       }
-      const __m256 d = load_half8(scales + g * kBlock + 8 * half);
+      const __m256 d = scales.scale(g, 8 * half);
       for (int r = 0; r < TILE; ++r) {
         const __m256 sum = _mm256_cvtepi32_ps(dot[r]);
         float* row_acc = acc[r] + 8 * half;
@@ -111,12 +184,37 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_gr
 
 #endif
 
-using TileFn = void (*)(const int8_t*, int64_t, const float*, int64_t, const int8_t*, const uint16_t*, const int32_t*,
-                        uint16_t*, int64_t);
+template <typename Codes, typename Scales>
+using TileFn = void (*)(const int8_t*, int64_t, const float*, int64_t, Codes, Scales, const int32_t*, uint16_t*, int64_t);
 
-template <int... TILES>
-constexpr std::array<TileFn, sizeof...(TILES)> tile_table(std::integer_sequence<int, TILES...>) {
-  return {&tile_block<TILES + 1>...};
+template <typename Codes, typename Scales, int... TILES>
+constexpr std::array<TileFn<Codes, Scales>, sizeof...(TILES)> tile_table(std::integer_sequence<int, TILES...>) {
+  return {&tile_block<TILES + 1, Codes, Scales>...};
+}
+
+// x [M, K] bf16 times a block's codes as `codes_at(b)` and `scales_at(b)` give them -> [M, N] bf16.
+template <typename Codes, typename Scales, typename CodesAt, typename ScalesAt>
+at::Tensor matmul(const char* name, const at::Tensor& x, int64_t num_blocks, int64_t num_groups, const at::Tensor& offsets,
+                  CodesAt codes_at, ScalesAt scales_at) {
+  TORCH_CHECK(offsets.scalar_type() == at::kInt && offsets.is_contiguous() && offsets.numel() == num_blocks * num_groups * kBlock);
+  const Q8Rows rows(x);
+  const int64_t n = num_blocks * kBlock;
+  TORCH_CHECK(num_groups == rows.num_groups, name, ": the input has ", rows.k, " columns, the weight ", num_groups * kGroup);
+  auto out = at::empty({rows.m, n}, x.options());
+  static constexpr auto kTiles = tile_table<Codes, Scales>(std::make_integer_sequence<int, kMaxTile>{});
+  const auto* os = offsets.data_ptr<int32_t>();
+  auto* outs = reinterpret_cast<uint16_t*>(out.data_ptr());
+  for_each_tile(num_blocks, rows.m, kMaxTile, [&](int64_t b, int64_t row, int64_t num_rows) {
+    kTiles[num_rows - 1](rows.q.get() + row * rows.k, rows.k, rows.scales.get() + row * num_groups, num_groups,
+                         codes_at(b), scales_at(b), os + b * num_groups * kBlock, outs + row * n + b * kBlock, n);
+  });
+  return out;
+}
+
+// 128 · Σ_{k∈g} w_k per output and group ([N, K] int8 values) as [N / 16, G, 16] int32.
+at::Tensor offsets_of(const at::Tensor& values) {
+  const int64_t n = values.size(0), num_groups = values.size(1) / kGroup;
+  return by_block(values.view({n, num_groups, kGroup}).sum(-1, false, at::kInt).mul(128), at::kInt);
 }
 
 }  // namespace
@@ -130,29 +228,46 @@ std::vector<at::Tensor> pack_int8_q8(const at::Tensor& codes, const at::Tensor& 
   const int64_t num_groups = k / kGroup;
   // [N/16, 16 outputs, G, 8 eighths, 4] -> [N/16, G, 8 eighths, 16 outputs, 4]
   auto packed = codes.contiguous().view({n / kBlock, kBlock, num_groups, 8, 4}).permute({0, 2, 3, 1, 4}).contiguous();
-  auto block_view = [&](const at::Tensor& t) { return t.contiguous().view({n / kBlock, kBlock, num_groups}).permute({0, 2, 1}); };
-  auto offsets = codes.view({n, num_groups, kGroup}).sum(-1, false, at::kInt).mul(128);
-  return {packed.view({n / kBlock, num_groups, 8, 64}), block_view(scales).to(at::kHalf).contiguous(),
-          block_view(offsets).contiguous()};
+  return {packed.view({n / kBlock, num_groups, 8, 64}), by_block(scales, at::kHalf), offsets_of(codes)};
 }
 
 // x [M, K] bf16 @ the packed weight's transpose -> [M, N] bf16, x rounded to 8 bits per group of 32.
 at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets) {
   TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kChar && codes.size(2) == 8 && codes.size(3) == 64 && codes.is_contiguous());
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && offsets.scalar_type() == at::kInt && offsets.is_contiguous());
-  const Q8Rows rows(x);
-  const int64_t num_blocks = codes.size(0), num_groups = codes.size(1), n = num_blocks * kBlock;
-  TORCH_CHECK(num_groups == rows.num_groups, "int8_q8: the input has ", rows.k, " columns, the weight ", num_groups * kGroup);
-  auto out = at::empty({rows.m, n}, x.options());
-  static constexpr auto kTiles = tile_table(std::make_integer_sequence<int, kMaxTile>{});
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.numel() == offsets.numel());
+  const int64_t num_groups = codes.size(1);
   const auto* cs = codes.data_ptr<int8_t>();
   const auto* ds = reinterpret_cast<const uint16_t*>(scales.data_ptr());
-  const auto* os = offsets.data_ptr<int32_t>();
-  auto* outs = reinterpret_cast<uint16_t*>(out.data_ptr());
-  for_each_tile(num_blocks, rows.m, kMaxTile, [&](int64_t b, int64_t row, int64_t num_rows) {
-    kTiles[num_rows - 1](rows.q.get() + row * rows.k, rows.k, rows.scales.get() + row * num_groups, num_groups,
-                         cs + b * num_groups * kGroupBytes, ds + b * num_groups * kBlock, os + b * num_groups * kBlock,
-                         outs + row * n + b * kBlock, n);
-  });
-  return out;
+  return matmul<Int8Codes, GroupScales>(
+      "int8_q8", x, codes.size(0), num_groups, offsets,
+      [&](int64_t b) { return Int8Codes{cs + b * num_groups * Int8Codes::kGroupBytes}; },
+      [&](int64_t b) { return GroupScales{ds + b * num_groups * kBlock}; });
+}
+
+// IQ4_XS: indices [N, K] uint8 (0..15), scales [N, K / 32] int8 (−32..31), d [N, K / 256] float32
+// (float16-exact) -> (packed indices as int4_q8's [N / 16, K / 32, 4, 64] uint8, scales [N / 16, K / 32, 16]
+// int8, d [N / 16, K / 256, 16] float16, offsets [N / 16, K / 32, 16] int32: 128 · Σ of the values per group).
+std::vector<at::Tensor> pack_iq4xs_q8(const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d) {
+  TORCH_CHECK(scales.scalar_type() == at::kChar && d.scalar_type() == at::kFloat);
+  TORCH_CHECK(indices.dim() == 2 && indices.size(1) % (kGroup * kSuperGroups) == 0 && scales.size(1) * kGroup == indices.size(1));
+  TORCH_CHECK(d.size(1) * kSuperGroups == scales.size(1));
+  const auto table = at::tensor(at::ArrayRef<int8_t>(kIq4Values, 16), at::kChar);
+  return {pack_low_nibbles(indices), by_block(scales, at::kChar), by_block(d, at::kHalf),
+          offsets_of(table.index({indices.to(at::kLong)}))};
+}
+
+// x [M, K] bf16 @ the packed IQ4_XS weight's transpose -> [M, N] bf16, x rounded to 8 bits per group of 32.
+at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d,
+                    const at::Tensor& offsets) {
+  TORCH_CHECK(indices.dim() == 4 && indices.scalar_type() == at::kByte && indices.size(2) == 4 && indices.size(3) == 64 && indices.is_contiguous());
+  TORCH_CHECK(scales.scalar_type() == at::kChar && scales.is_contiguous() && scales.numel() == offsets.numel());
+  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.numel() * kSuperGroups == scales.numel());
+  const int64_t num_groups = indices.size(1);
+  const auto* is = indices.data_ptr<uint8_t>();
+  const auto* ss = scales.data_ptr<int8_t>();
+  const auto* ds = reinterpret_cast<const uint16_t*>(d.data_ptr());
+  return matmul<Iq4Codes, SuperBlockScales>(
+      "iq4xs_q8", x, indices.size(0), num_groups, offsets,
+      [&](int64_t b) { return Iq4Codes{is + b * num_groups * Iq4Codes::kGroupBytes}; },
+      [&](int64_t b) { return SuperBlockScales{ss + b * num_groups * kBlock, ds + b * (num_groups / kSuperGroups) * kBlock}; });
 }

@@ -20,6 +20,7 @@ from engine_proc.models.weight_blocks import (
     Blocks,
     BlocksKind,
     BlocksReader,
+    IQ4XSBlocks,
     Q4Blocks,
     Q4KBlocks,
     Q5Blocks,
@@ -127,8 +128,8 @@ class GGUFWeights:
     def blocks(self, name: str, rows: slice = slice(None)) -> Blocks | None:
         """The tensor's blocks (see weight_blocks), its outermost `rows` only where its rows are not
         permuted, in Hugging Face's row order: as the file holds them for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-        Q5_K, Q6_K and Q8_0; for the other quantized types (IQ4_XS, Q2_K, Q3_K, ...: no kernel form of
-        their own yet) their
+        Q5_K, Q6_K, IQ4_XS and Q8_0; for the other quantized types (IQ4_NL, Q2_K, Q3_K, MXFP4, ...: no
+        kernel form of their own yet) their
         values rounded to Q8_0, whose 8 bits a weight with a scale per 32 are finer than theirs; None for
         float tensors."""
         tensor = self._tensors[name]
@@ -169,6 +170,7 @@ _BLOCK_KINDS: dict[GGMLQuantizationType, BlocksKind] = {
     GGMLQuantizationType.Q4_0: Q4Blocks, GGMLQuantizationType.Q4_1: Q4Blocks, GGMLQuantizationType.Q8_0: Q8Blocks,
     GGMLQuantizationType.Q5_0: Q5Blocks, GGMLQuantizationType.Q5_1: Q5Blocks,
     GGMLQuantizationType.Q4_K: Q4KBlocks, GGMLQuantizationType.Q5_K: Q5KBlocks, GGMLQuantizationType.Q6_K: Q6KBlocks,
+    GGMLQuantizationType.IQ4_XS: IQ4XSBlocks,
 }
 
 
@@ -263,6 +265,22 @@ def _q6k_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
     return codes, scales, d
 
 
+def _iq4xs_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(indices, scales, d) of an IQ4_XS tensor. A super-block of 256 is a float16 d, 16 bits of the
+    scales' top two bits (group g's at bits 2g, 2g + 1), 4 bytes of their low nibbles (group g's in
+    byte g // 2, the high nibble for odd g), then 16 bytes of indices per group (element j in the
+    low nibble of byte j, element j + 16 in its high one); a group's scale is those 6 bits − 32."""
+    num_rows = raw_bytes.shape[0]
+    raw = raw_bytes.reshape(num_rows, -1, 136)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    high = raw[..., 2:4].copy().view(np.uint16)[..., 0:1] >> (2 * np.arange(8, dtype=np.uint16)) & 3
+    low = raw[..., 4:8].repeat(2, axis=-1) >> np.tile(np.array([0, 4], np.uint8), 4) & 0x0F
+    scales = ((low | (high.astype(np.uint8) << 4)).astype(np.int16) - 32).astype(np.int8).reshape(num_rows, -1)
+    packed = raw[..., 8:].reshape(num_rows, -1, 8, 16)
+    codes = np.concatenate((packed & 0x0F, packed >> 4), axis=-1).reshape(num_rows, -1)
+    return codes, scales, d
+
+
 def _q8_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
     """(codes, scales) of a Q8_0 tensor: w = code * scale per block of 32 (a float16 scale, then 32 int8 codes)."""
     raw = raw_bytes.reshape(raw_bytes.shape[0], -1, 34)
@@ -279,6 +297,7 @@ _ARRAYS: dict[GGMLQuantizationType, Callable[[np.ndarray], tuple[np.ndarray, ...
     GGMLQuantizationType.Q4_K: lambda raw: _k_arrays(raw, has_fifth_bit=False),
     GGMLQuantizationType.Q5_K: lambda raw: _k_arrays(raw, has_fifth_bit=True),
     GGMLQuantizationType.Q6_K: _q6k_arrays,
+    GGMLQuantizationType.IQ4_XS: _iq4xs_arrays,
     GGMLQuantizationType.Q8_0: _q8_arrays,
 }
 

@@ -19,6 +19,7 @@ from torch import Tensor
 from engine_proc.models.weight_blocks import (
     Blocks,
     BlocksKind,
+    IQ4XSBlocks,
     Q4Blocks,
     Q4KBlocks,
     Q5Blocks,
@@ -112,6 +113,13 @@ def _trial_q6k(kernels: Any) -> bool:
     return _is_close(kernels, FORMS["int6k_q8"], Q6KBlocks(codes, scales, torch.full((16, 1), 2.0**-10)))
 
 
+def _trial_iq4xs(kernels: Any) -> bool:
+    """iq4xs_q8 on 16 outputs × one super-block of 256 inputs, every index, 3 rows, against the dequantized weight's product."""
+    codes = (torch.arange(16 * 256) * 7 % 16).to(torch.uint8).view(16, 256)
+    scales = (torch.arange(16 * 8) * 5 % 64 - 32).to(torch.int8).view(16, 8)
+    return _is_close(kernels, FORMS["iq4xs_q8"], IQ4XSBlocks(codes, scales, torch.full((16, 1), 2.0**-10)))
+
+
 def _is_close(kernels: Any, spec: FormSpec, blocks: Blocks) -> bool:
     assert spec.kernel is not None
     num_inputs = blocks.codes.shape[1]
@@ -158,6 +166,12 @@ FORMS = {spec.name: spec for spec in (
         "int6k_q8", "q6k blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
         kernel=KernelOps(
             Q6KBlocks, lambda kernels, b: kernels.pack_int6k_q8(*b), lambda kernels: kernels.int6k_q8, _trial_q6k,
+        ),
+    ),
+    FormSpec(
+        "iq4xs_q8", "iq4xs blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
+        kernel=KernelOps(
+            IQ4XSBlocks, lambda kernels, b: kernels.pack_iq4xs_q8(*b), lambda kernels: kernels.iq4xs_q8, _trial_iq4xs,
         ),
     ),
     FormSpec(

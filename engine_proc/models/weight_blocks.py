@@ -5,7 +5,8 @@ m = −8·d). A Q8_0 block holds 32 codes q in −127..127 and a scale d: w = q�
 minimums) are float16 in the file, so every value here is one a float16 holds. A Q4_K super-block
 of 256 holds eight such groups of 4-bit codes whose scales and minimums are 6-bit integers times the
 super-block's float16 d and dmin. Q5_0, Q5_1 and Q5_K are their 4-bit kin with 5-bit codes. A Q6_K super-block of 256 holds 6-bit codes in sixteen sub-blocks
-of 16, each with a signed 8-bit scale times the super-block's float16 d.
+of 16, each with a signed 8-bit scale times the super-block's float16 d. An IQ4_XS super-block of 256
+holds 4-bit indices into a table of 16 values, in groups of 32 with a signed 6-bit scale each.
 """
 
 from __future__ import annotations
@@ -126,10 +127,30 @@ class Q6KBlocks(NamedTuple):
 
 
 
+# llama.cpp's kvalues_iq4nl: the values an IQ4_NL or IQ4_XS index stands for.
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+class IQ4XSBlocks(NamedTuple):
+    """A weight [rows, cols] as GGUF's IQ4_XS holds it: 4-bit indices into IQ4_VALUES in groups of 32, each
+    group with a signed 6-bit scale s, and per super-block of 256 a float16 d: w = d·s·IQ4_VALUES[i]."""
+
+    codes: Tensor  # [rows, cols] uint8, values 0..15
+    scales: Tensor  # [rows, cols // 32] int8, values -32..31
+    d: Tensor  # [rows, cols // 256] float32, values a float16 holds
+
+    def dequantize(self) -> Tensor:
+        values = torch.tensor(IQ4_VALUES, dtype=torch.float32)[self.codes.long()]
+        steps = self.d.repeat_interleave(SUPER_BLOCK // GROUP_SIZE, dim=1) * self.scales.float()
+        return _affine(values, steps, torch.zeros_like(steps))
+
+
 SUPER_BLOCK = 256
 SUB_BLOCK = 16
-Blocks = Q4Blocks | Q5Blocks | Q8Blocks | Q4KBlocks | Q5KBlocks | Q6KBlocks
-BlocksKind = type[Q4Blocks] | type[Q5Blocks] | type[Q8Blocks] | type[Q4KBlocks] | type[Q5KBlocks] | type[Q6KBlocks]
+Blocks = Q4Blocks | Q5Blocks | Q8Blocks | Q4KBlocks | Q5KBlocks | Q6KBlocks | IQ4XSBlocks
+BlocksKind = (
+    type[Q4Blocks] | type[Q5Blocks] | type[Q8Blocks] | type[Q4KBlocks] | type[Q5KBlocks] | type[Q6KBlocks] | type[IQ4XSBlocks]
+)
 
 
 def cat_blocks(parts: list[Blocks]) -> Blocks:

@@ -28,7 +28,10 @@ SMALL = Shape(256, 2, 512, 4, 2, 64, is_tied=True)
 
 
 @needs_kernels
-@pytest.mark.parametrize(("ggml_type", "form"), [("Q4_0", "int4_q8"), ("Q5_1", "int5_q8"), ("Q8_0", "int8_q8"), ("Q4_K", "int4k_q8"), ("Q5_K", "int5k_q8"), ("Q6_K", "int6k_q8")])
+@pytest.mark.parametrize(("ggml_type", "form"), [
+    ("Q4_0", "int4_q8"), ("Q5_1", "int5_q8"), ("Q8_0", "int8_q8"), ("Q4_K", "int4k_q8"), ("Q5_K", "int5k_q8"),
+    ("Q6_K", "int6k_q8"), ("IQ4_XS", "iq4xs_q8"),
+])
 def test_projections_loaded_as_blocks_alone_give_the_logits_of_a_load_that_keeps_their_values(
     tmp_path: Path, ggml_type: str, form: str
 ) -> None:
@@ -68,7 +71,7 @@ def test_a_type_without_a_kernel_form_of_its_own_runs_as_8_bit_blocks(tmp_path: 
     assert (got - expected).abs().max() < 0.05 * expected.abs().max()
 
 
-@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
 def test_the_files_blocks_hold_the_values_gguf_py_reads(tmp_path: Path, ggml_type: str) -> None:
     path = tmp_path / f"small-{ggml_type}.gguf"
     write(SMALL, ggml_type, path)

@@ -17,7 +17,17 @@ from engine_proc.models.form_registry import FORMS
 from engine_proc.models.matmul_forms import PackedWeight
 from engine_proc.models.matmul_plan import plan_linears
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form
-from engine_proc.models.weight_blocks import Q4Blocks, Q4KBlocks, Q5Blocks, Q5KBlocks, Q6KBlocks, Q8Blocks, cat_blocks
+from engine_proc.models.weight_blocks import (
+    IQ4_VALUES,
+    IQ4XSBlocks,
+    Q4Blocks,
+    Q4KBlocks,
+    Q5Blocks,
+    Q5KBlocks,
+    Q6KBlocks,
+    Q8Blocks,
+    cat_blocks,
+)
 from proto import envs
 
 
@@ -230,6 +240,15 @@ def random_q6k_blocks(rows: int, cols: int) -> Q6KBlocks:
     return Q6KBlocks(codes, scales, d)
 
 
+def random_iq4xs_blocks(rows: int, cols: int) -> IQ4XSBlocks:
+    """IQ4_XS blocks: 4-bit indices, signed 6-bit scales per 32, a float16 d per 256."""
+    generator = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 16, (rows, cols), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(-32, 32, (rows, cols // 32), generator=generator).to(torch.int8)
+    d = (torch.rand(rows, cols // 256, generator=generator) * 1e-3 + 1e-4).half().float()
+    return IQ4XSBlocks(codes, scales, d)
+
+
 def row_invariant_form(form: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The run of each form the registry says is row-invariant, on a random weight of 96 outputs and 256 inputs."""
     spec = FORMS[form]
@@ -237,6 +256,7 @@ def row_invariant_form(form: str) -> Callable[[torch.Tensor], torch.Tensor]:
     makers = {
         Q4Blocks: random_blocks, Q5Blocks: random_q5_blocks, Q4KBlocks: random_q4k_blocks,
         Q5KBlocks: lambda n, k: random_q4k_blocks(n, k, Q5KBlocks), Q6KBlocks: random_q6k_blocks,
+        IQ4XSBlocks: random_iq4xs_blocks,
         Q8Blocks: lambda n, k: Q8Blocks.quantize(random_q8_weight(n, k)),
     }
     blocks = makers[spec.kernel.blocks](96, 256)
@@ -365,6 +385,25 @@ def test_int6k_q8_multiplies_q6_k_blocks_with_their_sub_block_scales(num_tokens:
     weights = blocks.dequantize().double().abs().view(40, -1, 32)
     steps = torch.einsum("mg,ngk->mn", a.double() / 2, weights)
     assert ((out - expected).abs() <= steps + 2**-8 * expected.abs() + 1e-4 * expected.abs().max()).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("num_tokens", [1, 8, 9, 40])
+def test_iq4xs_q8_multiplies_table_values_with_their_group_scales(num_tokens: int) -> None:
+    blocks = random_iq4xs_blocks(40, 512)  # NOTE: 40 outputs: padded to 48 for the kernel, cut again
+    run = kernel_form(load_cpu_kernels(), FORMS["iq4xs_q8"], blocks)
+    assert run is not None
+    x = torch.randn(num_tokens, 512).bfloat16()
+    x[0, 40] = 30.0
+    out = run(x).double()
+    # What the kernel says it computes: Σ_g (d·s_g)·a·Σ v·x̂ (v the table's values), integer sums exact,
+    # then float32 and one bfloat16 rounding.
+    q, a = q8_rows(x)
+    values = torch.tensor(IQ4_VALUES, dtype=torch.float64)[blocks.codes.long()].view(40, -1, 32)
+    products = torch.einsum("mgk,ngk->mng", q.double(), values)
+    steps = blocks.d.double().repeat_interleave(8, dim=1) * blocks.scales.double()
+    stated = (products * a.double().unsqueeze(1) * steps).sum(-1)
+    assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
 
 
 def test_shards_of_different_kinds_are_stacked_as_8_bit_blocks() -> None:
