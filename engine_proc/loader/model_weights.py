@@ -17,7 +17,7 @@ from torch import Tensor
 
 from engine_proc.models.form_registry import KERNEL_FORMS
 from engine_proc.models.llama import LlamaForCausalLM, RowEmbedding
-from engine_proc.models.quantized_linear import Linear, kernel_form
+from engine_proc.models.quantized_linear import Linear, kernel_form, parts_form
 from engine_proc.models.weight_blocks import Blocks, BlocksReader, Q8Blocks, cat_blocks
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
@@ -123,11 +123,19 @@ def _load_projection(
     kernels: Any | None,
 ) -> str | None:
     """Gives a projection its file's blocks: alone, packed now, where `kernels` (a batch-invariant
-    load's) have a form for them; else beside its dequantized values. None where it has no blocks."""
-    parts = [source.blocks(name) for name in shard_names]
-    if None in parts:
+    load's) have a form for them (parts of several types each on its own: the `parts` form); else
+    beside its dequantized values. None where it has no blocks."""
+    parts = [part for name in shard_names if (part := source.blocks(name)) is not None]
+    if len(parts) < len(shard_names):
         return None
-    blocks = cat_blocks([part for part in parts if part is not None])
+    if kernels is not None and len({type(part) for part in parts}) > 1:
+        run = parts_form(kernels, parts, linear.bias)
+        if run is not None:
+            linear.kernels = kernels
+            linear.set_parts(run)
+            linear.prepack()
+            return "blocks only"
+    blocks = cat_blocks(parts)
     if kernels is not None and _has_kernel_form(kernels, blocks):
         linear.kernels = kernels
         linear.set_blocks(blocks, linear.weight.dtype, has_dense=False)

@@ -138,6 +138,10 @@ FORMS = {spec.name: spec for spec in (
     FormSpec("transposed", "weight", is_row_invariant=False, fidelity=Fidelity()),
     FormSpec("int8", "weight", is_row_invariant=False, fidelity=Fidelity()),
     FormSpec("int4", "q4 blocks", is_row_invariant=False, fidelity=Fidelity()),
+    # A fused projection whose parts came in different types (a Q4_K_M file's Q4_K queries and keys
+    # beside Q6_K values): each run of parts of one type on the kernel form that takes them, their
+    # outputs side by side (quantized_linear.parts_form): row-invariant as those forms are.
+    FormSpec("parts", "blocks of several kinds", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS),
     FormSpec(
         "int4_q8", "q4 blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
         kernel=KernelOps(

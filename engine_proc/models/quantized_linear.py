@@ -9,6 +9,7 @@ match the dequantized weights within a tolerance, not bit for bit.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 
 from engine_proc.models.form_registry import FORMS, KERNEL_FORMS, FormSpec
 from engine_proc.models.matmul_forms import MatmulForms
-from engine_proc.models.weight_blocks import GROUP_SIZE, Blocks, BlocksReader, Q4Blocks
+from engine_proc.models.weight_blocks import GROUP_SIZE, Blocks, BlocksReader, Q4Blocks, cat_blocks
 
 # NOTE: all 120 projections of SmolLM2-135M, weights streamed from memory as in a step, 2
 # threads. Intel with AMX: int4 6.0 / 8.0 / 15.4 / 19.8 ms at 1 / 2 / 4 / 6 tokens against
@@ -51,6 +52,25 @@ def kernel_form(
     def matmul(x: Tensor) -> Tensor:
         out = run(x.contiguous(), *packed)
         out = out[:, :num_rows] if out.shape[1] != num_rows else out
+        return out if bias is None else out + bias
+
+    return matmul
+
+
+def parts_form(kernels: Any, parts: list[Blocks], bias: Tensor | None = None) -> Callable[[Tensor], Tensor] | None:
+    """The run of the `parts` form on a fused weight's parts (stacked by rows) of different kinds: each
+    run of consecutive parts of one kind on the kernel form that takes them, the outputs side by side;
+    None where a kind has no kernel form here."""
+    runs = []
+    for _, group in itertools.groupby(parts, key=type):
+        blocks = cat_blocks(list(group))
+        run = next((run for spec in KERNEL_FORMS if (run := kernel_form(kernels, spec, blocks)) is not None), None)
+        if run is None:
+            return None
+        runs.append(run)
+
+    def matmul(x: Tensor) -> Tensor:
+        out = torch.cat([run(x) for run in runs], dim=-1)
         return out if bias is None else out + bias
 
     return matmul
@@ -115,6 +135,8 @@ class Linear(nn.Linear):
         for spec in KERNEL_FORMS:
             if spec.name in forms or not self.has_dense:
                 self._add_kernel_form(matmul, spec)
+        if "parts" in self.kernel_runs:
+            matmul.add("parts", self.kernel_runs["parts"])
         self.blocks = None
         self.forms = matmul
         if not self.has_dense or (is_invariant and any(FORMS[form].is_row_invariant for form in matmul.runs)):
@@ -148,6 +170,11 @@ class Linear(nn.Linear):
                 self.kernel_runs[spec.name] = run
         if spec.name in self.kernel_runs:
             matmul.add(spec.name, self.kernel_runs[spec.name])
+
+    def set_parts(self, run: Callable[[Tensor], Tensor]) -> None:
+        """Runs the weight as `parts_form`'s `run` alone (the file's parts of several kinds, packed: no values kept)."""
+        self.kernel_runs["parts"] = run
+        self.has_dense = False
 
     def set_blocks(self, blocks: Blocks, dtype: torch.dtype, has_dense: bool = True) -> None:
         """Keeps the file's blocks for the kernel forms; with `has_dense` they are the same weight as

@@ -71,6 +71,20 @@ def test_a_type_without_a_kernel_form_of_its_own_runs_as_8_bit_blocks(tmp_path: 
     assert (got - expected).abs().max() < 0.05 * expected.abs().max()
 
 
+@needs_kernels
+def test_a_fused_projection_of_two_types_keeps_each_part_in_its_own_blocks(tmp_path: Path) -> None:
+    # NOTE: as a Q4_K_M file holds about half its layers: queries and keys in Q4_K, values in Q6_K.
+    path = tmp_path / "small-q4_k_m.gguf"
+    write(SMALL, "Q4_K", path, types={"attn_v": "Q6_K"})
+    lean = load_model(path, dtype=None, quantization="auto")
+    exact = load_model(path, dtype=torch.float32, quantization="none")
+    qkv = [module for name, module in lean.named_modules() if name.endswith("qkv_proj")]
+    assert qkv and all(isinstance(p, Linear) and not p.has_dense and p.forms is not None and set(p.forms.runs) == {"parts"} for p in qkv)
+    ids = torch.randint(0, 49152, (40,))
+    got, expected = run(lean, [ids]), run(exact, [ids])
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()
+
+
 @pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
 def test_the_files_blocks_hold_the_values_gguf_py_reads(tmp_path: Path, ggml_type: str) -> None:
     path = tmp_path / f"small-{ggml_type}.gguf"

@@ -16,7 +16,7 @@ from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.models.form_registry import FORMS
 from engine_proc.models.matmul_forms import PackedWeight
 from engine_proc.models.matmul_plan import plan_linears
-from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form
+from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form, parts_form
 from engine_proc.models.weight_blocks import (
     IQ4_VALUES,
     IQ4XSBlocks,
@@ -251,6 +251,11 @@ def random_iq4xs_blocks(rows: int, cols: int) -> IQ4XSBlocks:
 
 def row_invariant_form(form: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The run of each form the registry says is row-invariant, on a random weight of 96 outputs and 256 inputs."""
+    if form == "parts":  # NOTE: 32 rows of Q4_K above 16 of Q6_K and 48 of Q4_K again
+        parts = [random_q4k_blocks(32, 256), random_q6k_blocks(16, 256), random_q4k_blocks(48, 256)]
+        parts_run = parts_form(load_cpu_kernels(), parts)
+        assert parts_run is not None
+        return parts_run
     spec = FORMS[form]
     assert spec.kernel is not None, f"{form} claims row invariance: give it a case here"
     makers = {
@@ -404,6 +409,22 @@ def test_iq4xs_q8_multiplies_table_values_with_their_group_scales(num_tokens: in
     steps = blocks.d.double().repeat_interleave(8, dim=1) * blocks.scales.double()
     stated = (products * a.double().unsqueeze(1) * steps).sum(-1)
     assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
+
+
+@needs_kernels
+def test_parts_of_different_kinds_each_run_on_their_own_form() -> None:
+    parts = [random_q4k_blocks(32, 256), random_q6k_blocks(16, 256), random_q4k_blocks(48, 256)]
+    kernels = load_cpu_kernels()
+    bias = torch.randn(96).bfloat16()
+    run = parts_form(kernels, parts, bias)
+    assert run is not None
+    x = torch.randn(5, 256).bfloat16()
+    out = run(x)
+    assert out.shape == (5, 96)
+    forms = [FORMS["int4k_q8"], FORMS["int6k_q8"], FORMS["int4k_q8"]]
+    alone = [kernel_form(kernels, spec, part) for spec, part in zip(forms, parts, strict=True)]
+    assert all(part_run is not None for part_run in alone)
+    assert torch.equal(out, torch.cat([part_run(x) for part_run in alone if part_run is not None], dim=-1) + bias)
 
 
 def test_shards_of_different_kinds_are_stacked_as_8_bit_blocks() -> None:
