@@ -160,3 +160,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return _REFERENCE_MODULES[0] if module in _REFERENCE_MODULES else module
 
     return Scheduling(config, log)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_tree() -> Path:
+    """llama.cpp's vendored source tree (reference vocabularies, templates, converter), fetched once."""
+    from tests.llama_cpp_tree import llama_cpp_tree as fetch
+
+    return fetch()

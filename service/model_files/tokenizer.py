@@ -14,7 +14,7 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import processors
 
 from proto.gguf_header import read_gguf_metadata
-from proto.gguf_tokenizer import build_gguf_backend
+from proto.gguf_tokenizer import adds_bos_eos, build_gguf_backend
 
 _TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -48,8 +48,7 @@ class Tokenizer:
             if token_id is not None:
                 special_tokens[name] = tokens[token_id]
         backend = build_gguf_backend(metadata)
-        add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
-        add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
+        add_bos, add_eos = adds_bos_eos(metadata)
         backend.post_processor = _bos_eos_processor(backend, special_tokens, add_bos, add_eos)
         return cls(backend, metadata.get("tokenizer.chat_template"), special_tokens)
 

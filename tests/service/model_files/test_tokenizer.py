@@ -150,3 +150,23 @@ def test_missing_chat_template_is_a_clear_error(tmp_path: Path) -> None:
 def test_not_a_model_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="No tokenizer"):
         Tokenizer.from_model(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "bos_id"),
+    [
+        ("ggml-vocab-llama-spm.gguf", 1),  # SentencePiece: BOS by llama.cpp's default
+        ("ggml-vocab-phi-3.gguf", 1),
+        ("ggml-vocab-gemma-4.gguf", 2),
+        ("ggml-vocab-llama-bpe.gguf", 128000),  # Llama 3's BPE: BOS by llama.cpp's default
+        ("ggml-vocab-qwen2.gguf", None),
+    ],
+)
+def test_gguf_vocabularies_decode_what_they_encode(llama_cpp_tree: Path, name: str, bos_id: int | None) -> None:
+    tokenizer = Tokenizer.from_model(llama_cpp_tree / "models" / name)
+    texts = (llama_cpp_tree / "models" / f"{name}.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    for text in [*texts[:-1], *TEXTS]:
+        assert tokenizer.decode(tokenizer.encode(text), skip_special_tokens=False) == text
+    with_special = tokenizer.encode("Hi there", add_special_tokens=True)
+    assert with_special[: 1 if bos_id is not None else 0] == ([bos_id] if bos_id is not None else [])
+    assert with_special[-2:] == tokenizer.encode("Hi there")
