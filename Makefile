@@ -44,8 +44,11 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) -c "from engine_proc.cpu_kernels import load_cpu_kernels; load_cpu_kernels()"
 	touch $@
 
+# NOTE: the tests' references (llama.cpp's vocabularies with its tokenizations, its converter)
+# come from the PyPI sdist of llama-cpp-python: fetched here once, before the workers start.
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m tests.llama_cpp_tree >/dev/null
 	touch $@
 
 clean:
