@@ -113,6 +113,7 @@ _BUILDERS: dict[str, Callable[[dict[str, Any]], Backend]] = {
     "llama": _sentencepiece_bpe,
     "gemma4": _utf8_bpe,
 }
+TOKENIZER_MODELS = tuple(_BUILDERS)  # the `tokenizer.ggml.model` values rebuilt here
 
 
 def _merges(metadata: dict[str, Any]) -> list[tuple[str, str]]:

@@ -14,14 +14,14 @@ import torch
 from engine_proc.cpu_features import cpu_features
 from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.loader.gguf_loader import load_gguf, load_gguf_config
-from engine_proc.loader.hf_loader import load_hf_config, load_hf_dir
-from engine_proc.loader.model_weights import TensorDict, WeightSource, load_weights
+from engine_proc.loader.hf_loader import hf_tensor_names, load_hf_config, load_hf_dir
+from engine_proc.loader.model_weights import TensorDict, WeightSource, check_names, load_weights
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.llama import LlamaForCausalLM
 from engine_proc.models.quantized_linear import is_int4_supported
 from proto.engine_config import LOAD_FORMATS, QUANTIZATIONS
 
-__all__ = ["load_gguf", "load_hf_dir", "load_model", "load_model_config"]
+__all__ = ["check_model", "load_gguf", "load_hf_dir", "load_model", "load_model_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,18 @@ def load_model_config(path: str | Path, hf_overrides: Mapping[str, Any] | None =
     """The config of a `.gguf` file or a Hugging Face directory, without reading the weights."""
     config = load_gguf_config(path) if _is_gguf(path) else load_hf_config(path)
     return with_overrides(config, hf_overrides or {})
+
+
+def check_model(path: str | Path) -> None:
+    """Raises ValueError, in one line, naming what of this `.gguf` file or Hugging Face folder the engine
+    cannot run (its architecture, a tensor type, tensors its model lacks or does not have); reads no weights."""
+    if _is_gguf(path):
+        config, weights = load_gguf(path)
+        names = weights.names()
+    else:
+        config, names = load_hf_config(path), hf_tensor_names(path)
+    with torch.device("meta"):
+        check_names(LlamaForCausalLM(config), names)
 
 
 def load_model(

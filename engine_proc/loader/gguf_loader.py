@@ -29,8 +29,8 @@ from engine_proc.models.weight_blocks import (
     Q8Blocks,
 )
 from proto.gguf_header import GGUFHeader, read_gguf_header
+from proto.model_support import GGML_TYPES, GGUF_ARCHITECTURES
 
-_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -69,6 +69,9 @@ class _Tensor:
 def _tensors(header: GGUFHeader) -> list[_Tensor]:
     tensors = []
     for info in header.tensors:
+        if info.ggml_type not in GGML_TYPES:
+            known = ", ".join(sorted(known_type.name for known_type in GGML_TYPES))
+            raise ValueError(f"tensor {info.name!r} has ggml type {info.ggml_type}, not supported; supported: {known}")
         tensor_type = GGMLQuantizationType(info.ggml_type)
         block_size, block_bytes = GGML_QUANT_SIZES[tensor_type]
         num_rows = math.prod(info.shape[1:])
@@ -320,8 +323,8 @@ def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
 def _config_from_header(path: Path, header: GGUFHeader, tensors: list[_Tensor]) -> ModelConfig:
     metadata = header.metadata
     arch = _metadata(metadata, "general.architecture")
-    if arch not in _ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(_ARCHITECTURES)}")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)}")
     hidden_size = int(_metadata(metadata, f"{arch}.embedding_length"))
     num_heads = int(_metadata(metadata, f"{arch}.attention.head_count"))
     head_dim = int(_metadata(metadata, f"{arch}.attention.key_length", hidden_size // num_heads))

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import Tensor
 
@@ -39,6 +40,18 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
             raise ValueError(f"{file.name} repeats tensors already loaded: {sorted(duplicated)[:5]}")
         weights.update(shard)
     return config, weights
+
+
+def hf_tensor_names(path: str | Path) -> set[str]:
+    """The names of the tensors in a Hugging Face directory's safetensors files, read from their headers."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no *.safetensors files")
+    names: set[str] = set()
+    for file in files:
+        with safe_open(file, framework="pt") as shard:
+            names.update(shard.keys())
+    return names
 
 
 def config_from_hf(raw: dict[str, Any], generation: dict[str, Any]) -> ModelConfig:

@@ -86,7 +86,7 @@ def load_weights(
     checked), projections from their blocks where `use_blocks` (see the module's note), and gives the
     output head the blocks a kernel form runs it on; then rebuilds the rotary table."""
     targets = hf_targets(model)
-    _check_names(model, targets, source.names())
+    check_names(model, source.names())
     loaded: set[str] = set()
     if use_blocks:
         model.head_blocks = _head_blocks(model, source, kernels)
@@ -106,7 +106,9 @@ def load_weights(
     return LoadedWeights(kinds.count("blocks only"), kinds.count("with blocks"))
 
 
-def _check_names(model: LlamaForCausalLM, targets: dict[str, Any], names: set[str]) -> None:
+def check_names(model: LlamaForCausalLM, names: set[str]) -> None:
+    """Raises ValueError naming the tensors the model needs that `names` lacks, and those it has no place for."""
+    targets = hf_targets(model)
     ignored = {name for name in names if name.endswith("rotary_emb.inv_freq")}
     if model.lm_head is None:
         ignored.add("lm_head.weight")

@@ -43,7 +43,11 @@ def run_engine(args: argparse.Namespace) -> int:
         return 2
     from service.model_files.model_registry import resolve_model
 
-    resolved = resolve_model(args.model)
+    try:
+        resolved = resolve_model(args.model)
+    except ValueError as exc:
+        print(f"zeroserve engine: error: {exc}", file=sys.stderr)
+        return 2
     engine = engine_config_from(args, str(resolved.path), resolved.name)
     argv = [*engine_argv(engine, -1, input_address, output_address), *link.to_argv()]
     os.execv(sys.executable, [sys.executable, "-m", "engine_proc", *argv])

@@ -56,7 +56,11 @@ def run_generate(args: argparse.Namespace) -> int:
     from service.model_files.tokenizer import Tokenizer
 
     settings = setting_values(args, GatewayConfig, names=_SERVE_SETTINGS)
-    resolved = resolve_model(args.model)
+    try:
+        resolved = resolve_model(args.model)
+    except ValueError as exc:
+        print(f"zeroserve generate: error: {exc}", file=sys.stderr)
+        return 2
     # NOTE: results carry the first name, as a server's responses do when a request names none.
     model_name = settings["served_model_names"][0] if settings["served_model_names"] else resolved.name
     engine = LLMEngine(

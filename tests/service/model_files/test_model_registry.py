@@ -12,6 +12,7 @@ import pytest
 
 from proto import envs
 from service.model_files.model_registry import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
+from tests.small_model_files import write_gguf, write_hf_folder
 
 
 @pytest.fixture
@@ -25,14 +26,14 @@ def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
 
 def test_gguf_path_is_served_under_its_stem(tmp_path: Path) -> None:
     path = tmp_path / "tiny-model.Q8_0.gguf"
-    path.write_bytes(b"GGUF")
+    write_gguf(path)
     resolved = resolve_model(str(path))
     assert (resolved.name, resolved.path, resolved.kind) == ("tiny-model.Q8_0", path, "gguf")
 
 
 def test_a_gguf_takes_the_sampling_defaults_of_a_generation_config_beside_it(tmp_path: Path) -> None:
     path = tmp_path / "tiny-model.Q8_0.gguf"
-    path.write_bytes(b"GGUF")
+    write_gguf(path)
     (tmp_path / "generation_config.json").write_text('{"do_sample": true, "temperature": 0.6, "top_p": 0.9}')
     assert resolve_model(str(path)).generation_defaults == {"temperature": 0.6, "top_p": 0.9}
 
@@ -58,9 +59,7 @@ def test_a_known_models_file_by_path_is_the_known_model_under_any_file_name(
 
 
 def test_hf_folder_is_served_under_its_name(tmp_path: Path) -> None:
-    folder = tmp_path / "my-model"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
+    folder = write_hf_folder(tmp_path / "my-model")
     resolved = resolve_model(str(folder))
     assert (resolved.name, resolved.path, resolved.kind) == ("my-model", folder, "hf")
 
