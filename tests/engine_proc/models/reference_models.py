@@ -1,0 +1,136 @@
+"""Tiny random models of each architecture, built from transformers' own config classes (no download),
+saved as a Hugging Face folder and converted to an F32 GGUF by llama.cpp's own convert_hf_to_gguf.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine_proc.core import EngineCore
+from proto.engine_config import EngineConfig
+from proto.engine_input import EngineCoreRequest, SamplingParams
+from service.model_files.tokenizer import Tokenizer
+
+# NOTE: wider than transformers' 0.02, so each step's logits have a clear maximum and a greedy
+# token does not hang on a rounding difference between two implementations.
+INITIALIZER_RANGE = 0.2
+_SHAPE = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=2048, initializer_range=INITIALIZER_RANGE,
+)
+
+
+def _llama(config: Any) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**config, tie_word_embeddings=True)
+
+
+def _mistral(config: Any) -> Any:
+    from transformers import MistralConfig
+
+    return MistralConfig(**config, tie_word_embeddings=False, sliding_window=None)
+
+
+def _qwen2(config: Any) -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**config, tie_word_embeddings=True)
+
+
+def _qwen3(config: Any) -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**config, head_dim=32, tie_word_embeddings=True)
+
+
+ARCHITECTURES: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "llama": _llama,
+    "mistral": _mistral,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+}
+
+
+def write_hf_folder(path: Path, architecture: str, tokenizer: Tokenizer) -> Path:
+    """A random model of `architecture` with `tokenizer`, saved as transformers saves it."""
+    from transformers import AutoModelForCausalLM
+
+    config = ARCHITECTURES[architecture](
+        {**_SHAPE, "vocab_size": tokenizer.vocab_size, "bos_token_id": tokenizer.bos_token_id,
+         "eos_token_id": tokenizer.eos_token_id}
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    tokenizer.backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        # NOTE: the generic fast tokenizer, whatever the architecture, so the converter recognises it
+        # (a Qwen2Tokenizer would re-split the text and change the hash it identifies tokenizers by).
+        json.dumps({
+            **tokenizer.special_tokens, "chat_template": tokenizer.chat_template,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        })
+    )
+    return path
+
+
+# NOTE: the converter names a BPE vocabulary's pre-tokenizer by hashing how transformers' tokenizer
+# class for the architecture splits a test text; transformers 5 picks that class by model_type
+# (Qwen2Tokenizer for a qwen2 folder), which re-splits SmolLM2's vocabulary into a hash it does not
+# know. The vocabulary is SmolLM2's whatever the architecture, so it is named as such.
+_CONVERT = """
+import runpy, sys
+tree = sys.argv.pop(1)
+sys.path[:0] = [tree, tree + "/gguf-py"]
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
+sys.argv[0] = tree + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def convert_to_gguf(folder: Path, target: Path, llama_cpp_tree: Path, outtype: str = "f32") -> Path:
+    """The folder as a GGUF, written by llama.cpp's own converter."""
+    command = [sys.executable, "-c", _CONVERT, str(llama_cpp_tree), str(folder), "--outtype", outtype]
+    result = subprocess.run([*command, "--outfile", str(target)], capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{result.stderr[-3000:]}")
+    return target
+
+
+def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt, in float32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    outputs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            generated = model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens, pad_token_id=0,
+            )
+        outputs.append(generated[0, len(prompt) :].tolist())
+    return outputs
+
+
+def engine_greedy(model_path: Path, prompts: list[list[int]], max_new_tokens: int, **settings: Any) -> list[list[int]]:
+    """zeroserve's engine: greedy continuations of all prompts in one batch, EOS ignored."""
+    core = EngineCore(
+        EngineConfig(model_path=str(model_path), kv_cache_memory_gib=0.05, max_model_len=512, **settings)
+    )
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
+        core.add_request(EngineCoreRequest(str(i), prompt, params))
+    ours: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    while core.has_work:
+        for output in core.step().outputs:
+            ours[output.request_id] += output.new_token_ids
+    return [ours[str(i)] for i in range(len(prompts))]
