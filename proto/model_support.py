@@ -15,9 +15,11 @@ from proto.gguf_header import read_gguf_header
 from proto.gguf_tokenizer import TOKENIZER_MODELS
 
 # GGUF `general.architecture` names the engine runs
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GGUF_ARCHITECTURES = ("llama", "phi3", "qwen2", "qwen3")
 # Hugging Face `model_type` names the engine runs
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+HF_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3")
+# NOTE: architectures whose checkpoints hold Q/K/V and gate/up fused, as the model runs them
+FUSED_CHECKPOINTS = frozenset({"phi3"})
 GGML_TYPES = frozenset(GGMLQuantizationType)
 
 

@@ -49,6 +49,8 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# NOTE: names of an architecture's own (fused) tensors, where they differ from the Llama family's.
+_ARCHITECTURE_LAYER_NAMES = {"phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
 # NOTE: llama.cpp stores Llama 3.x rope scaling as per-frequency divisors in this tensor.
 _ROPE_FREQS = "rope_freqs.weight"
 
@@ -88,7 +90,8 @@ class GGUFWeights:
         # NOTE: convert_hf_to_gguf.py permutes Q/K rows of llama-architecture models only.
         is_permuted = header.metadata["general.architecture"] == "llama"
         num_heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
-        self._tensors = {_hf_name(t.name): t for t in _tensors(header) if t.name != _ROPE_FREQS}
+        arch = header.metadata["general.architecture"]
+        self._tensors = {_hf_name(t.name, arch): t for t in _tensors(header) if t.name != _ROPE_FREQS}
         self._permuted_heads = {
             name: num_heads[name.split(".")[-2]] for name in self._tensors if is_permuted and name.split(".")[-2] in num_heads
         }
@@ -305,12 +308,13 @@ _ARRAYS: dict[GGMLQuantizationType, Callable[[np.ndarray], tuple[np.ndarray, ...
 }
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, arch: str) -> str:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES and parts[1].isdigit():
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    layer_names = {**_LAYER_NAMES, **_ARCHITECTURE_LAYER_NAMES.get(arch, {})}
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in layer_names and parts[1].isdigit():
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
     raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
 
 

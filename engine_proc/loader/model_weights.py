@@ -19,6 +19,7 @@ from engine_proc.models.form_registry import KERNEL_FORMS
 from engine_proc.models.llama import LlamaForCausalLM, RowEmbedding
 from engine_proc.models.quantized_linear import Linear, kernel_form, parts_form
 from engine_proc.models.weight_blocks import Blocks, BlocksReader, Q8Blocks, cat_blocks
+from proto.model_support import FUSED_CHECKPOINTS
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
 FUSED_PROJECTIONS = (
@@ -94,7 +95,7 @@ def load_weights(
     kinds: list[str] = []
     for module_name, linear in model.named_modules():
         if isinstance(linear, Linear) and use_blocks:
-            shard_names = _shard_names(module_name)
+            shard_names = _shard_names(module_name, model.config.architecture)
             kind = _load_projection(linear, shard_names, source, targets, kernels if is_invariant else None)
             if kind is not None:
                 kinds.append(kind)
@@ -211,10 +212,11 @@ def _copy(name: str, tensor: Tensor, param: Tensor, start: int, num_rows: int) -
     target.copy_(tensor)
 
 
-def _shard_names(module_name: str) -> list[str]:
-    """The Hugging Face names of a projection's weight: its shards' for a fused one."""
+def _shard_names(module_name: str, architecture: str) -> list[str]:
+    """The Hugging Face names of a projection's weight: its shards' for a fused one (unless the
+    architecture's checkpoints hold it fused)."""
     fused = next((item for item in FUSED_PROJECTIONS if module_name.endswith(item[0])), None)
-    if fused is None:
+    if fused is None or architecture in FUSED_CHECKPOINTS:
         return [f"{module_name}.weight"]
     return [f"{module_name.removesuffix(fused[0])}{shard}.weight" for shard in fused[1]]
 
@@ -232,7 +234,7 @@ def hf_targets(model: LlamaForCausalLM) -> dict[str, tuple[Tensor, int, int]]:
     targets: dict[str, tuple[Tensor, int, int]] = {}
     for name, param in model.named_parameters():
         fused = next((item for item in FUSED_PROJECTIONS if f".{item[0]}." in name), None)
-        if fused is None:
+        if fused is None or config.architecture in FUSED_CHECKPOINTS:
             targets[name] = (param, 0, param.shape[0])
             continue
         start = 0

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, SmolLM2, Qwen2, Qwen3) over a flat batch of tokens."""
+"""Llama-family decoder (Llama, Mistral, SmolLM2, Qwen2, Qwen3, Phi-3) over a flat batch of tokens."""
 
 from __future__ import annotations
 

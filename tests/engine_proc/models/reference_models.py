@@ -16,6 +16,7 @@ from engine_proc.core import EngineCore
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.model_files.tokenizer import Tokenizer
+from tests.tokenizer_corpus import tokenizer_corpus
 
 # NOTE: wider than transformers' 0.02, so each step's logits have a clear maximum and a greedy
 # token does not hang on a rounding difference between two implementations.
@@ -50,34 +51,68 @@ def _qwen3(config: Any) -> Any:
     return Qwen3Config(**config, head_dim=32, tie_word_embeddings=True)
 
 
+def _phi3(config: Any) -> Any:
+    from transformers import Phi3Config
+
+    return Phi3Config(**config, tie_word_embeddings=False, pad_token_id=None, sliding_window=None)
+
+
+# NOTE: llama.cpp's converter reads these architectures' vocabulary from a SentencePiece tokenizer.model.
+SENTENCEPIECE_ARCHITECTURES = frozenset({"phi3"})
 ARCHITECTURES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "llama": _llama,
     "mistral": _mistral,
+    "phi3": _phi3,
     "qwen2": _qwen2,
     "qwen3": _qwen3,
 }
 
 
-def write_hf_folder(path: Path, architecture: str, tokenizer: Tokenizer) -> Path:
-    """A random model of `architecture` with `tokenizer`, saved as transformers saves it."""
+def write_hf_folder(path: Path, architecture: str, tokenizer: Tokenizer | None = None) -> Path:
+    """A random model of `architecture` with `tokenizer` (None: a small SentencePiece one trained here,
+    as tokenizer.model and the tokenizer.json transformers makes of it), saved as transformers saves it."""
     from transformers import AutoModelForCausalLM
 
+    path.mkdir(parents=True, exist_ok=True)
+    if tokenizer is None:
+        tokenizer = _write_sentencepiece_tokenizer(path)
+    else:
+        tokenizer.backend.save(str(path / "tokenizer.json"))
+        (path / "tokenizer_config.json").write_text(
+            # NOTE: the generic fast tokenizer, whatever the architecture.
+            json.dumps({
+                **tokenizer.special_tokens, "chat_template": tokenizer.chat_template,
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            })
+        )
     config = ARCHITECTURES[architecture](
         {**_SHAPE, "vocab_size": tokenizer.vocab_size, "bos_token_id": tokenizer.bos_token_id,
          "eos_token_id": tokenizer.eos_token_id}
     )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-    tokenizer.backend.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(
-        # NOTE: the generic fast tokenizer, whatever the architecture, so the converter recognises it
-        # (a Qwen2Tokenizer would re-split the text and change the hash it identifies tokenizers by).
-        json.dumps({
-            **tokenizer.special_tokens, "chat_template": tokenizer.chat_template,
-            "tokenizer_class": "PreTrainedTokenizerFast",
-        })
-    )
     return path
+
+
+def _write_sentencepiece_tokenizer(path: Path) -> Tokenizer:
+    """A SentencePiece BPE tokenizer (byte fallback, as Llama 2's, Phi-3's and Gemma's) trained on the corpus."""
+    import sentencepiece
+    from transformers import LlamaTokenizer
+
+    corpus = path / "corpus.txt"
+    corpus.write_text("\n".join(tokenizer_corpus()), encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(path / "tokenizer"), vocab_size=800, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        hard_vocab_limit=False, minloglevel=2,
+        # NOTE: as Llama 2's: text kept as written (no NFKC, runs of spaces kept), digits split.
+        normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        allow_whitespace_only_pieces=True,
+    )
+    corpus.unlink()
+    (path / "tokenizer.vocab").unlink()
+    LlamaTokenizer.from_pretrained(path).save_pretrained(path)
+    return Tokenizer.from_model(path)
 
 
 # NOTE: the converter names a BPE vocabulary's pre-tokenizer by hashing how transformers' tokenizer

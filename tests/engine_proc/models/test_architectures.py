@@ -3,18 +3,25 @@ in float32, zeroserve's greedy tokens equal transformers', token for token."""
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import sentencepiece
+from transformers import PreTrainedTokenizerFast
 
 from service.model_files.tokenizer import Tokenizer
 from tests.engine_proc.models.reference_models import (
     ARCHITECTURES,
+    SENTENCEPIECE_ARCHITECTURES,
     convert_to_gguf,
     engine_greedy,
     transformers_greedy,
     write_hf_folder,
 )
+from tests.tokenizer_corpus import tokenizer_corpus
 
 MAX_NEW_TOKENS = 12
 TEXTS = ["The capital of France is", "def fib(n):\n    return", "Once upon a time, in a land far away,"]
@@ -28,22 +35,60 @@ def tokenizer(default_model_path: Path) -> Tokenizer:
 @pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
 def model_files(
     request: pytest.FixtureRequest, tokenizer: Tokenizer, llama_cpp_tree: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, Path, list[list[int]]]:
-    """(folder, its F32 GGUF, transformers' greedy tokens for TEXTS)."""
+) -> tuple[Path, Path, list[list[int]], list[list[int]]]:
+    """(folder, its F32 GGUF, the prompts, transformers' greedy tokens for them)."""
     root = tmp_path_factory.mktemp(request.param)
-    folder = write_hf_folder(root / request.param, request.param, tokenizer)
+    own = None if request.param in SENTENCEPIECE_ARCHITECTURES else tokenizer
+    folder = write_hf_folder(root / request.param, request.param, own)
     gguf_path = convert_to_gguf(folder, root / f"{request.param}-f32.gguf", llama_cpp_tree)
-    prompts = [tokenizer.encode(text) for text in TEXTS]
-    return folder, gguf_path, transformers_greedy(folder, prompts, MAX_NEW_TOKENS)
+    prompts = [Tokenizer.from_model(folder).encode(text) for text in TEXTS]
+    return folder, gguf_path, prompts, transformers_greedy(folder, prompts, MAX_NEW_TOKENS)
 
 
-def test_folder_greedy_equals_transformers(model_files: tuple[Path, Path, list[list[int]]], tokenizer: Tokenizer) -> None:
-    folder, _, expected = model_files
-    prompts = [tokenizer.encode(text) for text in TEXTS]
+def test_folder_greedy_equals_transformers(model_files: tuple[Path, Path, list[list[int]], list[list[int]]]) -> None:
+    folder, _, prompts, expected = model_files
     assert engine_greedy(folder, prompts, MAX_NEW_TOKENS, dtype="float32") == expected
 
 
-def test_f32_gguf_greedy_equals_transformers(model_files: tuple[Path, Path, list[list[int]]], tokenizer: Tokenizer) -> None:
-    _, gguf_path, expected = model_files
-    prompts = [tokenizer.encode(text) for text in TEXTS]
+def test_f32_gguf_greedy_equals_transformers(model_files: tuple[Path, Path, list[list[int]], list[list[int]]]) -> None:
+    _, gguf_path, prompts, expected = model_files
     assert engine_greedy(gguf_path, prompts, MAX_NEW_TOKENS, dtype="float32") == expected
+
+
+def test_gguf_tokenizer_equals_the_folders(model_files: tuple[Path, Path, list[list[int]], list[list[int]]]) -> None:
+    """The converted file's vocabulary, rebuilt from GGUF metadata, splits the corpus as the folder's own
+    tokenizer does: its SentencePiece model where it has one (what the model was trained with; transformers
+    5's tokenizer.json for it splits leading spaces otherwise), else its tokenizer.json."""
+    folder, gguf_path, _, _ = model_files
+    ours = Tokenizer.from_model(gguf_path)
+    if (folder / "tokenizer.model").is_file():
+        reference: Callable[[str], list[int]] = _sentencepiece_parsing_special(folder / "tokenizer.model")
+    else:
+        fast = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+        reference = functools.partial(fast.encode, add_special_tokens=False)
+    corpus = tokenizer_corpus()
+    wrong = [text for text in corpus if ours.encode(text) != reference(text)]
+    assert not wrong, f"{len(wrong)} of {len(corpus)} differ, first: {wrong[0]!r}"
+
+
+def _sentencepiece_parsing_special(model_file: Path) -> Callable[[str], list[int]]:
+    """SentencePiece's own ids, with control and unknown tokens' text taken as those tokens (as a server
+    must, for chat templates; SentencePiece itself spells them out), each stretch of text between encoded
+    on its own: llama.cpp's rule for the text after a special token."""
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    specials = {
+        processor.id_to_piece(i): i
+        for i in range(processor.get_piece_size())
+        if processor.is_control(i) or processor.is_unknown(i)
+    }
+    pattern = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+
+    def encode(text: str) -> list[int]:
+        ids: list[int] = []
+        start = 0
+        for match in pattern.finditer(text):
+            ids += processor.encode(text[start : match.start()]) + [specials[match.group()]]
+            start = match.end()
+        return ids + processor.encode(text[start:])
+
+    return encode
