@@ -21,6 +21,7 @@ HF_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3")
 # NOTE: architectures whose checkpoints hold Q/K/V and gate/up fused, as the model runs them
 FUSED_CHECKPOINTS = frozenset({"phi3"})
 GGML_TYPES = frozenset(GGMLQuantizationType)
+_ROPE_TYPES = "default, llama3"
 
 
 class UnsupportedModel(ValueError):
@@ -59,6 +60,8 @@ def _check_gguf(path: Path) -> None:
             f"{path.name}: tensor {unknown.name!r} has ggml type {unknown.ggml_type}, which is not supported; "
             f"supported: {known}"
         )
+    if any(tensor.name.startswith("rope_factors_") for tensor in header.tensors):
+        raise UnsupportedModel(f"{path.name}: rope scaling 'longrope' is not supported; supported: {_ROPE_TYPES}")
     if not header.tensors:
         raise UnsupportedModel(f"{path.name} holds no tensors (a vocabulary-only GGUF); a model file has its weights")
 
@@ -73,6 +76,10 @@ def _check_hf_folder(path: Path) -> None:
         raise UnsupportedModel(
             f"{path.name}: model_type {model_type!r} is not supported; supported: {', '.join(HF_MODEL_TYPES)}"
         )
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type not in _ROPE_TYPES:
+        raise UnsupportedModel(f"{path.name}: rope scaling {rope_type!r} is not supported; supported: {_ROPE_TYPES}")
     if not (path / "tokenizer.json").is_file():
         raise UnsupportedModel(
             f"{path.name} has no tokenizer.json; supported: a folder with tokenizer.json (the fast tokenizer)"

@@ -36,9 +36,11 @@ def with_tensor_type(path: Path, tensor_name: str, ggml_type: int) -> Path:
     return path
 
 
-def write_hf_folder(path: Path, *, model_type: str = "llama", has_tokenizer: bool = True) -> Path:
+def write_hf_folder(
+    path: Path, *, model_type: str = "llama", has_tokenizer: bool = True, rope_type: str = "default"
+) -> Path:
     path.mkdir()
-    (path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    (path / "config.json").write_text(json.dumps({"model_type": model_type, "rope_scaling": {"rope_type": rope_type}}))
     if has_tokenizer:
         (path / "tokenizer.json").write_text("{}")
     (path / "model.safetensors").write_bytes(b"")

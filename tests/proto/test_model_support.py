@@ -61,3 +61,8 @@ def test_folder_of_unknown_model_type_is_named_with_the_supported_ones(tmp_path:
 
 def test_folder_without_tokenizer_json_is_refused(tmp_path: Path) -> None:
     assert "has no tokenizer.json" in refusal(write_hf_folder(tmp_path / "m", has_tokenizer=False))
+
+
+def test_folder_with_unsupported_rope_scaling_is_refused(tmp_path: Path) -> None:
+    message = refusal(write_hf_folder(tmp_path / "m", model_type="phi3", rope_type="longrope"))
+    assert "rope scaling 'longrope' is not supported; supported: default, llama3" in message
