@@ -160,6 +160,7 @@ class PagedAttention:
         self._decode_row_limits: torch.Tensor | None = None  # the same per (query head, token) row
         self._prefill_chunks: PrefillChunks | None = None  # the prefill spans for the kernel, where it runs
         self._prefill_row_limits: torch.Tensor | None = None
+        self._windowed: dict[int, list[WindowedSequence]] = {}  # this step's sequences past each window
 
     @property
     def is_row_invariant(self) -> bool:
@@ -188,6 +189,7 @@ class PagedAttention:
         self._decode_rows, self._decode_mask, self._prefill_rows = None, None, []
         self._decode_row_mask, self._decode_token_limits, self._decode_row_limits = None, None, None
         self._prefill_chunks, self._prefill_row_limits = None, None
+        self._windowed = {}
         if metadata is None:
             return
         if self._decode_kernel is not None and metadata.prefills:
@@ -245,7 +247,8 @@ class PagedAttention:
         return query, key
 
     def forward(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_stored: bool = False
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_stored: bool = False,
+        window: int | None = None,
     ) -> torch.Tensor:
         meta = self._metadata
         assert meta is not None, "attention metadata must be set before the forward"
@@ -253,6 +256,18 @@ class PagedAttention:
         if not is_stored:
             # NOTE: one copy for K and V: [num_tokens, 2, kv_heads, head_dim] -> [2, kv_heads, num_tokens, head_dim].
             cache.index_copy_(2, meta.slot_mapping, torch.stack((key, value), dim=1).permute(1, 2, 0, 3))
+        out = self._attend(cache, query, key, value, meta)
+        if window is not None:
+            # NOTE: sequences whose context reaches past the window are attended again over their window
+            # alone, each on its own (so a row's result depends on its own sequence only, as without one).
+            for sequence in self._sequences_past(window, meta):
+                out.index_copy_(0, sequence.tokens, self._windowed_attention(cache, query, sequence, window))
+        return out
+
+    def _attend(
+        self, cache: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Causal attention over each sequence's whole context."""
         num_decode_tokens = meta.num_decode_tokens
         if meta.num_decodes:
             decoded = self._decode(cache, query[:num_decode_tokens] if meta.prefills else query, meta)
@@ -277,6 +292,26 @@ class PagedAttention:
             )
             out[span.start : end] = o[0].transpose(0, 1)
         return out
+
+    def _sequences_past(self, window: int, meta: AttentionMetadata) -> list[WindowedSequence]:
+        """This step's sequences with a query token more than `window` positions past a key it would see."""
+        if window not in self._windowed:
+            sequences = [s for s in _step_sequences(meta) if int(s.positions.max()) >= window]
+            self._windowed[window] = sequences
+        return self._windowed[window]
+
+    def _windowed_attention(
+        self, cache: torch.Tensor, query: torch.Tensor, sequence: WindowedSequence, window: int
+    ) -> torch.Tensor:
+        """One sequence's tokens [n, H, D], each attending to the keys of its last `window` positions."""
+        context_len = int(sequence.positions.max()) + 1
+        keys, values = (kv[:, :context_len] for kv in self._gather(cache, self._block_rows(sequence.block_ids)))
+        distance = sequence.positions.unsqueeze(1) - torch.arange(context_len, device=query.device)
+        is_seen = (distance >= 0) & (distance < window)
+        mask = torch.zeros(is_seen.shape, dtype=query.dtype, device=query.device).masked_fill_(~is_seen, float("-inf"))
+        q = query.index_select(0, sequence.tokens).transpose(0, 1)
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)
+        return out[0].transpose(0, 1)
 
     def _decode(self, cache: torch.Tensor, query: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The decodes' attention: by the C++ kernel where it runs, else over gathered blocks."""
@@ -317,6 +352,41 @@ class PagedAttention:
         out = self._decode_kernel(rows, cache, chunks.block_table, self._prefill_row_limits, head_dim**-0.5)
         out = out.view(num_chunks, self.num_kv_heads, group, chunk, head_dim).permute(0, 3, 1, 2, 4)
         return out.reshape(num_chunks * chunk, num_heads, head_dim).index_select(0, chunks.token_cells)
+
+
+@dataclass
+class WindowedSequence:
+    """One sequence of a step, for attention over a window: its flat tokens, their positions, its blocks."""
+
+    tokens: torch.Tensor  # [n] indexes into the flat batch
+    positions: torch.Tensor  # [n]
+    block_ids: torch.Tensor  # [num_blocks] the cache blocks holding its context
+
+
+def _step_sequences(meta: AttentionMetadata) -> list[WindowedSequence]:
+    """Every sequence of the step: the decodes (drafts included), then the prefill spans."""
+    sequences = []
+    if meta.num_decodes and meta.decode_block_table is not None and meta.decode_lens is not None:
+        device = meta.decode_lens.device
+        if meta.decode_query_positions is None:
+            cells = torch.arange(meta.num_decodes, device=device)
+            positions = meta.decode_lens - 1
+            max_query_len = 1
+        else:
+            max_query_len = meta.decode_query_positions.shape[1]
+            cells = meta.decode_unpad_index
+            if cells is None:
+                cells = torch.arange(meta.decode_query_positions.numel(), device=device)
+            positions = meta.decode_query_positions.reshape(-1).index_select(0, cells)
+        rows = cells // max_query_len
+        for row in range(meta.num_decodes):
+            tokens = torch.nonzero(rows == row).flatten()
+            sequences.append(WindowedSequence(tokens, positions.index_select(0, tokens), meta.decode_block_table[row]))
+    for span in meta.prefills:
+        tokens = torch.arange(span.start, span.start + span.num_tokens, device=meta.slot_mapping.device)
+        positions = tokens - span.start + (span.context_len - span.num_tokens)
+        sequences.append(WindowedSequence(tokens, positions, span.block_ids))
+    return sequences
 
 
 def _decode_attention(

@@ -15,13 +15,17 @@ from proto.gguf_header import read_gguf_header
 from proto.gguf_tokenizer import TOKENIZER_MODELS
 
 # GGUF `general.architecture` names the engine runs
-GGUF_ARCHITECTURES = ("llama", "phi3", "qwen2", "qwen3")
+GGUF_ARCHITECTURES = ("gemma3", "llama", "phi3", "qwen2", "qwen3")
 # Hugging Face `model_type` names the engine runs
-HF_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3")
+HF_MODEL_TYPES = ("gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3")
+# the engine's name of a model_type, where the two differ
+HF_ARCHITECTURES = {"gemma3_text": "gemma3"}
+# the architectures the engine's model code knows
+ARCHITECTURES = tuple(sorted({*GGUF_ARCHITECTURES, *(HF_ARCHITECTURES.get(t, t) for t in HF_MODEL_TYPES)}))
 # NOTE: architectures whose checkpoints hold Q/K/V and gate/up fused, as the model runs them
 FUSED_CHECKPOINTS = frozenset({"phi3"})
 GGML_TYPES = frozenset(GGMLQuantizationType)
-_ROPE_TYPES = "default, llama3"
+_ROPE_TYPES = "default, linear, llama3"
 
 
 class UnsupportedModel(ValueError):

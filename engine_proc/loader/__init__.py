@@ -17,6 +17,7 @@ from engine_proc.loader.gguf_loader import load_gguf, load_gguf_config
 from engine_proc.loader.hf_loader import hf_tensor_names, load_hf_config, load_hf_dir
 from engine_proc.loader.model_weights import TensorDict, WeightSource, check_names, load_weights
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.families import model_class, reset_rotary_tables
 from engine_proc.models.llama import LlamaForCausalLM
 from engine_proc.models.quantized_linear import is_int4_supported
 from proto.engine_config import LOAD_FORMATS, QUANTIZATIONS
@@ -43,7 +44,7 @@ def check_model(path: str | Path) -> None:
     else:
         config, names = load_hf_config(path), hf_tensor_names(path)
     with torch.device("meta"):
-        check_names(LlamaForCausalLM(config), names)
+        check_names(model_class(config)(config), names)
 
 
 def load_model(
@@ -85,7 +86,7 @@ def load_model(
         dtype = _auto_dtype(source, device)
     # NOTE: built on the meta device so no memory or time goes to random initialisation.
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     # NOTE: `to_empty` but with `torch.empty` of each shape: `to_empty`'s `empty_like` of a meta
     # tensor runs torch's Python reference, which imports sympy (0.3 s of every engine's start). Its
     # pages are taken only as values are written: a weight loaded as blocks alone takes none.
@@ -166,7 +167,7 @@ def _fill_random(model: LlamaForCausalLM) -> None:
         else:
             values = torch.randn(param.shape, generator=generator) * _DUMMY_SCALE
             param.copy_(values)
-    model.model.rotary_emb.reset_cache()
+    reset_rotary_tables(model)
 
 
 def _is_gguf(path: str | Path) -> bool:

@@ -50,7 +50,16 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 # NOTE: names of an architecture's own (fused) tensors, where they differ from the Llama family's.
-_ARCHITECTURE_LAYER_NAMES = {"phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
+_ARCHITECTURE_LAYER_NAMES = {
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "gemma3": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
+# NOTE: llama.cpp's Gemma 3: every sixth layer global unless the file says, local layers' rotary base.
+_GEMMA3_PATTERN, _GEMMA3_LOCAL_ROPE_THETA = 6, 10_000.0
 # NOTE: llama.cpp stores Llama 3.x rope scaling as per-frequency divisors in this tensor.
 _ROPE_FREQS = "rope_freqs.weight"
 
@@ -362,7 +371,33 @@ def _config_from_header(path: Path, header: GGUFHeader, tensors: list[_Tensor]) 
     )
     if _ROPE_FREQS in tensor_names:
         config = _with_llama3_rope_scaling(path, metadata, tensors, config)
+    if arch == "gemma3":
+        config = _with_gemma3_layers(metadata, config)
     return config
+
+
+def _with_gemma3_layers(metadata: dict[str, Any], config: ModelConfig) -> ModelConfig:
+    """Gemma 3's local and global layers, their rotary bases and its attention scale, as llama.cpp reads them."""
+    window = int(_metadata(metadata, "gemma3.attention.sliding_window", 0))
+    pattern = _metadata(metadata, "gemma3.attention.sliding_window_pattern", _GEMMA3_PATTERN)
+    if isinstance(pattern, list):
+        sliding = tuple(bool(is_sliding) for is_sliding in pattern)
+    else:
+        sliding = tuple(i % int(pattern) < int(pattern) - 1 for i in range(config.num_hidden_layers))
+    scaling = None
+    if _metadata(metadata, "gemma3.rope.scaling.type", None) == "linear":
+        scaling = (("factor", float(_metadata(metadata, "gemma3.rope.scaling.factor"))), ("rope_type", "linear"))
+    # NOTE: llama.cpp: 1/sqrt(head_dim), but 1/sqrt(hidden / heads) for the 62-layer (27B) model.
+    is_27b = config.num_hidden_layers == 62
+    return dataclasses.replace(
+        config,
+        hidden_act="gelu_tanh",
+        sliding_window=window or None,
+        sliding_layers=sliding if window else (),
+        local_rope_theta=float(_metadata(metadata, "gemma3.rope.freq_base_swa", _GEMMA3_LOCAL_ROPE_THETA)),
+        query_pre_attn_scalar=float(config.hidden_size // config.num_attention_heads if is_27b else config.head_dim),
+        rope_scaling=scaling,
+    )
 
 
 def _with_llama3_rope_scaling(

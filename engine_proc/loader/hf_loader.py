@@ -11,8 +11,10 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from engine_proc.models.config import ModelConfig
+from proto.model_support import HF_ARCHITECTURES
 
 _DEFAULT_ROPE_TYPES = (None, "default")
+NORM_SHIFTED = frozenset({"gemma3"})  # architectures whose checkpoints hold norm weights as w for (1 + w)
 
 
 def load_hf_config(path: str | Path) -> ModelConfig:
@@ -39,6 +41,9 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
         if duplicated:
             raise ValueError(f"{file.name} repeats tensors already loaded: {sorted(duplicated)[:5]}")
         weights.update(shard)
+    if config.architecture in NORM_SHIFTED:
+        # NOTE: Gemma's RMSNorm multiplies by (1 + w); the model holds (1 + w), as llama.cpp's GGUFs do.
+        weights.update({name: t.float() + 1 for name, t in weights.items() if name.endswith("norm.weight")})
     return config, weights
 
 
@@ -56,7 +61,9 @@ def hf_tensor_names(path: str | Path) -> set[str]:
 
 def config_from_hf(raw: dict[str, Any], generation: dict[str, Any]) -> ModelConfig:
     """Build a ModelConfig from parsed config.json and generation_config.json contents."""
-    architecture = raw.get("model_type", "")
+    architecture = HF_ARCHITECTURES.get(raw.get("model_type", ""), raw.get("model_type", ""))
+    if architecture == "gemma3":
+        return _gemma3_config(raw, generation)
     if raw.get("hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; only 'silu' is supported")
     if raw.get("mlp_bias", False):
@@ -89,6 +96,50 @@ def config_from_hf(raw: dict[str, Any], generation: dict[str, Any]) -> ModelConf
         rope_scaling=rope_scaling,
         eos_token_ids=_token_ids(eos),
         bos_token_id=bos,
+    )
+
+
+def _gemma3_config(raw: dict[str, Any], generation: dict[str, Any]) -> ModelConfig:
+    """Gemma 3's text config: local (sliding) and global layers, each kind with its own rotary parameters."""
+    if raw.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise ValueError(f"unsupported hidden_activation {raw['hidden_activation']!r}; only 'gelu_pytorch_tanh' is")
+    if raw.get("final_logit_softcapping") or raw.get("attn_logit_softcapping"):
+        raise ValueError("logit soft-capping (Gemma 2) is not supported")
+    num_layers = raw["num_hidden_layers"]
+    pattern = raw.get("sliding_window_pattern", 6)
+    layer_types = raw.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)
+    ]
+    parameters = raw.get("rope_parameters") or {}
+    full = dict(parameters.get("full_attention") or {"rope_theta": raw.get("rope_theta", 1_000_000.0),
+                                                        **(raw.get("rope_scaling") or {})})
+    local = parameters.get("sliding_attention") or {"rope_theta": raw.get("rope_local_base_freq", 10_000.0)}
+    rope_theta, rope_scaling = _rope({"rope_parameters": full})
+    num_heads = raw["num_attention_heads"]
+    eos = generation.get("eos_token_id", raw.get("eos_token_id"))
+    return ModelConfig(
+        architecture="gemma3",
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        max_position_embeddings=raw.get("max_position_embeddings", 131072),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        qk_norm=True,
+        rope_scaling=rope_scaling,
+        eos_token_ids=_token_ids(eos),
+        bos_token_id=generation.get("bos_token_id", raw.get("bos_token_id")),
+        hidden_act="gelu_tanh",
+        sliding_window=raw.get("sliding_window"),
+        sliding_layers=tuple(kind == "sliding_attention" for kind in layer_types),
+        local_rope_theta=float(local.get("rope_theta", 10_000.0)),
+        query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar") or raw.get("head_dim") or 256),
     )
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from engine_proc.models.families import reset_rotary_tables
 from engine_proc.models.form_registry import KERNEL_FORMS
 from engine_proc.models.llama import LlamaForCausalLM, RowEmbedding
 from engine_proc.models.quantized_linear import Linear, kernel_form, parts_form
@@ -103,7 +104,7 @@ def load_weights(
     for name, target in targets.items():
         if name not in loaded:
             _copy_in_chunks(name, source, *target)
-    model.model.rotary_emb.reset_cache()
+    reset_rotary_tables(model)
     return LoadedWeights(kinds.count("blocks only"), kinds.count("with blocks"))
 
 

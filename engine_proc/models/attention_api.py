@@ -17,10 +17,14 @@ class AttentionBackend(Protocol):
     and grouped-query attention (query head h reads kv head h // num_queries_per_kv).
     """
 
-    def forward(self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor, is_stored: bool = False) -> Tensor:
+    def forward(
+        self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor, is_stored: bool = False,
+        window: int | None = None,
+    ) -> Tensor:
         """Attend: query [num_tokens, num_heads, head_dim], key/value [num_tokens, num_kv_heads, head_dim].
 
-        Stores key and value first unless `rotate_and_store` already has (`is_stored`).
+        Stores key and value first unless `rotate_and_store` already has (`is_stored`). With a
+        `window`, a token at position p attends only to keys at positions p - window + 1 to p.
         Returns [num_tokens, num_heads, head_dim] in the query's dtype.
         """
         ...

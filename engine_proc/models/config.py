@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proto.model_support import HF_MODEL_TYPES as SUPPORTED_ARCHITECTURES
+from proto.model_support import ARCHITECTURES as SUPPORTED_ARCHITECTURES
 
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -30,6 +30,13 @@ class ModelConfig:
     rope_scaling: tuple[tuple[str, float | str], ...] | None = None
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    hidden_act: str = "silu"  # the MLP's gate activation: "silu" or "gelu_tanh"
+    # NOTE: Gemma 3's local layers attend to the last `sliding_window` tokens only, with their own
+    # rotary base; `sliding_layers` says which layers (all global where empty).
+    sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] = ()
+    local_rope_theta: float | None = None
+    query_pre_attn_scalar: float | None = None  # softmax scale is its inverse square root (else head_dim's)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -60,12 +67,25 @@ class ModelConfig:
             raise ValueError(f"negative eos token id in {self.eos_token_ids}")
         if self.rope_scaling is not None:
             self._validate_rope_scaling(dict(self.rope_scaling))
+        self._validate_layers()
+
+    def _validate_layers(self) -> None:
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: silu, gelu_tanh")
+        if self.sliding_layers and len(self.sliding_layers) != self.num_hidden_layers:
+            raise ValueError(f"sliding_layers names {len(self.sliding_layers)} layers of {self.num_hidden_layers}")
+        if any(self.sliding_layers) and not (self.sliding_window and self.sliding_window > 0):
+            raise ValueError(f"sliding layers need a positive sliding_window, got {self.sliding_window}")
 
     @staticmethod
     def _validate_rope_scaling(params: dict[str, float | str]) -> None:
         rope_type = params.get("rope_type")
+        if rope_type == "linear":
+            if not isinstance(params.get("factor"), (int, float)) or float(params["factor"]) <= 0:
+                raise ValueError("linear rope scaling needs a positive numeric factor")
+            return
         if rope_type != "llama3":
-            raise ValueError(f"unsupported rope scaling type {rope_type!r}; only 'llama3' is supported")
+            raise ValueError(f"unsupported rope scaling type {rope_type!r}; supported: llama3, linear")
         missing = [key for key in LLAMA3_ROPE_KEYS if not isinstance(params.get(key), (int, float))]
         if missing:
             raise ValueError(f"llama3 rope scaling is missing numeric {', '.join(missing)}")

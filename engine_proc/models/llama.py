@@ -61,6 +61,8 @@ def inverse_frequencies(config: ModelConfig) -> Tensor:
     params = config.rope_scaling_params
     if not params:
         return inv_freq
+    if params["rope_type"] == "linear":
+        return inv_freq / float(params["factor"])
     # NOTE: llama3 scaling, as in transformers' _compute_llama3_parameters: long wavelengths are
     # divided by `factor`, short ones kept, the band between interpolated smoothly.
     factor = float(params["factor"])
@@ -234,15 +236,19 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """A Llama-family causal LM: hidden states for a flat batch, then logits for chosen rows."""
+    """A Llama-family causal LM: hidden states for a flat batch, then logits for chosen rows.
+
+    Another family (gemma3.py) brings its own decoder (`model_class`) and `forward`, and keeps
+    the rest: the output head, its plan and the matmul forms."""
 
     int8_lm_head_weight: Tensor | None
     int8_lm_head_scales: Tensor | None
+    model_class: Callable[[ModelConfig], nn.Module] = LlamaModel
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
+        self.model = type(self).model_class(config)
         # NOTE: no module at all when tied, so moving the model (e.g. `to_empty`) cannot untie it.
         self.lm_head = (
             None

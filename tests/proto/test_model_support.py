@@ -65,4 +65,4 @@ def test_folder_without_tokenizer_json_is_refused(tmp_path: Path) -> None:
 
 def test_folder_with_unsupported_rope_scaling_is_refused(tmp_path: Path) -> None:
     message = refusal(write_hf_folder(tmp_path / "m", model_type="phi3", rope_type="longrope"))
-    assert "rope scaling 'longrope' is not supported; supported: default, llama3" in message
+    assert "rope scaling 'longrope' is not supported; supported: default, linear, llama3" in message

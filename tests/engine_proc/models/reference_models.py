@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -57,9 +57,24 @@ def _phi3(config: Any) -> Any:
     return Phi3Config(**config, tie_word_embeddings=False, pad_token_id=None, sliding_window=None)
 
 
-# NOTE: llama.cpp's converter reads these architectures' vocabulary from a SentencePiece tokenizer.model.
-SENTENCEPIECE_ARCHITECTURES = frozenset({"phi3"})
+def _gemma3(config: Any) -> Any:
+    from transformers import Gemma3TextConfig
+
+    # NOTE: six layers: five local ones and a global one, as Gemma 3 repeats them; a window shorter than
+    # the test's prompts and answers, so the local layers' window is what they attend over.
+    return Gemma3TextConfig(
+        **{**config, "num_hidden_layers": 6}, head_dim=32, query_pre_attn_scalar=32, sliding_window=SLIDING_WINDOW,
+        tie_word_embeddings=True,
+    )
+
+
+SLIDING_WINDOW = 8
+# NOTE: llama.cpp's converter reads these architectures' vocabulary from a SentencePiece tokenizer.model;
+# Gemma's, like the real one, puts no space before the text.
+SENTENCEPIECE_ARCHITECTURES = frozenset({"phi3", "gemma3"})
+_NO_DUMMY_PREFIX = frozenset({"gemma3"})
 ARCHITECTURES: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "gemma3": _gemma3,
     "llama": _llama,
     "mistral": _mistral,
     "phi3": _phi3,
@@ -75,7 +90,7 @@ def write_hf_folder(path: Path, architecture: str, tokenizer: Tokenizer | None =
 
     path.mkdir(parents=True, exist_ok=True)
     if tokenizer is None:
-        tokenizer = _write_sentencepiece_tokenizer(path)
+        tokenizer = _write_sentencepiece_tokenizer(path, add_dummy_prefix=architecture not in _NO_DUMMY_PREFIX)
     else:
         tokenizer.backend.save(str(path / "tokenizer.json"))
         (path / "tokenizer_config.json").write_text(
@@ -94,7 +109,7 @@ def write_hf_folder(path: Path, architecture: str, tokenizer: Tokenizer | None =
     return path
 
 
-def _write_sentencepiece_tokenizer(path: Path) -> Tokenizer:
+def _write_sentencepiece_tokenizer(path: Path, add_dummy_prefix: bool) -> Tokenizer:
     """A SentencePiece BPE tokenizer (byte fallback, as Llama 2's, Phi-3's and Gemma's) trained on the corpus."""
     import sentencepiece
     from transformers import LlamaTokenizer
@@ -107,7 +122,7 @@ def _write_sentencepiece_tokenizer(path: Path) -> Tokenizer:
         hard_vocab_limit=False, minloglevel=2,
         # NOTE: as Llama 2's: text kept as written (no NFKC, runs of spaces kept), digits split.
         normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
-        allow_whitespace_only_pieces=True,
+        allow_whitespace_only_pieces=True, add_dummy_prefix=add_dummy_prefix,
     )
     corpus.unlink()
     (path / "tokenizer.vocab").unlink()
@@ -139,33 +154,47 @@ def convert_to_gguf(folder: Path, target: Path, llama_cpp_tree: Path, outtype: s
     return target
 
 
-def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+class Greedy(NamedTuple):
+    """Greedy continuations of some prompts, and the log-probability each chosen token had."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+
+
+def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> Greedy:
     """transformers' greedy continuation of each prompt, in float32."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    outputs = []
+    token_ids, logprobs = [], []
     for prompt in prompts:
         ids = torch.tensor([prompt])
         with torch.no_grad():
             generated = model.generate(
                 ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens, pad_token_id=0,
+                min_new_tokens=max_new_tokens, pad_token_id=0, output_logits=True, return_dict_in_generate=True,
             )
-        outputs.append(generated[0, len(prompt) :].tolist())
-    return outputs
+        new_ids = generated.sequences[0, len(prompt) :]
+        steps = torch.stack(generated.logits)[:, 0].log_softmax(dim=-1)
+        token_ids.append(new_ids.tolist())
+        logprobs.append(steps.gather(1, new_ids.unsqueeze(1)).flatten().tolist())
+    return Greedy(token_ids, logprobs)
 
 
-def engine_greedy(model_path: Path, prompts: list[list[int]], max_new_tokens: int, **settings: Any) -> list[list[int]]:
+def engine_greedy(model_path: Path, prompts: list[list[int]], max_new_tokens: int, **settings: Any) -> Greedy:
     """zeroserve's engine: greedy continuations of all prompts in one batch, EOS ignored."""
     core = EngineCore(
         EngineConfig(model_path=str(model_path), kv_cache_memory_gib=0.05, max_model_len=512, **settings)
     )
     for i, prompt in enumerate(prompts):
-        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True, num_logprobs=0)
         core.add_request(EngineCoreRequest(str(i), prompt, params))
-    ours: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    token_ids: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    logprobs: dict[str, list[float]] = {str(i): [] for i in range(len(prompts))}
     while core.has_work:
         for output in core.step().outputs:
-            ours[output.request_id] += output.new_token_ids
-    return [ours[str(i)] for i in range(len(prompts))]
+            token_ids[output.request_id] += output.new_token_ids
+            assert output.new_logprobs is not None
+            logprobs[output.request_id] += [position[0] for position in output.new_logprobs.logprobs]
+    keys = [str(i) for i in range(len(prompts))]
+    return Greedy([token_ids[key] for key in keys], [logprobs[key] for key in keys])

@@ -16,6 +16,7 @@ from service.model_files.tokenizer import Tokenizer
 from tests.engine_proc.models.reference_models import (
     ARCHITECTURES,
     SENTENCEPIECE_ARCHITECTURES,
+    Greedy,
     convert_to_gguf,
     engine_greedy,
     transformers_greedy,
@@ -35,8 +36,8 @@ def tokenizer(default_model_path: Path) -> Tokenizer:
 @pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
 def model_files(
     request: pytest.FixtureRequest, tokenizer: Tokenizer, llama_cpp_tree: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, Path, list[list[int]], list[list[int]]]:
-    """(folder, its F32 GGUF, the prompts, transformers' greedy tokens for them)."""
+) -> tuple[Path, Path, list[list[int]], Greedy]:
+    """(folder, its F32 GGUF, the prompts, transformers' greedy continuations of them)."""
     root = tmp_path_factory.mktemp(request.param)
     own = None if request.param in SENTENCEPIECE_ARCHITECTURES else tokenizer
     folder = write_hf_folder(root / request.param, request.param, own)
@@ -45,17 +46,17 @@ def model_files(
     return folder, gguf_path, prompts, transformers_greedy(folder, prompts, MAX_NEW_TOKENS)
 
 
-def test_folder_greedy_equals_transformers(model_files: tuple[Path, Path, list[list[int]], list[list[int]]]) -> None:
-    folder, _, prompts, expected = model_files
-    assert engine_greedy(folder, prompts, MAX_NEW_TOKENS, dtype="float32") == expected
+@pytest.mark.parametrize("source", ["folder", "f32 gguf"])
+def test_greedy_equals_transformers(model_files: tuple[Path, Path, list[list[int]], Greedy], source: str) -> None:
+    """Token for token, and each token's log-probability to float32 rounding."""
+    folder, gguf_path, prompts, expected = model_files
+    ours = engine_greedy(folder if source == "folder" else gguf_path, prompts, MAX_NEW_TOKENS, dtype="float32")
+    assert ours.token_ids == expected.token_ids
+    flat_ours, flat_expected = sum(ours.logprobs, []), sum(expected.logprobs, [])
+    assert flat_ours == pytest.approx(flat_expected, abs=1e-4)
 
 
-def test_f32_gguf_greedy_equals_transformers(model_files: tuple[Path, Path, list[list[int]], list[list[int]]]) -> None:
-    _, gguf_path, prompts, expected = model_files
-    assert engine_greedy(gguf_path, prompts, MAX_NEW_TOKENS, dtype="float32") == expected
-
-
-def test_gguf_tokenizer_equals_the_folders(model_files: tuple[Path, Path, list[list[int]], list[list[int]]]) -> None:
+def test_gguf_tokenizer_equals_the_folders(model_files: tuple[Path, Path, list[list[int]], Greedy]) -> None:
     """The converted file's vocabulary, rebuilt from GGUF metadata, splits the corpus as the folder's own
     tokenizer does: its SentencePiece model where it has one (what the model was trained with; transformers
     5's tokenizer.json for it splits leading spaces otherwise), else its tokenizer.json."""
