@@ -19,7 +19,7 @@ from typing import Any
 from proto.settings import at_least, check_value, positive, setting
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("auto", "gguf", "none")
+QUANTIZATIONS = ("auto", "gguf", "none", "q8_0", "q4_0")
 LOAD_FORMATS = ("auto", "dummy")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
@@ -123,8 +123,9 @@ class EngineConfig:
         "checkpoint's dtype; float32 matches transformers token for token", choices=DTYPES,
     )
     quantization: str = setting(
-        "auto", "auto: a GGUF's 4-bit weights run as int4 for small batches when the dtype is "
-        "bfloat16; gguf: require that; none: dequantize every weight", choices=QUANTIZATIONS,
+        "auto", "auto: a GGUF's quantized weights run on their own blocks when the dtype is "
+        "bfloat16; gguf: require that; none: dequantize every weight; q8_0 / q4_0: round a folder's "
+        "(or a float GGUF's) projections to those blocks at load, weight-only", choices=QUANTIZATIONS,
     )
     load_format: str = setting(
         "auto", "dummy: random weights of the model's shape, reading only its config", choices=LOAD_FORMATS,

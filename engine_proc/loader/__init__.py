@@ -15,11 +15,12 @@ from engine_proc.cpu_features import cpu_features
 from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.loader.gguf_loader import load_gguf, load_gguf_config
 from engine_proc.loader.hf_loader import hf_tensor_names, load_hf_config, load_hf_dir
-from engine_proc.loader.model_weights import TensorDict, WeightSource, check_names, load_weights
+from engine_proc.loader.model_weights import RoundedAtLoad, TensorDict, WeightSource, check_names, load_weights
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.families import model_class, reset_rotary_tables
 from engine_proc.models.llama import LlamaForCausalLM
 from engine_proc.models.quantized_linear import is_int4_supported
+from engine_proc.models.weight_blocks import Q4Blocks, Q8Blocks
 from proto.engine_config import LOAD_FORMATS, QUANTIZATIONS
 
 __all__ = ["check_model", "load_gguf", "load_hf_dir", "load_model", "load_model_config"]
@@ -27,6 +28,8 @@ __all__ = ["check_model", "load_gguf", "load_hf_dir", "load_model", "load_model_
 logger = logging.getLogger(__name__)
 
 _DUMMY_SCALE = 0.02
+# `quantization` values that round a float checkpoint's projections to blocks at load
+ROUNDED_KINDS = {"q8_0": Q8Blocks, "q4_0": Q4Blocks}
 
 
 def load_model_config(path: str | Path, hf_overrides: Mapping[str, Any] | None = None) -> ModelConfig:
@@ -64,7 +67,8 @@ def load_model(
     checkpoint's own floating dtype; float32 on an x86 CPU without AVX2; bfloat16 (float16 where
     unsupported) on a CUDA GPU. Each matmul's form per batch size is measured here (matmul_plan).
     `quantization`: "auto" runs a GGUF's blocks (Q4_0, Q4_1, Q8_0) as they are when the dtype allows
-    it, "gguf" insists on it, "none" dequantizes every weight.
+    it, "gguf" insists on it, "none" dequantizes every weight; "q8_0" / "q4_0" round a float checkpoint's
+    projections to those blocks at load (weight-only) and run them on the kernel forms.
     `load_format="dummy"` reads only the config and fills the weights with random values;
     `hf_overrides` replaces config fields (Hugging Face names) before the model is built.
     `batch_invariant`: every matmul runs one row-invariant form at every batch size where it has one;
@@ -82,6 +86,10 @@ def load_model(
         config, tensors = load_hf_dir(path)
         source = TensorDict(tensors)
     config = with_overrides(config, hf_overrides or {})
+    if quantization in ROUNDED_KINDS and source is not None:
+        if source.is_quantized():
+            raise ValueError(f"quantization {quantization!r} rounds float weights; this file's are quantized already")
+        source = RoundedAtLoad(source, ROUNDED_KINDS[quantization])
     if dtype is None:
         dtype = _auto_dtype(source, device)
     # NOTE: built on the meta device so no memory or time goes to random initialisation.
@@ -107,6 +115,8 @@ def _load(model: LlamaForCausalLM, source: WeightSource, quantization: str, batc
     weight = model.lm_head_weight
     use_blocks = quantization != "none" and is_int4_supported(weight.dtype, weight.device)
     kernels = load_cpu_kernels() if use_blocks else None
+    if quantization in ROUNDED_KINDS and not use_blocks:
+        raise ValueError(f"quantization {quantization!r} runs on the CPU kernels, which need dtype bfloat16 here")
     loaded = load_weights(model, source, use_blocks=use_blocks, kernels=kernels, is_invariant=batch_invariant)
     num_blocks = loaded.num_blocks_only + loaded.num_with_blocks
     if quantization == "gguf" and num_blocks == 0:

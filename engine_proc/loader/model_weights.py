@@ -19,7 +19,7 @@ from engine_proc.models.families import reset_rotary_tables
 from engine_proc.models.form_registry import KERNEL_FORMS
 from engine_proc.models.llama import LlamaForCausalLM, RowEmbedding
 from engine_proc.models.quantized_linear import Linear, kernel_form, parts_form
-from engine_proc.models.weight_blocks import Blocks, BlocksReader, Q8Blocks, cat_blocks
+from engine_proc.models.weight_blocks import Blocks, BlocksReader, Q4Blocks, Q8Blocks, cat_blocks
 from proto.model_support import FUSED_CHECKPOINTS
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
@@ -70,6 +70,35 @@ class TensorDict:
 
     def is_quantized(self) -> bool:
         return False
+
+
+class RoundedAtLoad:
+    """A float checkpoint whose projection weights come as blocks of one kind (Q8_0 or Q4_0), rounded from
+    their values when asked for (`--quantization q8_0 | q4_0`): weight-only quantization made at load."""
+
+    def __init__(self, source: WeightSource, kind: type[Q8Blocks] | type[Q4Blocks]) -> None:
+        self._source, self._kind = source, kind
+
+    def names(self) -> set[str]:
+        return self._source.names()
+
+    def float(self, name: str, rows: slice = slice(None)) -> Tensor:
+        return self._source.float(name, rows)
+
+    def blocks(self, name: str) -> Blocks | None:
+        if not name.endswith("_proj.weight"):
+            return None
+        weight = self._source.float(name)
+        return self._kind.quantize(weight) if weight.dim() == 2 and weight.shape[1] % 32 == 0 else None
+
+    def blocks_reader(self, name: str) -> BlocksReader | None:
+        return None
+
+    def row_reader(self, name: str) -> Callable[[np.ndarray], Tensor] | None:
+        return self._source.row_reader(name)
+
+    def is_quantized(self) -> bool:
+        return True
 
 
 class LoadedWeights(NamedTuple):

@@ -38,6 +38,18 @@ class Q4Blocks(NamedTuple):
     def dequantize(self) -> Tensor:
         return _affine(self.codes, self.scales, self.mins)
 
+    @staticmethod
+    def quantize(weight: Tensor) -> Q4Blocks:
+        """A float weight rounded as llama.cpp's quantize_row_q4_0 rounds it: d = (the group's value of largest
+        magnitude) / −8, kept as float16; q = clamp(trunc(w / d + 8.5), 0, 15); w ≈ (q − 8)·d."""
+        rows, cols = weight.shape
+        groups = weight.float().view(rows, cols // GROUP_SIZE, GROUP_SIZE)
+        extreme = groups.gather(-1, groups.abs().argmax(dim=-1, keepdim=True)).squeeze(-1)
+        scales = (extreme / -8).half().float()
+        inverse = torch.where(scales != 0, 1 / (extreme / -8), torch.zeros_like(scales))
+        codes = (groups * inverse.unsqueeze(-1) + 8.5).trunc_().clamp_(0, 15).to(torch.uint8).view(rows, cols)
+        return Q4Blocks(codes, scales, -8 * scales)
+
 
 class Q5Blocks(NamedTuple):
     """A weight [rows, cols] as 5-bit codes with a scale and a minimum per group of 32 columns (GGUF's

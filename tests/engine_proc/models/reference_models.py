@@ -155,10 +155,22 @@ def convert_to_gguf(folder: Path, target: Path, llama_cpp_tree: Path, outtype: s
 
 
 class Greedy(NamedTuple):
-    """Greedy continuations of some prompts, and the log-probability each chosen token had."""
+    """Greedy continuations of some prompts, the log-probability each chosen token had, and (the
+    reference's) how far ahead of the runner-up it was."""
 
     token_ids: list[list[int]]
     logprobs: list[list[float]]
+    margins: list[list[float]] = []
+
+
+def first_difference_is_a_near_tie(ours: Greedy, reference: Greedy, margin: float) -> bool:
+    """Whether every continuation equals the reference's up to a step where the reference's top two
+    were within `margin` (nats) of each other (after which the two continue from different text)."""
+    for token_ids, expected, margins in zip(ours.token_ids, reference.token_ids, reference.margins, strict=True):
+        step = next((i for i, (a, b) in enumerate(zip(token_ids, expected, strict=True)) if a != b), None)
+        if step is not None and margins[step] >= margin:
+            return False
+    return True
 
 
 def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> Greedy:
@@ -166,7 +178,7 @@ def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: 
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    token_ids, logprobs = [], []
+    token_ids, logprobs, margins = [], [], []
     for prompt in prompts:
         ids = torch.tensor([prompt])
         with torch.no_grad():
@@ -178,7 +190,9 @@ def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: 
         steps = torch.stack(generated.logits)[:, 0].log_softmax(dim=-1)
         token_ids.append(new_ids.tolist())
         logprobs.append(steps.gather(1, new_ids.unsqueeze(1)).flatten().tolist())
-    return Greedy(token_ids, logprobs)
+        top_two = steps.topk(2, dim=-1).values
+        margins.append((top_two[:, 0] - top_two[:, 1]).tolist())
+    return Greedy(token_ids, logprobs, margins)
 
 
 def engine_greedy(model_path: Path, prompts: list[list[int]], max_new_tokens: int, **settings: Any) -> Greedy:
