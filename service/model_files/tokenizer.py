@@ -164,8 +164,11 @@ def _compile_template(source: str) -> jinja2.Template:
 def _tojson(
     value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
 ) -> str:
-    # NOTE: jinja's own tojson escapes HTML characters, which would change the prompt.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    # NOTE: jinja's own tojson escapes HTML characters, which would change the prompt. A filter's output
+    # (`tools | map(attribute="function")`) is a generator: written as the list it yields.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys, default=list
+    )
 
 
 def _raise_exception(message: str) -> None:

@@ -170,3 +170,40 @@ def test_gguf_vocabularies_decode_what_they_encode(llama_cpp_tree: Path, name: s
     with_special = tokenizer.encode("Hi there", add_special_tokens=True)
     assert with_special[: 1 if bos_id is not None else 0] == ([bos_id] if bos_id is not None else [])
     assert with_special[-2:] == tokenizer.encode("Hi there")
+
+
+# NOTE: tool-use templates written for their own tool formats, not OpenAI's `tools`.
+_OWN_TOOL_FORMATS = {
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "Cohere's tool definitions (name, description, parameter_definitions)",
+    "fireworks-ai-llama-3-firefunction-v2.jinja": "`functions` as one JSON string",
+}
+_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}}]
+
+
+def test_every_real_chat_template_renders_a_chat(llama_cpp_tree: Path) -> None:
+    """The chat templates of 70 real models (llama.cpp's models/templates): each renders a conversation,
+    with OpenAI-style tools where it takes them, as transformers would."""
+    templates = sorted((llama_cpp_tree / "models" / "templates").glob("*.jinja"))
+    assert len(templates) >= 60
+    failures = {}
+    for path in templates:
+        tokenizer = Tokenizer(Backend(models.BPE()), path.read_text(encoding="utf-8"), {"bos_token": "<s>", "eos_token": "</s>"})
+        try:
+            with_tools = tokenizer.apply_chat_template(CONVERSATION[-1:], tools=_TOOLS)
+            # NOTE: a tool-use template (Hermes' `tool_use`) renders only with tools.
+            chat = _render_without_tools(tokenizer) or tokenizer.apply_chat_template(CONVERSATION[1:], tools=_TOOLS)
+        except (jinja2.TemplateError, TypeError) as exc:
+            failures[path.name] = str(exc)
+            continue
+        assert "And 3+3? 😀" in chat and "And 3+3? 😀" in with_tools, path.name
+    assert failures.keys() <= _OWN_TOOL_FORMATS.keys(), failures
+
+
+def _render_without_tools(tokenizer: Tokenizer) -> str | None:
+    try:
+        return tokenizer.apply_chat_template(CONVERSATION[1:])
+    except (jinja2.TemplateError, TypeError):
+        return None
