@@ -26,12 +26,12 @@ from pathlib import Path
 import httpx
 
 from benchmarks.llama_server_compare import LLAMA_SERVER, llama_server
+from benchmarks.tokenizer_corpus import tokenizer_corpus
 from engine_proc.core import EngineCore
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.model_files.model_registry import resolve_model
 from service.model_files.tokenizer import Tokenizer
-from tests.tokenizer_corpus import tokenizer_corpus
 
 PROMPTS = [
     "The capital of France is",

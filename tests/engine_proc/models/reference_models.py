@@ -12,11 +12,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+from benchmarks.tokenizer_corpus import tokenizer_corpus
 from engine_proc.core import EngineCore
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.model_files.tokenizer import Tokenizer
-from tests.tokenizer_corpus import tokenizer_corpus
 
 # NOTE: wider than transformers' 0.02, so each step's logits have a clear maximum and a greedy
 # token does not hang on a rounding difference between two implementations.

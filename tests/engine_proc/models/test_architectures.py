@@ -12,6 +12,7 @@ import pytest
 import sentencepiece
 from transformers import PreTrainedTokenizerFast
 
+from benchmarks.tokenizer_corpus import tokenizer_corpus
 from service.model_files.tokenizer import Tokenizer
 from tests.engine_proc.models.reference_models import (
     ARCHITECTURES,
@@ -23,7 +24,6 @@ from tests.engine_proc.models.reference_models import (
     transformers_greedy,
     write_hf_folder,
 )
-from tests.tokenizer_corpus import tokenizer_corpus
 
 MAX_NEW_TOKENS = 12
 TEXTS = ["The capital of France is", "def fib(n):\n    return", "Once upon a time, in a land far away,"]

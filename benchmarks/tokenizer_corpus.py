@@ -1,5 +1,6 @@
-"""A few hundred strings a tokenizer must split exactly as its reference does: several scripts,
-emoji, digits, runs of spaces, tabs and newlines, contractions, code, and special-token text."""
+"""A few hundred strings a tokenizer must split exactly as its reference does: several scripts, emoji,
+digits, runs of spaces, tabs and newlines, contractions, code, and special-token text (the tests and
+benchmarks/llama_server_greedy.py tokenize it)."""
 
 from __future__ import annotations
 
