@@ -48,7 +48,7 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 # come from the PyPI sdist of llama-cpp-python: fetched here once, before the workers start.
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
-	$(PY) -m tests.llama_cpp_tree >/dev/null
+	$(PY) -m benchmarks.llama_cpp_tree >/dev/null
 	touch $@
 
 clean:

@@ -166,6 +166,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 @pytest.fixture(scope="session")
 def llama_cpp_tree() -> Path:
     """llama.cpp's vendored source tree (reference vocabularies, templates, converter), fetched once."""
-    from tests.llama_cpp_tree import llama_cpp_tree as fetch
+    from benchmarks.llama_cpp_tree import llama_cpp_tree as fetch
 
     return fetch()

