@@ -83,9 +83,10 @@ ARCHITECTURES: dict[str, Callable[[dict[str, Any]], Any]] = {
 }
 
 
-def write_hf_folder(path: Path, architecture: str, tokenizer: Tokenizer | None = None) -> Path:
+def write_hf_folder(path: Path, architecture: str, tokenizer: Tokenizer | None = None, **shape: float) -> Path:
     """A random model of `architecture` with `tokenizer` (None: a small SentencePiece one trained here,
-    as tokenizer.model and the tokenizer.json transformers makes of it), saved as transformers saves it."""
+    as tokenizer.model and the tokenizer.json transformers makes of it), saved as transformers saves it;
+    `shape` replaces sizes of the default tiny shape (hidden_size=64, ...)."""
     from transformers import AutoModelForCausalLM
 
     path.mkdir(parents=True, exist_ok=True)
@@ -101,7 +102,7 @@ def write_hf_folder(path: Path, architecture: str, tokenizer: Tokenizer | None =
             })
         )
     config = ARCHITECTURES[architecture](
-        {**_SHAPE, "vocab_size": tokenizer.vocab_size, "bos_token_id": tokenizer.bos_token_id,
+        {**_SHAPE, **shape, "vocab_size": tokenizer.vocab_size, "bos_token_id": tokenizer.bos_token_id,
          "eos_token_id": tokenizer.eos_token_id}
     )
     torch.manual_seed(0)
