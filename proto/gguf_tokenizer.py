@@ -12,17 +12,22 @@ then the control tokens (special) and user-defined ones (plain) as added tokens.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
+import os
 import re
 from collections.abc import Callable
 from functools import cache
 from operator import methodcaller
 from typing import Any
 
+import ormsgpack
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 from tokenizers.models import BPE
 
+from proto.envs import cache_dir
 from proto.gguf_pretokenizers import BOS_BY_DEFAULT, IGNORE_MERGES, PRE_TOKENIZER_SPLITS
 
 logger = logging.getLogger(__name__)
@@ -123,11 +128,25 @@ def _merges(metadata: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _merges_by_score(tokens: list[str], scores: list[float], vocab: dict[str, int]) -> list[tuple[str, str]]:
-    """Every split of a token into two tokens, ranked by the joined token's score (highest first).
+    """Every split of a token into two tokens, ranked by the joined token's score (highest first), kept
+    in the cache folder once found (Gemma's 262k-token vocabulary takes 1.9 s to search, 0.1 to read).
 
     NOTE: llama.cpp joins the highest-scoring adjacent pair, leftmost on ties; HF BPE joins the
     lowest-ranked one, leftmost on ties, so ranking by score gives the same tokens.
     """
+    path = cache_dir() / "tokenizers" / f"{hashlib.sha256(ormsgpack.packb([tokens, scores])).hexdigest()}.msgpack"
+    with contextlib.suppress(OSError, ormsgpack.MsgpackDecodeError):
+        return list(map(tuple, ormsgpack.unpackb(path.read_bytes())))
+    merges = _search_merges(tokens, scores, vocab)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        partial.write_bytes(ormsgpack.packb(merges))
+        os.replace(partial, path)
+    return merges
+
+
+def _search_merges(tokens: list[str], scores: list[float], vocab: dict[str, int]) -> list[tuple[str, str]]:
     merges: list[tuple[float, int, str, str]] = []
     for index, token in enumerate(tokens):
         for cut in range(1, len(token)):
