@@ -124,6 +124,8 @@ def _write_sentencepiece_tokenizer(path: Path, add_dummy_prefix: bool) -> Tokeni
         # NOTE: as Llama 2's: text kept as written (no NFKC, runs of spaces kept), digits split.
         normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
         allow_whitespace_only_pieces=True, add_dummy_prefix=add_dummy_prefix,
+        # NOTE: as Phi-3's vocabulary has them (llama.cpp looks <|endoftext|> up in a Phi-3 file's).
+        control_symbols=["<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>"],
     )
     corpus.unlink()
     (path / "tokenizer.vocab").unlink()
