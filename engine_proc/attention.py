@@ -303,10 +303,15 @@ class PagedAttention:
     def _windowed_attention(
         self, cache: torch.Tensor, query: torch.Tensor, sequence: WindowedSequence, window: int
     ) -> torch.Tensor:
-        """One sequence's tokens [n, H, D], each attending to the keys of its last `window` positions."""
+        """One sequence's tokens [n, H, D], each attending to the keys of its last `window` positions (only
+        the blocks holding those are read)."""
         context_len = int(sequence.positions.max()) + 1
-        keys, values = (kv[:, :context_len] for kv in self._gather(cache, self._block_rows(sequence.block_ids)))
-        distance = sequence.positions.unsqueeze(1) - torch.arange(context_len, device=query.device)
+        first_block = max(0, int(sequence.positions.min()) - window + 1) // self.block_size
+        first_key = first_block * self.block_size
+        rows = self._block_rows(sequence.block_ids[first_block : -(-context_len // self.block_size)])
+        keys, values = (kv[:, : context_len - first_key] for kv in self._gather(cache, rows))
+        key_positions = torch.arange(first_key, context_len, device=query.device)
+        distance = sequence.positions.unsqueeze(1) - key_positions
         is_seen = (distance >= 0) & (distance < window)
         mask = torch.zeros(is_seen.shape, dtype=query.dtype, device=query.device).masked_fill_(~is_seen, float("-inf"))
         q = query.index_select(0, sequence.tokens).transpose(0, 1)

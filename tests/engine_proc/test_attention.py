@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine_proc.attention import PagedAttention
-from tests.engine_proc.attention_cases import decode_step
+from tests.engine_proc.attention_cases import decode_step, mixed_step
 
 
 @pytest.mark.parametrize("query_lens", [[1, 1, 1], [3, 3], [1, 4, 2, 3], [5]])
@@ -28,3 +28,28 @@ def test_a_new_cache_reads_as_zeros_and_takes_memory_only_as_it_is_written(dtype
     attention.kv_caches[0][:, :, :4096].fill_(1.0)  # the first 256 blocks of one layer
     assert process.memory_info().rss - before < cache_bytes / 8 + attention.kv_caches[0].nbytes
     attention.free_cache()
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+@pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 4, 2, 3]])
+def test_a_window_limits_decodes_and_drafts_to_their_last_keys(query_lens: list[int], window: int) -> None:
+    out, expected = decode_step(query_lens, window=window)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("is_kernel_allowed", [True, False])
+@pytest.mark.parametrize(
+    ("decode_contexts", "spans", "window"),
+    [
+        ([40, 7, 300], [(32, 45), (0, 100)], 32),  # some contexts within the window, some past it
+        ([12], [(47, 1), (512, 64)], 512),  # Gemma 3's window: a long prompt after a cached prefix
+        ([600], [(0, 30)], 16),  # a decode far past the window beside a prompt shorter than it
+    ],
+)
+def test_a_window_limits_prompts_and_decodes_in_one_step(
+    decode_contexts: list[int], spans: list[tuple[int, int]], window: int, is_kernel_allowed: bool
+) -> None:
+    out, expected = mixed_step(decode_contexts, spans, window=window, is_kernel_allowed=is_kernel_allowed)
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
+    whole, _ = mixed_step(decode_contexts, spans, is_kernel_allowed=is_kernel_allowed)
+    assert not torch.equal(out, whole)  # NOTE: the window changed what some token sees
