@@ -36,7 +36,7 @@ def _llama(config: Any) -> Any:
 def _mistral(config: Any) -> Any:
     from transformers import MistralConfig
 
-    return MistralConfig(**config, tie_word_embeddings=False, sliding_window=None)
+    return MistralConfig(**{"sliding_window": None, **config}, tie_word_embeddings=False)
 
 
 def _qwen2(config: Any) -> Any:

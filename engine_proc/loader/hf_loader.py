@@ -70,11 +70,16 @@ def config_from_hf(raw: dict[str, Any], generation: dict[str, Any]) -> ModelConf
         raise ValueError("MLP biases are not supported")
     num_heads = raw["num_attention_heads"]
     max_positions = raw.get("max_position_embeddings", 2048)
-    window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+    # NOTE: as transformers' config classes default it: Qwen2's window is off unless the config turns it on.
+    window = raw.get("sliding_window") if raw.get("use_sliding_window", architecture != "qwen2") else None
+    sliding_layers: tuple[bool, ...] = ()
     if window is not None and window < max_positions:
-        # NOTE: we attend over the whole sequence; within the window that is exactly sliding-window
-        # attention, so cap the context instead of serving wrong answers past it.
-        max_positions = window
+        # NOTE: as transformers: Mistral's every layer slides, Qwen2's from `max_window_layers` on.
+        layer_types = raw.get("layer_types") or [
+            "sliding_attention" if i >= raw.get("max_window_layers", 0) else "full_attention"
+            for i in range(raw["num_hidden_layers"])
+        ]
+        sliding_layers = tuple(kind == "sliding_attention" for kind in layer_types)
     rope_theta, rope_scaling = _rope(raw)
     eos = generation.get("eos_token_id", raw.get("eos_token_id"))
     bos = generation.get("bos_token_id", raw.get("bos_token_id"))
@@ -96,6 +101,8 @@ def config_from_hf(raw: dict[str, Any], generation: dict[str, Any]) -> ModelConf
         rope_scaling=rope_scaling,
         eos_token_ids=_token_ids(eos),
         bos_token_id=bos,
+        sliding_window=window if any(sliding_layers) else None,
+        sliding_layers=sliding_layers if any(sliding_layers) else (),
     )
 
 

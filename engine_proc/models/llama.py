@@ -137,6 +137,9 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(config.q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        # NOTE: a folder's Mistral (v0.1) attends to the last `sliding_window` tokens in every layer.
+        is_sliding = bool(config.sliding_layers) and config.sliding_layers[layer_idx]
+        self.window = config.sliding_window if is_sliding else None
 
     def forward(self, hidden: Tensor, rotary: RotaryRows, attn: AttentionBackend) -> Tensor:
         config = self.config
@@ -146,7 +149,7 @@ class LlamaAttention(nn.Module):
         # NOTE: without per-head norms the backend may rotate and store K/V in one pass.
         stored = None if self.q_norm is not None else attn.rotate_and_store(self.layer_idx, qkv, rotary.table)
         query, key = stored if stored is not None else self._rotate(qkv, rotary)
-        out = attn.forward(self.layer_idx, query, key, value, is_stored=stored is not None)
+        out = attn.forward(self.layer_idx, query, key, value, is_stored=stored is not None, window=self.window)
         return self.o_proj(out.view(num_tokens, config.q_size))
 
     def _rotate(self, qkv: Tensor, rotary: RotaryRows) -> tuple[Tensor, Tensor]:

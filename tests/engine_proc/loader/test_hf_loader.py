@@ -57,9 +57,14 @@ def test_unsupported_rope_scaling_is_rejected() -> None:
         config_from_hf({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, {})
 
 
-def test_mistral_sliding_window_caps_the_context() -> None:
-    config = config_from_hf({**BASE, "model_type": "mistral", "sliding_window": 4096}, {})
-    assert config.max_position_embeddings == 4096
+def test_a_sliding_window_reaches_the_layers_as_transformers_places_it() -> None:
+    mistral = config_from_hf({**BASE, "model_type": "mistral", "sliding_window": 4096}, {})
+    assert mistral.max_position_embeddings == 131072  # no longer capped at the window
+    assert (mistral.sliding_window, mistral.sliding_layers) == (4096, (True,) * BASE["num_hidden_layers"])
+    qwen2 = config_from_hf({**BASE, "model_type": "qwen2", "sliding_window": 16, "use_sliding_window": True,
+                            "max_window_layers": 1}, {})
+    assert qwen2.sliding_layers == (False,) + (True,) * (BASE["num_hidden_layers"] - 1)
+    assert config_from_hf({**BASE, "model_type": "qwen2", "sliding_window": 16}, {}).sliding_window is None
 
 
 def test_missing_directory_contents_are_reported(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerFast
 from benchmarks.reference_models import (
     ARCHITECTURES,
     SENTENCEPIECE_ARCHITECTURES,
+    SLIDING_WINDOW,
     Greedy,
     convert_to_gguf,
     engine_greedy,
@@ -78,6 +79,17 @@ def test_folder_rounded_to_q8_0_at_load(model_files: tuple[Path, Path, list[list
     folder, _, prompts, expected = model_files
     ours = engine_greedy(folder, prompts, MAX_NEW_TOKENS, quantization="q8_0")
     assert first_difference_is_a_near_tie(ours, expected, NEAR_TIE)
+
+
+def test_mistral_folder_with_a_sliding_window_equals_transformers(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    """Mistral v0.1's window (every layer slides) in a folder: attended as transformers attends it,
+    past the window."""
+    folder = write_hf_folder(tmp_path / "mistral", "mistral", tokenizer, sliding_window=SLIDING_WINDOW)
+    prompts = [tokenizer.encode(text) for text in TEXTS]
+    expected = transformers_greedy(folder, prompts, MAX_NEW_TOKENS)
+    ours = engine_greedy(folder, prompts, MAX_NEW_TOKENS, dtype="float32")
+    assert ours.token_ids == expected.token_ids
+    assert sum(ours.logprobs, []) == pytest.approx(sum(expected.logprobs, []), abs=1e-4)
 
 
 def test_gguf_tokenizer_equals_the_folders(model_files: tuple[Path, Path, list[list[int]], Greedy]) -> None:
