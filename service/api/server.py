@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,7 @@ async def serve(config: GatewayConfig) -> None:
     from service.api.app import create_app
     from service.api.stream_store import StreamStore
 
+    listener = None if config.listen_fd is not None else _listen(config.host, config.port)
     admission = Admission(config.max_num_in_flight, config.request_timeout_s, config.max_header_bytes)
     streams = StreamStore(config.stream_retention_s, config.stream_retention_mib * 2**20)
     app = create_app(None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, admission, streams)
@@ -61,20 +64,34 @@ async def serve(config: GatewayConfig) -> None:
         admission.phase = Phase.DRAINING
 
     logger.info("listening on http://%s:%d while %s loads", config.host, config.port, config.model)
+    fd = config.listen_fd if listener is None else listener.fileno()
     try:
-        await hypercorn.asyncio.serve(app, _hypercorn_config(config), shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+        await hypercorn.asyncio.serve(app, _hypercorn_config(config, fd), shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     finally:
+        if listener is not None:
+            listener.close()
         await streams.close()
         await _stop_engine(load)
     if not load.cancelled():
         load.result()  # NOTE: raises why the engine did not load, if it did not.
 
 
-def _hypercorn_config(config: GatewayConfig) -> hypercorn.config.Config:
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything starts: a port in use is one line (ValueError), not
+    a failure of the server half started."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=1024)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ValueError(f"cannot listen on {host}:{port}: {reason}; choose another --port") from None
+
+
+def _hypercorn_config(config: GatewayConfig, fd: int) -> hypercorn.config.Config:
     import hypercorn.config
 
     hypercorn_config = hypercorn.config.Config()
-    hypercorn_config.bind = [f"{config.host}:{config.port}" if config.listen_fd is None else f"fd://{config.listen_fd}"]
+    hypercorn_config.bind = [f"fd://{fd}"]
     hypercorn_config.graceful_timeout = ABORT_GRACE_S
     hypercorn_config.h11_max_incomplete_size = config.max_header_bytes
     hypercorn_config.h2_max_header_list_size = config.max_header_bytes

@@ -3,6 +3,7 @@ line naming what is unsupported and what is (exit status 2, no traceback), case 
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -59,3 +60,14 @@ def test_llm_refuses_before_starting_an_engine(tmp_path: Path, case: str) -> Non
     with pytest.raises(UnsupportedModel, match=named) as caught:
         LLM(str(make(tmp_path)))
     assert "\n" not in str(caught.value) and "supported: " in str(caught.value)
+
+
+def test_a_port_in_use_is_one_line_with_status_2() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = _run("serve", "--port", str(port))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"zeroserve: error: cannot listen on 127.0.0.1:{port}: Address already in use; choose another --port"
+    )
