@@ -33,7 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
     # NOTE: last, so that every flag gets its variable.
     for command in ENV_COMMANDS:
         envs.document_flag_vars(_subparser(parser, *command))
+    _refuse_abbreviations(parser)
     return parser
+
+
+def _refuse_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Every command takes its flags only as spelled (`--max-num-seq` is not `--max-num-seqs`)."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _refuse_abbreviations(subparser)
 
 
 # NOTE: the commands that start an engine read ZEROSERVE_<FLAG> for each of their flags, as

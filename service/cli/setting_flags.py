@@ -88,6 +88,12 @@ def _flag_type(config_field: dataclasses.Field[Any], is_checked: bool) -> Callab
     parse = config_field.metadata["parse"] or _PARSE[str(config_field.type)]
 
     def convert(text: str) -> Any:
+        if parse in (int, float):
+            try:
+                parse(text)
+            except ValueError:
+                kind = "a whole number" if parse is int else "a number"
+                raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
         try:
             value = parse(text)
             if is_checked and not _is_tuple(config_field):

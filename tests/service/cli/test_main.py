@@ -185,3 +185,22 @@ def serve_parser() -> argparse.ArgumentParser:
     (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     parser: argparse.ArgumentParser = commands.choices["serve"]
     return parser
+
+
+@pytest.mark.parametrize("argv", [["serve", "--max-num-seq", "4"], ["bench", "serve", "--num-prompt", "3"],
+                                  ["generate", "-i", "in.jsonl", "-o", "out.jsonl", "--max-in", "4"]])
+def test_an_abbreviated_flag_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_serve_args(argv, {})
+    assert exit_info.value.code == 2
+    assert f"unrecognized arguments: {argv[-2]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "expected"), [("--max-num-seqs", "a whole number"), ("--kv-cache-memory", "a number")])
+def test_a_flag_that_is_not_a_number_says_what_it_wants(
+    flag: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_serve_args(["serve", flag, "abc"], {})
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: expected {expected}, got 'abc'" in capsys.readouterr().err
