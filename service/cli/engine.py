@@ -62,7 +62,8 @@ def add_keys_parser(commands: Any) -> None:
     generate.add_argument("--dir", type=Path, required=True, help="folder to write the key files into")
     generate.add_argument("--name", default="gateway", help="file name stem (default: %(default)s)")
     generate.add_argument(
-        "--force", action="store_true", help="write the secret key even inside a git work tree"
+        "--force", action="store_true",
+        help="write the secret key even inside a git work tree, or over an existing key pair of that name",
     )
 
 
@@ -73,6 +74,14 @@ def run_keys(args: argparse.Namespace) -> int:
             f"zeroserve keys generate: error: {args.dir} is inside the git work tree {work_tree}, where a "
             "secret key is one `git add` away from being published; write the keys elsewhere "
             "(--dir ~/.config/zeroserve/keys) or pass --force",
+            file=sys.stderr,
+        )
+        return 2
+    existing = [path for path in (args.dir / f"{args.name}.key", args.dir / f"{args.name}.key_secret") if path.exists()]
+    if existing and not args.force:
+        print(
+            f"zeroserve keys generate: error: {existing[0]} exists; a new pair would lock out every engine and "
+            "gateway that trusts it. Choose another --name, or pass --force to replace it",
             file=sys.stderr,
         )
         return 2

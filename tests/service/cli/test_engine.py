@@ -41,3 +41,14 @@ def test_the_checkouts_key_folders_are_ignored_by_git(folder: str) -> None:
         ["git", "check-ignore", "--no-index", f"{folder}/gateway.key_secret"], cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode == 0, (sys.executable, result.stderr)
+
+
+def test_an_existing_key_pair_is_not_replaced_unless_forced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = tmp_path / "keys"
+    assert main(["keys", "generate", "--dir", str(keys)]) == 0
+    first = (keys / "gateway.key_secret").read_bytes()
+    assert main(["keys", "generate", "--dir", str(keys)]) == 2
+    assert "gateway.key exists" in capsys.readouterr().err
+    assert (keys / "gateway.key_secret").read_bytes() == first
+    assert main(["keys", "generate", "--dir", str(keys), "--force"]) == 0
+    assert (keys / "gateway.key_secret").read_bytes() != first
