@@ -64,12 +64,11 @@ async def serve(config: GatewayConfig) -> None:
         admission.phase = Phase.DRAINING
 
     logger.info("listening on http://%s:%d while %s loads", config.host, config.port, config.model)
-    fd = config.listen_fd if listener is None else listener.fileno()
+    # NOTE: hypercorn takes the socket over (and closes it) by its descriptor.
+    fd = config.listen_fd if listener is None else listener.detach()
     try:
         await hypercorn.asyncio.serve(app, _hypercorn_config(config, fd), shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     finally:
-        if listener is not None:
-            listener.close()
         await streams.close()
         await _stop_engine(load)
     if not load.cancelled():

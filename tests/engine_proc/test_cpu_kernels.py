@@ -4,6 +4,7 @@ output head; and the row invariance the attention and norm kernels claim (a row'
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from engine_proc.cpu_features import CpuFeatures, cpu_features
 from engine_proc.cpu_kernels import has_amx, load_cpu_kernels
 from engine_proc.loader import load_model
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.form_registry import KERNEL_FORMS
 from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.models.llama import RotaryEmbedding, apply_rotary
 from engine_proc.sampler import greedy_ids
@@ -310,3 +312,17 @@ def test_the_norm_kernels_give_a_row_the_same_bits_in_any_batch() -> None:
         part_residual = residual[rows].clone()
         assert torch.equal(kernels.add_rms_norm(x[rows].contiguous(), part_residual, weight, 1e-5), whole_added[rows])
         assert torch.equal(part_residual, whole_residual[rows])
+
+
+def test_a_cpu_with_the_capability_loads_the_kernels_and_every_kernel_form() -> None:
+    """Where a build exists for this CPU (and g++ is here), a build or trial-call failure is a failure,
+    not the skip the kernel tests would take: they would blame the CPU for what broke."""
+    features = cpu_features()
+    if features.kernel_isa not in cpu_kernels._CFLAGS_BY_ISA or shutil.which("g++") is None:
+        pytest.skip(f"no zeroserve kernel build for this CPU ({features.describe()}) or no g++")
+    if not envs.cpu_kernels():
+        pytest.skip("ZEROSERVE_CPU_KERNELS turns the kernels off")
+    kernels = load_cpu_kernels()
+    assert kernels is not None, f"the kernels failed to build or their trial call on {features.describe()} (see the log)"
+    failing = [spec.name for spec in KERNEL_FORMS if spec.kernel is not None and not spec.kernel.trial(kernels)]
+    assert not failing, f"kernel forms whose trial call fails on {features.describe()}: {failing}"

@@ -123,7 +123,7 @@ def test_a_bad_value_is_refused_naming_the_setting(values: dict[str, Any], named
     ("flags", "named"),
     [
         (["--max-num-seqs", "0"], "argument --max-num-seqs: must be >= 1, got 0"),
-        (["--kv-cache-memory", "none"], "argument --kv-cache-memory: could not convert string to float"),
+        (["--kv-cache-memory", "none"], "argument --kv-cache-memory: expected a number, got 'none'"),
         (["--hf-overrides", "[1]"], "argument --hf-overrides: must be a JSON object"),
     ],
 )

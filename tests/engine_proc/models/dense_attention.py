@@ -16,7 +16,12 @@ class DenseCausalAttention:
     def rotate_and_store(self, layer_idx: int, qkv: Tensor, rotary_table: Tensor) -> tuple[Tensor, Tensor] | None:
         return None  # nothing to store: the model rotates
 
-    def forward(self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor, is_stored: bool = False) -> Tensor:
+    def forward(
+        self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor, is_stored: bool = False,
+        window: int | None = None,
+    ) -> Tensor:
+        if window is not None:
+            raise NotImplementedError("the dense test backend attends over whole sequences only")
         if sum(self.seq_lens) != query.shape[0]:
             raise ValueError(f"sequence lengths {self.seq_lens} do not add up to {query.shape[0]} tokens")
         num_queries_per_kv = query.shape[1] // key.shape[1]
