@@ -66,10 +66,11 @@ class EngineCore:
             "wake_up": self.wake_up,
             "is_sleeping": self.is_sleeping,
         }
+        # NOTE: a headless engine (index -1) learns its index from the gateway it joins.
+        name = "engine" if engine_index < 0 else f"engine {engine_index}"
         logger.info(
-            "engine %d ready in %.1fs: %d KV blocks of %d tokens, max_model_len %d",
-            engine_index, time.monotonic() - started, num_blocks, config.block_size,
-            self.max_model_len,
+            "%s ready in %.1fs: %d KV blocks of %d tokens, max_model_len %d",
+            name, time.monotonic() - started, num_blocks, config.block_size, self.max_model_len,
         )
 
     def ready_message(self) -> EngineReady:

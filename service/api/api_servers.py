@@ -66,8 +66,9 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
         )
         for k in range(num_servers)
     ]
-    logger.info("%d gateway processes on http://%s:%d, %d engines", num_servers, config.host, config.port,
-                config.data_parallel_size)
+    num_engines = config.data_parallel_size
+    logger.info("%d gateway processes on http://%s:%d, %d engine%s", num_servers, config.host, config.port,
+                num_engines, "" if num_engines == 1 else "s")
     is_stopping = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -37,11 +37,13 @@ class APIKeyMiddleware:
         if scope["type"] not in ("http", "websocket") or path in self.open_paths or path.startswith(self.open_prefixes):
             await self.app(scope, receive, send)
             return
-        if self.is_authorized(Headers(scope=scope).get("authorization", "")):
+        authorization = Headers(scope=scope).get("authorization", "")
+        if self.is_authorized(authorization):
             await self.app(scope, receive, send)
             return
+        problem = "No API key provided" if not authorization.strip() else "Incorrect API key provided"
         response = error_response(APIError(
-            "Incorrect API key provided. Send it as `Authorization: Bearer KEY`.", 401, code="invalid_api_key",
+            f"{problem}. Send it as `Authorization: Bearer KEY`.", 401, code="invalid_api_key",
         ))
         response.headers["WWW-Authenticate"] = "Bearer"
         await refuse(response, scope, receive, send)

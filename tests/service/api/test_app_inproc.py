@@ -150,6 +150,7 @@ async def test_api_keys_guard_every_route_but_health_metrics_and_the_api_documen
                 error = response.json()["error"]
                 assert set(error) == {"message", "type", "param", "code"}
                 assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
+                assert error["message"].startswith("No API key" if not headers else "Incorrect API key")
         assert (await client.get("/v1/models", headers={"Authorization": "Bearer k2"})).status_code == 200
         body = {"prompt": "hi", "max_tokens": 2}
         assert (await client.post(COMPLETIONS, json=body, headers={"Authorization": "Bearer k1"})).status_code == 200
