@@ -157,7 +157,7 @@ def document_flag_vars(parser: argparse.ArgumentParser) -> None:
     """Ends each flag's --help line with its default and its variable."""
     for action in flag_actions(parser):
         text = action.help or ""
-        if "default" not in text:
+        if "default:" not in text:
             text = f"{text} (default: %(default)s)"
         action.help = f"{text} [env: {flag_var_name(action)}]".strip()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -33,17 +34,30 @@ def build_parser() -> argparse.ArgumentParser:
     # NOTE: last, so that every flag gets its variable.
     for command in ENV_COMMANDS:
         envs.document_flag_vars(_subparser(parser, *command))
-    _refuse_abbreviations(parser)
+    _every_command(parser)
     return parser
 
 
-def _refuse_abbreviations(parser: argparse.ArgumentParser) -> None:
-    """Every command takes its flags only as spelled (`--max-num-seq` is not `--max-num-seqs`)."""
+class _HelpFormatter(argparse.HelpFormatter):
+    """Defaults as a user writes them: `on` / `off` for a switch, `unset` for none, not Python's values."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        words = {True: "on", False: "off"} if isinstance(action.default, bool) else {}
+        if action.default is None or isinstance(action.default, bool):
+            action = copy.copy(action)
+            action.default = words.get(action.default, "unset")
+        return super()._expand_help(action)
+
+
+def _every_command(parser: argparse.ArgumentParser) -> None:
+    """Every command takes its flags only as spelled (`--max-num-seq` is not `--max-num-seqs`), and writes
+    its defaults as a user would."""
     parser.allow_abbrev = False
+    parser.formatter_class = _HelpFormatter
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for subparser in action.choices.values():
-                _refuse_abbreviations(subparser)
+                _every_command(subparser)
 
 
 # NOTE: the commands that start an engine read ZEROSERVE_<FLAG> for each of their flags, as

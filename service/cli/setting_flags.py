@@ -47,7 +47,7 @@ def _flag_kwargs(config_field: dataclasses.Field[Any], is_checked: bool) -> dict
         kwargs["action"] = "append"
     if metadata["choices"]:
         kwargs["choices"] = metadata["choices"]
-    default = "" if "(default:" in metadata["help"] else " (default: %(default)s)"
+    default = "" if "default:" in metadata["help"] else " (default: %(default)s)"
     kwargs["help"] = argparse.SUPPRESS if metadata["is_hidden"] else metadata["help"] + default
     return kwargs
 

@@ -204,3 +204,21 @@ def test_a_flag_that_is_not_a_number_says_what_it_wants(
         parse_serve_args(["serve", flag, "abc"], {})
     assert exit_info.value.code == 2
     assert f"argument {flag}: expected {expected}, got 'abc'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["serve"], ["generate"], ["engine"], ["bench", "serve"], ["bench", "throughput"],
+                                     ["keys", "generate"]])
+def test_help_writes_each_default_once_as_a_user_would(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    with pytest.raises(SystemExit):
+        parse_serve_args([*command, "--help"], {})
+    text = " ".join(capsys.readouterr().out.split())
+    for python_value in ("(default: None)", "(default: True)", "(default: False)", "(default: )"):
+        assert python_value not in text
+    flags = text.split("options:", 1)[1].split(" -")
+    assert not [flag for flag in flags if flag.count("default:") > 1]
+    if command == ["serve"]:
+        assert "--engine-restart, --no-engine-restart" in text and "engine stays lost) (default: on)" in text
+        assert "(with --curve-secret-key) (default: unset)" in text
