@@ -33,20 +33,25 @@ model: $(VENV)/.installed
 	$(PY) -c "from service.model_files.model_registry import resolve_model; print(resolve_model('$(MODEL)').path)"
 
 $(PY):
+	@echo "make: creating the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 
 # NOTE: torch first and pinned: this exact CPU build is on the machine; a bare `torch`
 # requirement would pull a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml | $(PY)
+	@echo "make: installing torch's CPU build and zeroserve's dependencies into $(VENV) (minutes, the first time)"
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e .
+	@echo "make: fetching the default model (98 MB from PyPI, once)"
 	$(PY) -c "from service.model_files.model_registry import resolve_model; resolve_model('smollm2-135m-instruct')"
+	@echo "make: building zeroserve's C++ kernels for this CPU (a minute or two, once)"
 	$(PY) -c "from engine_proc.cpu_kernels import load_cpu_kernels; load_cpu_kernels()"
 	touch $@
 
 # NOTE: the tests' references (llama.cpp's vocabularies with its tokenizations, its converter)
 # come from the PyPI sdist of llama-cpp-python: fetched here once, before the workers start.
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	@echo "make: installing the test dependencies, and fetching llama.cpp's sources (the tests' references)"
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(PY) -m benchmarks.llama_cpp_tree >/dev/null
 	touch $@

@@ -191,3 +191,19 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
     else:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def test_a_first_make_serve_says_what_it_is_doing_before_each_long_step(tmp_path: Path) -> None:
+    """A fresh clone's `make serve` installs, fetches and builds for minutes: each step is announced first."""
+    clone = tmp_path / "zeroserve"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    env = {name: value for name, value in os.environ.items() if name not in MAKE_VARIABLES}
+    plan = subprocess.run(["make", "-n", "serve"], cwd=clone, env=env, capture_output=True, text=True, check=True)
+    lines = plan.stdout.splitlines()
+
+    def first(text: str) -> int:
+        return next(i for i, line in enumerate(lines) if text in line)
+
+    assert first("make: installing torch") < first("pip install --quiet torch")
+    assert first("make: fetching the default model") < first("resolve_model(")
+    assert first("make: building zeroserve's C++ kernels") < first("load_cpu_kernels()")
