@@ -14,6 +14,18 @@ from service.model_files.tokenizer import Tokenizer
 class PromptTooLongError(ValueError):
     """The prompt plus the tokens asked for do not fit the model's context."""
 
+    def __init__(self, max_model_len: int, num_prompt: int, max_tokens: int) -> None:
+        self.max_model_len, self.num_prompt, self.max_tokens = max_model_len, num_prompt, max_tokens
+        super().__init__(self.describe("prompt"))
+
+    def describe(self, prompt_name: str) -> str:
+        """OpenAI's wording, naming the request's own field for its prompt (`messages`, `prompt`, `input`)."""
+        return (
+            f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+            f"{self.num_prompt + self.max_tokens} tokens ({self.num_prompt} in the {prompt_name}, "
+            f"{self.max_tokens} in the completion). Please reduce the length of the {prompt_name} or completion."
+        )
+
 
 class Prompt(NamedTuple):
     """A prompt's token ids, and its text where it came as text."""
@@ -113,9 +125,4 @@ class InputProcessor:
                 raise SamplingParamsError(name, token_ids, f"token ids below {self.vocab_size}")
         num_prompt = len(prompt_token_ids)
         if num_prompt + params.max_tokens > self.max_model_len:
-            raise PromptTooLongError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                f"requested {num_prompt + params.max_tokens} tokens ({num_prompt} in the "
-                f"messages, {params.max_tokens} in the completion). Please reduce the "
-                "length of the messages or completion."
-            )
+            raise PromptTooLongError(self.max_model_len, num_prompt, params.max_tokens)

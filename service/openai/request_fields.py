@@ -102,7 +102,7 @@ def engine_requests(
         # NOTE: a prompt that alone fills the context is the prompt's fault, as OpenAI says it.
         is_prompt_alone = len(prompt.token_ids) >= input_processor.max_model_len
         param = body.PROMPT_PARAM if is_prompt_alone else body.param_name("max_tokens")
-        raise APIError(str(exc), param=param, code="context_length_exceeded") from exc
+        raise APIError(exc.describe(body.PROMPT_PARAM), param=param, code="context_length_exceeded") from exc
     except ValueError as exc:
         raise APIError(str(exc), param="prompt") from exc
 

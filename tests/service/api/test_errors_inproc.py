@@ -137,6 +137,7 @@ async def test_a_prompt_too_long_for_the_context_names_the_prompt(
 ) -> None:
     error = assert_openai_error(await api.post(path, json=body), 400, param)
     assert error["code"] == "context_length_exceeded"
+    assert f"in the {param}," in error["message"] and f"the length of the {param} or completion" in error["message"]
     is_chat = "messages" in body
     too_many: dict[str, Any] = (
         {"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 10**6} if is_chat
