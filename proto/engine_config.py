@@ -2,7 +2,7 @@
 
 `EngineConfig` is the one declaration. The command lines (`zeroserve serve`, `engine`,
 `generate`, `bench throughput`) generate their engine flags from its fields
-(service/cli/engine_flags.py), the gateway hands it to each engine process whole as JSON
+(service/flags/engine_flags.py), the gateway hands it to each engine process whole as JSON
 (`python -m engine_proc --config`), `LLM(**kwargs)` takes its field names, and a test checks
 the deploy files' flags against it. What only one process has (its engine index, its
 gateway's addresses, the link) travels beside it, never in it.

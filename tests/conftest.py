@@ -101,7 +101,7 @@ _PROCESS_MODULES = frozenset({
     "tests/service/client/test_core_client.py", "tests/service/client/test_data_parallel.py",
     "tests/service/client/test_data_parallel_server.py", "tests/service/client/test_engine_membership.py",
     "tests/service/client/test_remote_engines.py", "tests/service/client/test_chaos.py",
-    "tests/service/frontend/test_async_llm.py", "tests/service/frontend/test_batch_generate.py",
+    "tests/service/frontend/test_async_llm.py", "tests/service/openai/test_batch_generate.py",
     "tests/service/frontend/test_llm.py", "tests/service/test_request_path.py", "tests/test_batch_invariance.py",
     "tests/engine_proc/models/test_architectures.py", "tests/service/cli/test_refusals.py",
 })
@@ -120,11 +120,11 @@ _LONGEST_FIRST = (
     "tests/test_batch_invariance.py",  # 70 alone on a 2-core Zen 2
     "tests/engine_proc/test_fidelity_int4.py",  # 48 with the two below: one worker's transformers reference
     "tests/service/api/test_operations.py",  # 46
-    "tests/service/web/test_pages_browser.py",  # 39
+    "tests/service/api/web/test_pages_browser.py",  # 39
     "tests/service/client/test_chaos.py",  # 36
     "tests/service/client/test_engine_membership.py",  # 29
     "tests/service/client/test_remote_engines.py",  # 16
-    "tests/service/frontend/test_batch_generate.py",  # 13
+    "tests/service/openai/test_batch_generate.py",  # 13
     "tests/service/client/test_data_parallel.py",  # 13
 )
 # The modules that use transformers' reference model (14 s to load) run on one worker, as one unit.

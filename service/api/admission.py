@@ -15,7 +15,7 @@ from service.frontend.outputs import CompletionOutput, RequestOutput
 from service.openai.errors import APIError
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
-# The pages (service/web) and their files: open while loading, so a page can say the model is
+# The pages (service/api/web) and their files: open while loading, so a page can say the model is
 # loading, and open without an API key, since they show nothing until given it.
 PAGE_PATHS = frozenset({"/", "/dashboard"})
 PAGE_PREFIXES = ("/static/",)

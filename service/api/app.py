@@ -27,10 +27,10 @@ from service.api.server_state import ServerState
 from service.api.sse import DEFAULT_SSE_KEEPALIVE_S, delete_stream, get_stream
 from service.api.stream_store import StreamStore
 from service.api.tokenize import detokenize, tokenize
+from service.api.web.routes import web_routes
 from service.client.core_client import EngineDeadError
 from service.openai.errors import APIError
 from service.openai.request_fields import now
-from service.web.routes import web_routes
 
 logger = logging.getLogger(__name__)
 

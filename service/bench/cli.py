@@ -88,7 +88,7 @@ def add_serve_parser(commands: Any) -> None:
 
 
 def add_throughput_parser(commands: Any) -> None:
-    from service.cli.engine_flags import add_engine_args, add_model_arg
+    from service.flags.engine_flags import add_engine_args, add_model_arg
 
     throughput = commands.add_parser(
         "throughput", help="offline throughput through LLM.generate, as `vllm bench throughput`"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from service.bench.datasets import SampleRequest, jsonl_dataset, random_dataset
-from service.cli.engine_flags import engine_config_from
+from service.flags.engine_flags import engine_config_from
 
 
 def load_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest]:

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from proto.engine_link import add_link_args, link_config_from, remote_addresses
-from service.cli.engine_flags import add_engine_args, add_model_arg, engine_config_from
 from service.client.curve import generate_keys
 from service.client.engine_launcher import engine_argv
+from service.flags.engine_flags import add_engine_args, add_model_arg, engine_config_from
 from service.observability.logging_setup import configure_logging
 
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.cli.engine_flags import add_engine_args, add_model_arg, engine_config_from
-from service.cli.setting_flags import add_setting_flags, setting_values
 from service.config import GatewayConfig
+from service.flags.engine_flags import add_engine_args, add_model_arg, engine_config_from
+from service.flags.setting_flags import add_setting_flags, setting_values
 from service.observability.logging_setup import configure_logging
 
 _SERVE_SETTINGS = ("served_model_names", "generation_config", "max_n")
@@ -50,10 +50,10 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.max_in_flight < 1:
         print("zeroserve generate: error: --max-in-flight must be >= 1", file=sys.stderr)
         return 2
-    from service.frontend.batch_generate import BatchRunner
     from service.frontend.llm_engine import LLMEngine
     from service.model_files.model_registry import resolve_model
     from service.model_files.tokenizer import Tokenizer
+    from service.openai.batch_generate import BatchRunner
 
     settings = setting_values(args, GatewayConfig, names=_SERVE_SETTINGS)
     try:

@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from proto import envs
 from service.bench.cli import add_bench_parser, run_bench
 from service.cli.engine import add_engine_parser, add_keys_parser, run_engine, run_keys
-from service.cli.engine_flags import add_engine_args, add_model_arg, engine_config_from
 from service.cli.generate import add_generate_parser, run_generate
-from service.cli.setting_flags import add_setting_flags, setting_values
 from service.client.curve import LinkSettings
 from service.config import GatewayConfig
+from service.flags.engine_flags import add_engine_args, add_model_arg, engine_config_from
+from service.flags.setting_flags import add_setting_flags, setting_values
 from service.observability.logging_setup import configure_logging
 
 

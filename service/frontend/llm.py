@@ -11,7 +11,7 @@ from typing import Any, TypedDict, cast
 from tqdm import tqdm
 
 from proto.engine_config import EngineConfig, settings_from
-from service.cli.engine_flags import engine_settings_from_env
+from service.flags.engine_flags import engine_settings_from_env
 from service.frontend.llm_engine import LLMEngine
 from service.frontend.outputs import RequestOutput, accumulate
 from service.frontend.sampling_params import SamplingParams, generation_defaults_of

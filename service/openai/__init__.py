@@ -1,3 +1,3 @@
 """OpenAI's request and response shapes below any transport: bodies, errors, sampling, logprobs, usage.
 
-The HTTP routes (`api/`) and batch files (`frontend/batch_generate.py`) both build on it."""
+The HTTP routes (`api/`) and batch files (`batch_generate.py`, here) both build on it."""

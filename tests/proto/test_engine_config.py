@@ -11,9 +11,9 @@ import pytest
 from engine_proc.main import parse_args as parse_engine_process_args
 from proto.engine_config import EngineConfig, SpeculativeConfig, settings_from
 from proto.settings import flag_of
-from service.cli.engine_flags import engine_config_from
 from service.cli.main import _subparser, build_parser
 from service.client.engine_launcher import engine_argv
+from service.flags.engine_flags import engine_config_from
 from service.frontend.llm import LLM
 
 # A value other than the default for every setting: a new setting must be added here, and the

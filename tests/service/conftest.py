@@ -1,4 +1,4 @@
-"""The HTTP tests' servers (tests/service/api and tests/service/web): the real app in process on
+"""The HTTP tests' servers (tests/service/api, its pages in tests/service/api/web): the real app in process on
 a fake engine (`api`, `serve`), and one tiny-model server process (`tiny_server`, `sdk`) for what
 needs a real engine."""
 

@@ -12,9 +12,9 @@ import pytest
 from proto.engine_config import EngineConfig
 from proto.settings import flag_of
 from service.cli.main import build_parser, config_from_args, main
-from service.cli.setting_flags import settings_of
 from service.client.curve import LinkSettings
 from service.config import GatewayConfig
+from service.flags.setting_flags import settings_of
 
 # A value other than the default for every declared gateway setting.
 OTHER_VALUES: dict[str, Any] = {

@@ -6,8 +6,8 @@ import pytest
 
 from service.cli.generate import _SERVE_SETTINGS
 from service.cli.main import build_parser
-from service.cli.setting_flags import setting_values
 from service.config import GatewayConfig
+from service.flags.setting_flags import setting_values
 
 FILES = ["--input", "in.jsonl", "--output", "out.jsonl"]
 

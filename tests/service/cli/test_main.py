@@ -9,10 +9,10 @@ import pytest
 from engine_proc.main import parse_args
 from proto import envs
 from proto.engine_config import EngineConfig
-from service.cli.engine_flags import engine_config_from
 from service.cli.main import ENV_COMMANDS, build_parser, config_from_args, main
 from service.cli.main import parse_args as parse_serve_args
 from service.client.engine_launcher import engine_argv
+from service.flags.engine_flags import engine_config_from
 
 
 def engine_config_for(*flags: str) -> EngineConfig:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from service.web.routes import STATIC_DIR
+from service.api.web.routes import STATIC_DIR
 
 if TYPE_CHECKING:
     from tests.service.conftest import Serve

@@ -9,7 +9,7 @@ from typing import Any
 
 from proto import envs
 from proto.engine_config import EngineConfig
-from service.cli.setting_flags import add_setting_flags, setting_values
+from service.flags.setting_flags import add_setting_flags, setting_values
 from service.model_files.model_registry import DEFAULT_MODEL
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from service.model_files.model_registry import DEFAULT_MODEL
 from tests.server_process import ServerProcess, running_server
-from tests.service.web.browser import CHROMIUM, CHROMIUM_ARGS, PHONE, CuttableProxy, Watched, screenshot
+from tests.service.api.web.browser import CHROMIUM, CHROMIUM_ARGS, PHONE, CuttableProxy, Watched, screenshot
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect

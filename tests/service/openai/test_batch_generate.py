@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from proto.engine_config import EngineConfig
-from service.frontend.batch_generate import BatchRunner
 from service.frontend.llm_engine import LLMEngine
 from service.model_files.tokenizer import Tokenizer
+from service.openai.batch_generate import BatchRunner
 
 
 def write_requests(path: Path, num_lines: int, max_tokens: int) -> list[dict[str, object]]:

@@ -16,7 +16,7 @@ from typing import Any
 from tests.server_process import ServerProcess
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-SCREENSHOTS = Path(__file__).resolve().parents[3] / "build" / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[4] / "build" / "screenshots"
 # NOTE: as root, in a sandbox with no network: no sandboxing, no GPU, no calls home.
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
