@@ -29,6 +29,7 @@ from tokenizers.models import BPE
 
 from proto.envs import cache_dir
 from proto.gguf_pretokenizers import BOS_BY_DEFAULT, IGNORE_MERGES, PRE_TOKENIZER_SPLITS
+from proto.model_support import TOKENIZER_MODELS
 
 logger = logging.getLogger(__name__)
 
@@ -113,12 +114,9 @@ def _utf8_bpe(metadata: dict[str, Any]) -> Backend:
     return backend
 
 
-_BUILDERS: dict[str, Callable[[dict[str, Any]], Backend]] = {
-    "gpt2": _byte_level_bpe,
-    "llama": _sentencepiece_bpe,
-    "gemma4": _utf8_bpe,
-}
-TOKENIZER_MODELS = tuple(_BUILDERS)  # the `tokenizer.ggml.model` values rebuilt here
+_BUILDERS: dict[str, Callable[[dict[str, Any]], Backend]] = dict(
+    zip(TOKENIZER_MODELS, (_byte_level_bpe, _sentencepiece_bpe, _utf8_bpe), strict=True)
+)
 
 
 def _merges(metadata: dict[str, Any]) -> list[tuple[str, str]]:

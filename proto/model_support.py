@@ -12,7 +12,6 @@ from pathlib import Path
 from gguf import GGMLQuantizationType
 
 from proto.gguf_header import read_gguf_header
-from proto.gguf_tokenizer import TOKENIZER_MODELS
 
 # GGUF `general.architecture` names the engine runs
 GGUF_ARCHITECTURES = ("gemma3", "llama", "phi3", "qwen2", "qwen3")
@@ -25,6 +24,9 @@ ARCHITECTURES = tuple(sorted({*GGUF_ARCHITECTURES, *(HF_ARCHITECTURES.get(t, t) 
 # NOTE: architectures whose checkpoints hold Q/K/V and gate/up fused, as the model runs them
 FUSED_CHECKPOINTS = frozenset({"phi3"})
 GGML_TYPES = frozenset(GGMLQuantizationType)
+# `tokenizer.ggml.model` values proto/gguf_tokenizer.py rebuilds (NOTE: declared here, where the engine
+# reads these lists without loading the tokenizer library)
+TOKENIZER_MODELS = ("gpt2", "llama", "gemma4")
 _ROPE_TYPES = "default, linear, llama3"
 
 

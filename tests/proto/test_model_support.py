@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proto.gguf_tokenizer import TOKENIZER_MODELS
-from proto.model_support import GGUF_ARCHITECTURES, HF_MODEL_TYPES, UnsupportedModel, check_servable
+from proto.model_support import GGUF_ARCHITECTURES, HF_MODEL_TYPES, TOKENIZER_MODELS, UnsupportedModel, check_servable
 from tests.small_model_files import with_tensor_type, write_gguf, write_hf_folder
 
 
