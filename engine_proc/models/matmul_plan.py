@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Sequence
 
+from engine_proc.models import matmul_forms
 from engine_proc.models.matmul_forms import (
     MEASURED_TOKENS,
     Int8Rows,
@@ -38,15 +38,15 @@ class TimingBudget:
 
     def __init__(self, seconds: float | None = None) -> None:
         self.seconds = LOAD_BUDGET_S if seconds is None else seconds
-        self.deadline = math.inf  # a time.perf_counter(), once started
+        self.deadline = math.inf  # a matmul_forms.clock() reading, once started
 
     def start(self) -> float:
         if self.deadline == math.inf:
-            self.deadline = time.perf_counter() + self.seconds
+            self.deadline = matmul_forms.clock() + self.seconds
         return self.deadline
 
     def is_spent(self) -> bool:
-        return time.perf_counter() > self.deadline
+        return matmul_forms.clock() > self.deadline
 
 
 def plan_linears(

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from engine_proc.loader import load_model
 from proto import envs
+from tests.engine_proc.models.stand_in_timer import stand_in_timer
 from tests.engine_proc.models.tiny_llama import CHECKPOINTS, TINY, run, save_tiny_checkpoint
 
 
@@ -105,10 +106,7 @@ def test_int8_output_head_is_kept_only_where_it_measures_faster(
     expected = torch.nn.functional.linear(hidden, model.lm_head_weight).float()
     model.set_int8_lm_head(model.lm_head_weight.float())
 
-    def median_times(runs: dict[str, object], repeats: int = 0, budget_s: float = 0.0) -> dict[str, float]:
-        return {form: 0.5 if (form == "int8") is is_int8_faster else 1.0 for form in runs}
-
-    monkeypatch.setattr("engine_proc.models.matmul_forms.median_times", median_times)
+    stand_in_timer(monkeypatch, lambda form: 0.5 if (form == "int8") is is_int8_faster else 1.0)
     monkeypatch.setenv("ZEROSERVE_PLAN_CACHE", "off")  # NOTE: timed anew, not a plan saved by the other case
     envs.read.cache_clear()
     model.prepack(is_measured=True)

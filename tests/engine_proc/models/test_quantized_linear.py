@@ -29,6 +29,7 @@ from engine_proc.models.weight_blocks import (
     cat_blocks,
 )
 from proto import envs
+from tests.engine_proc.models.stand_in_timer import stand_in_timer
 
 
 def random_blocks(rows: int, cols: int, has_min: bool = True) -> Q4Blocks:
@@ -190,10 +191,7 @@ def test_a_kernel_form_serves_only_blocks_it_takes() -> None:
 
 @needs_kernels
 def test_a_measured_plan_frees_the_packings_it_does_not_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    def median_times(runs: dict[str, object], repeats: int = 0, budget_s: float = 0.0) -> dict[str, float]:
-        return {form: 0.5 if form == "int4" else 1.0 for form in runs}  # stand-in timings: torch's int4 wins
-
-    monkeypatch.setattr("engine_proc.models.matmul_forms.median_times", median_times)
+    stand_in_timer(monkeypatch, lambda form: 0.5 if form == "int4" else 1.0)  # torch's int4 wins
     monkeypatch.setenv("ZEROSERVE_PLAN_CACHE", "off")
     envs.read.cache_clear()
     try:

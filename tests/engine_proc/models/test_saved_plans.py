@@ -13,6 +13,7 @@ import torch
 from engine_proc.loader import load_model
 from engine_proc.models.llama import LlamaForCausalLM
 from proto import envs
+from tests.engine_proc.models.stand_in_timer import stand_in_timer
 from tests.engine_proc.models.tiny_llama import save_tiny_checkpoint
 
 
@@ -33,16 +34,11 @@ def fresh_env() -> Iterator[None]:
     envs.read.cache_clear()
 
 
-def time_int8_head_as(monkeypatch: pytest.MonkeyPatch, is_int8_faster: bool) -> list[int]:
-    """Makes every timing say the int8 head is faster (or slower); returns a list counting the timings."""
-    timings: list[int] = []
-
-    def median_times(runs: dict[str, object], repeats: int = 0, budget_s: float = 0.0) -> dict[str, float]:
-        timings.append(1)
-        return {form: 0.5 if (form == "int8") is is_int8_faster else 1.0 for form in runs}
-
-    monkeypatch.setattr("engine_proc.models.matmul_forms.median_times", median_times)
-    return timings
+def time_int8_head_as(monkeypatch: pytest.MonkeyPatch, is_int8_faster: bool) -> list[set[str]]:
+    """Makes every timing say the int8 head is faster (or slower), on a clock that stands still (no
+    budget runs out); returns the list of the matmul timings done."""
+    timer = stand_in_timer(monkeypatch, lambda form: 0.5 if (form == "int8") is is_int8_faster else 1.0)
+    return timer.timed
 
 
 def load(checkpoint: Path) -> LlamaForCausalLM:
@@ -63,7 +59,7 @@ def test_a_second_load_reuses_the_plans_the_first_measured_and_says_so(
     assert {"int8"} in [{form for _, form in plan["plan"]} for plan in saved]
     assert all(plan["what"]["num_threads"] == torch.get_num_threads() for plan in saved)
 
-    # The timings would now pick another head; the saved plans are used without timing anything.
+    # The timings would now pick another head; the saved plans are used without timing any matmul.
     second_timings = time_int8_head_as(monkeypatch, is_int8_faster=False)
     with caplog.at_level(logging.INFO, logger="engine_proc.loader"):
         second = load(checkpoint)
