@@ -203,7 +203,7 @@ class EngineCore:
         """`outputs` (none: what an engine left idle by aborts reports) and the scheduler's stats."""
         return EngineCoreOutputs(
             engine_index=self.engine_index, outputs=outputs or [], timestamp=time.time(),
-            scheduler_stats=self.scheduler_stats(),
+            scheduler_stats=self.get_stats(),
         )
 
     def call_utility(self, call: UtilityCall) -> UtilityResult:
@@ -220,7 +220,8 @@ class EngineCore:
         self.scheduler.kv_cache_manager.reset_prefix_cache()
         return True
 
-    def scheduler_stats(self) -> SchedulerStats:
+    def get_stats(self) -> SchedulerStats:
+        """The scheduler's state now: every step's outputs carry it, and the `get_stats` utility answers it."""
         scheduler, kv_cache_manager = self.scheduler, self.scheduler.kv_cache_manager
         return SchedulerStats(
             num_running_reqs=len(scheduler.running),
@@ -231,6 +232,7 @@ class EngineCore:
             num_preemptions=scheduler.num_preemptions,
             num_draft_tokens=scheduler.num_draft_tokens,
             num_accepted_tokens=scheduler.num_accepted_tokens,
+            num_free_blocks=kv_cache_manager.num_free_blocks,
         )
 
     def sleep(self, level: int = 1) -> bool:
@@ -260,19 +262,6 @@ class EngineCore:
         self.model_runner.sleep(2)
         if self._structured_output is not None:
             self._structured_output.shutdown()
-
-    def get_stats(self) -> dict[str, Any]:
-        scheduler = self.scheduler
-        return {
-            "num_running": len(scheduler.running),
-            "num_waiting": len(scheduler.waiting),
-            "kv_cache_usage": scheduler.kv_cache_manager.usage,
-            "num_free_blocks": scheduler.kv_cache_manager.num_free_blocks,
-            "num_preemptions": scheduler.num_preemptions,
-            "prefix_cache_hit_rate": scheduler.kv_cache_manager.prefix_cache_hit_rate,
-            "num_draft_tokens": scheduler.num_draft_tokens,
-            "num_accepted_tokens": scheduler.num_accepted_tokens,
-        }
 
 
 def _drafting(config: EngineConfig) -> tuple[NgramProposer | None, int | None]:

@@ -94,6 +94,11 @@ class MsgpackDecoder(Generic[T]):
             raise ValueError(f"unknown msgpack extension {code}")
 
         raw = ormsgpack.unpackb(buffers[0], ext_hook=ext_hook)
+        return self.convert(raw)
+
+    def convert(self, raw: Any) -> T:
+        """A target rebuilt from data msgpack already decoded: a utility call's result, which
+        travels in an untyped field (`UtilityResult.result`)."""
         message: T = self._convert(raw)
         return message
 

@@ -84,8 +84,8 @@ class UtilityResult:
 
 @dataclass(slots=True)
 class SchedulerStats:
-    """The engine's state after a step, for the stats log and metrics; counters are totals since
-    the engine started, so a lost message loses nothing."""
+    """The engine's state after a step, for the stats log, the metrics, the dashboard and
+    `get_stats()`; counters are totals since the engine started, so a lost message loses nothing."""
 
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
@@ -95,6 +95,12 @@ class SchedulerStats:
     num_preemptions: int = 0
     num_draft_tokens: int = 0  # speculative decoding: draft tokens proposed
     num_accepted_tokens: int = 0  # and those the model agreed with
+    num_free_blocks: int = 0  # KV cache blocks no request holds
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of queried prompt tokens found in the prefix cache since the engine started."""
+        return self.num_prefix_cache_hits / self.num_prefix_cache_queries if self.num_prefix_cache_queries else 0.0
 
 
 @dataclass(slots=True)

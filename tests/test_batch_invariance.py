@@ -104,7 +104,7 @@ def test_n_gram_drafts_leave_each_greedy_request_its_tokens(default_model_path: 
     with LLM(str(default_model_path), multiprocess_mode=False, kv_cache_memory_gib=0.25, speculative_config=spec) as llm:
         rows = range(NUM_GREEDY)
         drafted = llm.chat([TARGETS[i] for i in rows], [target_params(i) for i in rows], use_tqdm=False)
-        assert llm.get_stats()["num_accepted_tokens"] > 0
+        assert llm.get_stats().num_accepted_tokens > 0
     assert token_ids(drafted) == token_ids(alone[:NUM_GREEDY])
 
 

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from proto.codec import MsgpackDecoder
 from proto.engine_input import EngineCoreRequest
-from proto.engine_output import EngineCoreOutputs
+from proto.engine_output import EngineCoreOutputs, SchedulerStats
 from proto.handshake import EngineReady
 from service.client.engine_state import EngineLost
+
+# NOTE: a utility's result travels untyped (`UtilityResult.result`); the caller that knows its type rebuilds it.
+_STATS_DECODER: MsgpackDecoder[SchedulerStats] = MsgpackDecoder(SchedulerStats)
 
 
 class EngineDeadError(RuntimeError):
@@ -71,9 +75,8 @@ class EngineCoreClient:
     def is_sleeping(self) -> bool:
         return bool(self.call_utility("is_sleeping"))
 
-    def get_stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = self.call_utility("get_stats")
-        return stats
+    def get_stats(self) -> SchedulerStats:
+        return _STATS_DECODER.convert(self.call_utility("get_stats"))
 
     # Asyncio clients.
     async def wait_ready(self, timeout: float = 300.0) -> EngineReady:
@@ -105,6 +108,5 @@ class EngineCoreClient:
     async def wake_up_async(self) -> None:
         await self.call_utility_async("wake_up")
 
-    async def get_stats_async(self) -> dict[str, Any]:
-        stats: dict[str, Any] = await self.call_utility_async("get_stats")
-        return stats
+    async def get_stats_async(self) -> SchedulerStats:
+        return _STATS_DECODER.convert(await self.call_utility_async("get_stats"))

@@ -6,7 +6,7 @@ from typing import Any
 
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, UtilityCall
-from proto.engine_output import EngineCoreOutputs
+from proto.engine_output import EngineCoreOutputs, SchedulerStats
 from service.client.core_client import EngineCoreClient
 
 
@@ -38,6 +38,11 @@ class InprocClient(EngineCoreClient):
         if result.error is not None:
             raise RuntimeError(result.error)
         return result.result
+
+    def get_stats(self) -> SchedulerStats:
+        # NOTE: the engine's own object; nothing crossed a wire to be rebuilt.
+        stats: SchedulerStats = self.engine_core.get_stats()
+        return stats
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

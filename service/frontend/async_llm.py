@@ -10,6 +10,7 @@ from typing import Any
 from proto import envs
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest
+from proto.engine_output import SchedulerStats
 from proto.handshake import EngineReady
 from service.client.core_client import EngineCoreClient, EngineDeadError
 from service.client.engine_state import EngineLost
@@ -143,7 +144,8 @@ class AsyncLLM:
         if self.stat_loggers is not None:
             self.stat_loggers.record_sleep_state(0)
 
-    async def get_stats(self) -> dict[str, Any]:
+    async def get_stats(self) -> SchedulerStats:
+        """The first engine's state now: requests running and waiting, KV cache, prefix cache, drafts."""
         return await self.engine_client.get_stats_async()
 
     async def _run_output_handler(self) -> None:

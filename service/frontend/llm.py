@@ -11,6 +11,7 @@ from typing import Any, TypedDict, cast
 from tqdm import tqdm
 
 from proto.engine_config import EngineConfig, settings_from
+from proto.engine_output import SchedulerStats
 from service.flags.engine_flags import engine_settings_from_env
 from service.frontend.llm_engine import LLMEngine
 from service.frontend.outputs import RequestOutput, accumulate
@@ -183,7 +184,8 @@ class LLM:
     def wake_up(self) -> None:
         self.llm_engine.wake_up()
 
-    def get_stats(self) -> dict[str, Any]:
+    def get_stats(self) -> SchedulerStats:
+        """The engine's state now: requests running and waiting, KV cache, prefix cache, drafts."""
         return self.llm_engine.get_stats()
 
     def shutdown(self) -> None:

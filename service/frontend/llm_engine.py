@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any
 
 from proto import envs
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest
+from proto.engine_output import SchedulerStats
 from service.client.make_client import make_client
 from service.frontend.input_processor import InputProcessor
 from service.frontend.output_processor import OutputProcessor
@@ -153,7 +153,8 @@ class LLMEngine:
     def is_sleeping(self) -> bool:
         return self._is_sleeping
 
-    def get_stats(self) -> dict[str, Any]:
+    def get_stats(self) -> SchedulerStats:
+        """The engine's state now: requests running and waiting, KV cache, prefix cache, drafts."""
         return self.engine_core.get_stats()
 
     def shutdown(self) -> None:

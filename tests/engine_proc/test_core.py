@@ -69,15 +69,15 @@ def test_ngram_drafts_change_no_greedy_token(
                           max_num_batched_tokens=max_num_batched_tokens, speculative_config=spec)
     core = EngineCore(config)
     assert generate(core, PROMPTS) == solo_outputs
-    assert core.get_stats()["num_accepted_tokens"] > 0  # the random model repeats itself
+    assert core.get_stats().num_accepted_tokens > 0  # the random model repeats itself
     # Prompts repeating a pattern the model does not follow: drafts that miss.
     patterned = [[7, 8, 9] * 6, [300, 301, 302, 303] * 4 + [300, 301]]
     plain = EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05))
-    num_accepted, num_drafts = core.get_stats()["num_accepted_tokens"], core.get_stats()["num_draft_tokens"]
+    before = core.get_stats()
     assert generate(core, patterned + PROMPTS[:2]) == generate(plain, patterned + PROMPTS[:2])
     stats = core.get_stats()
-    assert stats["num_accepted_tokens"] - num_accepted < stats["num_draft_tokens"] - num_drafts
-    assert core.scheduler.kv_cache_manager.num_free_blocks == core.scheduler.kv_cache_manager.num_blocks
+    assert stats.num_accepted_tokens - before.num_accepted_tokens < stats.num_draft_tokens - before.num_draft_tokens
+    assert stats.num_free_blocks == core.scheduler.kv_cache_manager.num_blocks and stats.kv_cache_usage == 0.0
 
 
 def test_drafting_requests_leave_their_batch_mates_unchanged(tiny_model_dir: Path) -> None:
@@ -101,7 +101,7 @@ def test_drafting_requests_leave_their_batch_mates_unchanged(tiny_model_dir: Pat
                 tokens[output.request_id] += output.new_token_ids
                 if output.new_logprobs is not None:
                     logprobs.append(output.new_logprobs)
-        return tokens, logprobs, core.get_stats()["num_draft_tokens"]
+        return tokens, logprobs, core.get_stats().num_draft_tokens
 
     plain_tokens, plain_logprobs, _ = run("")
     tokens, logprobs, num_drafts = run('{"num_speculative_tokens": 3}')

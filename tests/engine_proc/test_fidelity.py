@@ -34,4 +34,4 @@ def test_greedy_tokens_equal_transformers(
     assert [ours[str(i)] for i in range(len(chat_prompts))] == reference_tokens
     assert "Paris" in Tokenizer.from_model(default_model_path).decode(ours["0"])
     if speculative_config:
-        assert core.get_stats()["num_accepted_tokens"] > 0
+        assert core.get_stats().num_accepted_tokens > 0

@@ -12,7 +12,7 @@ import zmq
 
 from proto.codec import MsgpackDecoder, MsgpackEncoder
 from proto.engine_input import EngineCoreRequest, SamplingParams, UtilityCall
-from proto.engine_output import EngineCoreOutput, EngineCoreOutputs, FinishReason, UtilityResult
+from proto.engine_output import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats, UtilityResult
 from proto.handshake import PROTOCOL_VERSION, EngineReady
 from proto.sockets import new_ipc_address
 
@@ -67,6 +67,17 @@ def test_abort_and_utility_and_ready_roundtrip() -> None:
     assert roundtrip(call, UtilityCall) == call
     ready = roundtrip(EngineReady(engine_index=2, eos_token_ids=[2]), EngineReady)
     assert ready.protocol_version == PROTOCOL_VERSION and ready.eos_token_ids == [2]
+
+
+def test_a_utility_result_comes_back_as_its_type() -> None:
+    stats = SchedulerStats(num_running_reqs=2, kv_cache_usage=0.5, num_prefix_cache_queries=8,
+                           num_prefix_cache_hits=2, num_free_blocks=7)
+    outputs = roundtrip(EngineCoreOutputs(utility_output=UtilityResult(4, result=stats)), EngineCoreOutputs)
+    assert isinstance(outputs, EngineCoreOutputs) and outputs.utility_output is not None
+    decoded = MsgpackDecoder(SchedulerStats).convert(outputs.utility_output.result)
+    assert decoded == stats and decoded.prefix_cache_hit_rate == 0.25
+    with pytest.raises(TypeError, match="SchedulerStats"):
+        MsgpackDecoder(SchedulerStats).convert(["not", "stats"])
 
 
 def test_small_array_travels_inline() -> None:

@@ -9,6 +9,7 @@ layout: the chosen token first (the most likely), then the top ones.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -218,7 +219,8 @@ class FakeEngineClient(EngineCoreClient):
         if method in ("sleep", "wake_up"):
             return None
         if method == "get_stats":
-            return {"num_running_reqs": len(self._running)}
+            # NOTE: as it comes off the wire: msgpack's map of the engine's SchedulerStats.
+            return dataclasses.asdict(SchedulerStats(num_running_reqs=len(self._running)))
         raise ValueError(f"the fake engine has no utility {method!r}")
 
     def shutdown(self) -> None:

@@ -103,7 +103,8 @@ def test_sync_clients_answer_utilities(engine_config: EngineConfig, multiprocess
         assert client.call_utility("ping") == "pong"
         assert client.reset_prefix_cache() is True
         stats = client.get_stats()
-        assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+        assert (stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage) == (0, 0, 0.0)
+        assert stats.num_free_blocks > 0
         assert not client.is_sleeping()
         client.sleep(1)
         assert client.is_sleeping()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from proto.engine_config import EngineConfig
+from proto.engine_output import SchedulerStats
 from service.client.async_mp_client import AsyncMPClient
 from service.frontend.async_llm import AsyncLLM
 from service.frontend.outputs import RequestOutput
@@ -37,18 +38,13 @@ async def generate(
             yield output
 
 
-async def stats(llm: AsyncLLM) -> dict[str, float]:
-    result: dict[str, float] = await llm.engine_client.call_utility_async("get_stats")
-    return result
-
-
-async def stats_once_idle(llm: AsyncLLM, timeout_s: float = 5.0) -> dict[str, float]:
+async def stats_once_idle(llm: AsyncLLM, timeout_s: float = 5.0) -> SchedulerStats:
     """The engine's stats once it runs no request (or when `timeout_s` is up)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    current = await stats(llm)
-    while current["num_running"] and asyncio.get_running_loop().time() < deadline:
+    current = await llm.get_stats()
+    while current.num_running_reqs and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
-        current = await stats(llm)
+        current = await llm.get_stats()
     return current
 
 
@@ -71,18 +67,18 @@ async def test_stop_string_ends_the_request_and_aborts_it_in_the_engine(llm: Asy
     assert "".join(o.outputs[0].text for o in outputs) == text[: text.index(stop)]
     assert outputs[-1].outputs[0].finish_reason == "stop" and outputs[-1].outputs[0].stop_reason == stop
     current = await stats_once_idle(llm)
-    assert current["num_running"] == 0 and current["kv_cache_usage"] == 0.0
+    assert current.num_running_reqs == 0 and current.kv_cache_usage == 0.0
 
 
 async def test_closing_generate_aborts_the_request_in_the_engine(llm: AsyncLLM) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
     stream = generate(llm, "long", [1, 2, 3], params)
     await stream.__anext__()
-    assert (await stats(llm))["num_running"] == 1
+    assert (await llm.get_stats()).num_running_reqs == 1
     await stream.aclose()
     current = await stats_once_idle(llm)
-    assert current["num_running"] == 0
-    assert current["kv_cache_usage"] == 0.0
+    assert current.num_running_reqs == 0
+    assert current.kv_cache_usage == 0.0
     assert llm.output_processor.num_unfinished_requests == 0
 
 
@@ -94,10 +90,10 @@ async def test_n_samples_stream_through_one_generator_and_closing_it_aborts_them
         seen.add(index)
         if seen == {0, 1, 2}:
             break
-    assert (await stats(llm))["num_running"] == 3
+    assert (await llm.get_stats()).num_running_reqs == 3
     await stream.aclose()
     current = await stats_once_idle(llm)
-    assert current["num_running"] == 0 and llm.output_processor.num_unfinished_requests == 0
+    assert current.num_running_reqs == 0 and llm.output_processor.num_unfinished_requests == 0
 
 
 async def test_cancelling_the_consumer_task_aborts_too(llm: AsyncLLM) -> None:
@@ -113,7 +109,7 @@ async def test_cancelling_the_consumer_task_aborts_too(llm: AsyncLLM) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert (await stats_once_idle(llm))["num_running"] == 0
+    assert (await stats_once_idle(llm)).num_running_reqs == 0
 
 
 async def test_unknown_utility_is_an_error_not_a_hang(llm: AsyncLLM) -> None:

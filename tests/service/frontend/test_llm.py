@@ -105,7 +105,8 @@ def test_bad_prompt_is_refused_and_nothing_is_left_running(llm: LLM) -> None:
         llm.generate(["fine", "too long"], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=5000)],
                      use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()
-    assert llm.get_stats()["num_running"] + llm.get_stats()["num_waiting"] == 0
+    stats = llm.get_stats()
+    assert stats.num_running_reqs + stats.num_waiting_reqs == 0
 
 
 def test_stats_log_line_while_working(llm: LLM, caplog: pytest.LogCaptureFixture) -> None:
