@@ -1,7 +1,7 @@
 """The engine on a CUDA GPU: the default model against transformers on the same GPU, the KV cache
 sized from free GPU memory, and batching that leaves each request's tokens alone.
 
-Skipped where torch sees no GPU; benchmarks/gpu_check.sh runs this module on a GPU machine.
+Skipped where torch sees no GPU; `python -m benchmarks.gpu_check OUT_DIR` runs this module on a GPU machine.
 bfloat16 (the default there) is held to the bounds of the weight-only CPU forms
 (test_fidelity_int4.py): fed transformers' own float32 greedy continuation, our most likely next
 token is its token at >= 90% of positions and its token is never below our rank 3.
