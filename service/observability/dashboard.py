@@ -12,39 +12,31 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from proto.engine_output import SchedulerStats
+from service.observability.metrics import SCHEDULER_COUNTERS, SCHEDULER_GAUGES
 from service.observability.stats import IterationStats
 
 NUM_RECENT_REQUESTS = 20
 
-# The /metrics samples a frame reads, by the EngineSample field they fill.
-_GAUGES = {
-    "zeroserve:num_requests_running": "num_running",
-    "zeroserve:num_requests_waiting": "num_waiting",
-    "zeroserve:kv_cache_usage_perc": "kv_cache_usage",
+# The /metrics samples a frame reads: the engine's SchedulerStats, by its field names (the families
+# metrics.py feeds them to), and what the gateways counted of the engine's requests.
+_SCHEDULER_STATS = {
+    **{f"zeroserve:{name}": stats_field for stats_field, (name, _) in SCHEDULER_GAUGES.items()},
+    **{f"zeroserve:{name}_total": stats_field for stats_field, (name, _) in SCHEDULER_COUNTERS.items()},
 }
-_COUNTERS = {
-    "zeroserve:prompt_tokens_total": "num_prompt_tokens",
-    "zeroserve:generation_tokens_total": "num_generation_tokens",
-    "zeroserve:prefix_cache_queries_total": "num_prefix_cache_queries",
-    "zeroserve:prefix_cache_hits_total": "num_prefix_cache_hits",
-    "zeroserve:num_preemptions_total": "num_preemptions",
-}
+_PROMPT_TOKENS = "zeroserve:prompt_tokens_total"
+_GENERATION_TOKENS = "zeroserve:generation_tokens_total"
 _FINISHED = "zeroserve:request_success_total"
 
 
 @dataclass
 class EngineSample:
-    """One engine's series in the registry at one moment (counters are totals so far)."""
+    """One engine's series in the registry at one moment: its SchedulerStats as last reported, and
+    the tokens and finished requests the gateways counted (totals so far)."""
 
-    num_running: float = 0.0
-    num_waiting: float = 0.0
-    kv_cache_usage: float = 0.0
-    num_prompt_tokens: float = 0.0
-    num_generation_tokens: float = 0.0
-    num_prefix_cache_queries: float = 0.0
-    num_prefix_cache_hits: float = 0.0
-    num_preemptions: float = 0.0
-    num_finished: dict[str, float] = field(default_factory=dict)
+    scheduler_stats: SchedulerStats = field(default_factory=SchedulerStats)
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_finished: dict[str, int] = field(default_factory=dict)
 
 
 def read_registry(registry: CollectorRegistry) -> dict[str, EngineSample]:
@@ -53,15 +45,21 @@ def read_registry(registry: CollectorRegistry) -> dict[str, EngineSample]:
     for family in registry.collect():
         for sample in family.samples:
             engine = sample.labels.get("engine")
-            name = _GAUGES.get(sample.name) or _COUNTERS.get(sample.name)
-            if engine is None or (name is None and sample.name != _FINISHED):
+            if engine is None:
                 continue
             engine_sample = engines.setdefault(engine, EngineSample())
-            if name is not None:
-                setattr(engine_sample, name, getattr(engine_sample, name) + sample.value)
-            else:
+            stats_field = _SCHEDULER_STATS.get(sample.name)
+            if stats_field is not None:
+                # NOTE: the registry holds floats; every figure but kv_cache_usage is a count.
+                value = sample.value if stats_field == "kv_cache_usage" else round(sample.value)
+                setattr(engine_sample.scheduler_stats, stats_field, value)
+            elif sample.name == _PROMPT_TOKENS:
+                engine_sample.num_prompt_tokens = round(sample.value)
+            elif sample.name == _GENERATION_TOKENS:
+                engine_sample.num_generation_tokens = round(sample.value)
+            elif sample.name == _FINISHED:
                 reason = sample.labels["finished_reason"]
-                engine_sample.num_finished[reason] = engine_sample.num_finished.get(reason, 0.0) + sample.value
+                engine_sample.num_finished[reason] = engine_sample.num_finished.get(reason, 0) + round(sample.value)
     return engines
 
 
@@ -119,48 +117,47 @@ class DashboardFeed:
         elapsed = max(now - self.last_time, 1e-9)
         engines = read_registry(self.registry)
         rows: list[dict[str, Any]] = []
+        num_queries = num_hits = 0
         for engine, sample in sorted(engines.items(), key=lambda item: int(item[0]) if item[0].isdigit() else 0):
-            before = self.last.get(engine, EngineSample())
+            stats, before = sample.scheduler_stats, self.last.get(engine, EngineSample())
             rows.append({
                 "engine": engine,
-                "num_running": int(sample.num_running),
-                "num_waiting": int(sample.num_waiting),
-                "kv_cache_usage": sample.kv_cache_usage,
+                "num_running_reqs": stats.num_running_reqs,
+                "num_waiting_reqs": stats.num_waiting_reqs,
+                "kv_cache_usage": stats.kv_cache_usage,
                 "prompt_tokens_per_s": _rate(sample.num_prompt_tokens, before.num_prompt_tokens, elapsed),
                 "generation_tokens_per_s": _rate(sample.num_generation_tokens, before.num_generation_tokens, elapsed),
-                "num_prefix_cache_queries": _delta(sample.num_prefix_cache_queries, before.num_prefix_cache_queries),
-                "num_prefix_cache_hits": _delta(sample.num_prefix_cache_hits, before.num_prefix_cache_hits),
             })
+            num_queries += _delta(stats.num_prefix_cache_queries, before.scheduler_stats.num_prefix_cache_queries)
+            num_hits += _delta(stats.num_prefix_cache_hits, before.scheduler_stats.num_prefix_cache_hits)
         self.last, self.last_time = engines, now
-        num_queries = sum(row.pop("num_prefix_cache_queries") for row in rows)
-        num_hits = sum(row.pop("num_prefix_cache_hits") for row in rows)
-        total_queries = sum(sample.num_prefix_cache_queries for sample in engines.values())
-        total_hits = sum(sample.num_prefix_cache_hits for sample in engines.values())
+        total_queries = sum(sample.scheduler_stats.num_prefix_cache_queries for sample in engines.values())
+        total_hits = sum(sample.scheduler_stats.num_prefix_cache_hits for sample in engines.values())
         finished: dict[str, int] = {}
         for sample in engines.values():
             for reason, count in sample.num_finished.items():
-                finished[reason] = finished.get(reason, 0) + int(count)
+                finished[reason] = finished.get(reason, 0) + count
         return {
             "time": time.time(),
             "engines": rows,
-            "num_running": sum(row["num_running"] for row in rows),
-            "num_waiting": sum(row["num_waiting"] for row in rows),
+            "num_running_reqs": sum(row["num_running_reqs"] for row in rows),
+            "num_waiting_reqs": sum(row["num_waiting_reqs"] for row in rows),
             "kv_cache_usage": max((row["kv_cache_usage"] for row in rows), default=0.0),
             "prompt_tokens_per_s": sum(row["prompt_tokens_per_s"] for row in rows),
             "generation_tokens_per_s": sum(row["generation_tokens_per_s"] for row in rows),
             # NOTE: over this frame's lookups (None without any), and over all of them.
             "prefix_cache_hit_rate": num_hits / num_queries if num_queries else None,
             "prefix_cache_hit_rate_total": total_hits / total_queries if total_queries else None,
-            "num_preemptions": int(sum(sample.num_preemptions for sample in engines.values())),
+            "num_preemptions": sum(sample.scheduler_stats.num_preemptions for sample in engines.values()),
             "num_finished": finished,
             "recent_requests": list(reversed(self.recent.requests)) if self.recent is not None else [],
         }
 
 
-def _delta(total: float, before: float) -> float:
+def _delta(total: int, before: int) -> int:
     """What a counter added; one that went down was reset (a new registry), so all of it is new."""
     return total - before if total >= before else total
 
 
-def _rate(total: float, before: float, elapsed: float) -> float:
+def _rate(total: int, before: int, elapsed: float) -> float:
     return _delta(total, before) / elapsed

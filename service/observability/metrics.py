@@ -1,7 +1,7 @@
-"""Prometheus metrics: every family vLLM v1 exports (same types, labels and buckets, under the
-`zeroserve:` prefix), kept per engine by a stat logger. Families of features zeroserve has not
-(LoRA, KV transfer, multimodal caches, watermarking, NaN checks, block residency sampling) are
-declared with no series, as vLLM's are with the feature off."""
+"""Prometheus metrics: vLLM v1's families (same names under the `zeroserve:` prefix, same types,
+labels and buckets), kept per engine by a stat logger. Every family declared here has series;
+those of features zeroserve has not (LoRA, KV transfer, multimodal caches, watermarking, NaN
+checks, block residency sampling) are left out rather than declared empty."""
 
 from __future__ import annotations
 
@@ -30,17 +30,28 @@ REQUEST_LATENCY_BUCKETS = (
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
-KV_CACHE_RESIDENCY_BUCKETS = (
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800,
-)
 
 LABELS = ("model_name", "engine")
 WAITING_REASONS = ("capacity", "deferred")
-KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+
+# The families that show SchedulerStats' figures, by its field names: the gauges take the latest
+# value, the counters grow by what the engine's totals added. The dashboard reads them back by these.
+SCHEDULER_GAUGES: dict[str, tuple[str, str]] = {
+    "num_running_reqs": ("num_requests_running", "Requests in the running batch."),
+    "num_waiting_reqs": ("num_requests_waiting", "Requests waiting to be scheduled."),
+    "kv_cache_usage": ("kv_cache_usage_perc", "KV cache usage; 1 means 100 percent."),
+}
+SCHEDULER_COUNTERS: dict[str, tuple[str, str]] = {
+    "num_prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+    "num_prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    "num_preemptions": ("num_preemptions", "Requests preempted by the scheduler."),
+    "num_draft_tokens": ("spec_decode_num_draft_tokens", "Speculative decoding: draft tokens proposed."),
+    "num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens the model accepted."),
+}
 
 
 def cache_info(ready: EngineReady, enable_prefix_caching: bool) -> dict[str, str]:
@@ -79,48 +90,20 @@ class _Families:
             return Histogram(f"zeroserve:{name}", documentation, LABELS, buckets=buckets, registry=registry)
 
         tokens = request_tokens_buckets(max_model_len)
-        # Scheduler state.
-        self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
-        self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        # Scheduler state, caches, preemptions and drafts.
+        self.scheduler_gauges = {field: gauge(*family) for field, family in SCHEDULER_GAUGES.items()}
+        self.scheduler_counters = {field: counter(*family) for field, family in SCHEDULER_COUNTERS.items()}
         self.num_requests_waiting_by_reason = gauge(
             "num_requests_waiting_by_reason",
             "Waiting requests by reason: capacity (no room in the batch or the KV cache) or deferred.",
             (*LABELS, "reason"),
         )
-        self.num_requests_kv_fetch_by_stage = gauge(
-            "num_requests_kv_fetch_by_stage", "Waiting requests by KV-transfer stage (no KV transfer here: no series).",
-            (*LABELS, "stage"),
-        )
         self.engine_sleep_state = gauge(
             "engine_sleep_state", "1 for the engine's sleep state: awake, weights_offloaded (level 1) or discard_all (level 2).",
             (*LABELS, "sleep_state"),
         )
-        self.kv_cache_usage = gauge("kv_cache_usage_perc", "KV cache usage; 1 means 100 percent.")
         self.cache_config_info = gauge(
             "cache_config_info", "The engine's KV cache configuration (always 1).", (*cache_info_labels, "engine"),
-        )
-        self.lora_requests_info = gauge(
-            "lora_requests_info", "Running and waiting LoRA adapters (LoRA is not served here: no series).",
-            ("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
-        )
-        # Caches and preemptions.
-        self.prefix_cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
-        self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
-        self.external_prefix_cache_queries = counter(
-            "external_prefix_cache_queries", "Prompt tokens looked up in an external KV cache (none here: no series)."
-        )
-        self.external_prefix_cache_hits = counter(
-            "external_prefix_cache_hits", "Prompt tokens found in an external KV cache (none here: no series)."
-        )
-        self.mm_cache_queries = counter("mm_cache_queries", "Multimodal cache lookups (text-only models: no series).")
-        self.mm_cache_hits = counter("mm_cache_hits", "Multimodal cache hits (text-only models: no series).")
-        self.num_preemptions = counter("num_preemptions", "Requests preempted by the scheduler.")
-        self.corrupted_requests = counter("corrupted_requests", "Requests whose logits held NaNs (not checked here: no series).")
-        self.spec_decode_draft_tokens = counter(
-            "spec_decode_num_draft_tokens", "Speculative decoding: draft tokens proposed."
-        )
-        self.spec_decode_accepted_tokens = counter(
-            "spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens the model accepted."
         )
         # Tokens.
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
@@ -140,10 +123,6 @@ class _Families:
         )
         self.admission_rejections = counter(
             "admission_rejections", "Requests refused at admission (429), by the limit they hit.", ("model_name", "reason")
-        )
-        self.watermark_requests = counter(
-            "watermark_requests", "Finished requests by watermark status (watermarking is off: no series).",
-            (*LABELS, "status"),
         )
         self.histograms = {
             key: histogram(name, documentation, tokens if buckets is None else buckets)
@@ -176,15 +155,7 @@ _HISTOGRAMS: tuple[tuple[str, str, str, Sequence[float] | None], ...] = (
     ("request_prefill_time", "request_prefill_time_seconds", "Time from first scheduled to the first token.",
      REQUEST_LATENCY_BUCKETS),
     ("request_decode_time", "request_decode_time_seconds", "Time from the first token to the last.", REQUEST_LATENCY_BUCKETS),
-    # NOTE: block residency is not sampled: these three get no series.
-    ("kv_block_lifetime", "kv_block_lifetime_seconds", "KV block lifetime (not sampled here: no series).",
-     KV_CACHE_RESIDENCY_BUCKETS),
-    ("kv_block_idle_before_evict", "kv_block_idle_before_evict_seconds",
-     "KV block idle time before eviction (not sampled here: no series).", KV_CACHE_RESIDENCY_BUCKETS),
-    ("kv_block_reuse_gap", "kv_block_reuse_gap_seconds", "Time between a KV block's reuses (not sampled here: no series).",
-     KV_CACHE_RESIDENCY_BUCKETS),
 )
-_UNSAMPLED_HISTOGRAMS = frozenset({"kv_block_lifetime", "kv_block_idle_before_evict", "kv_block_reuse_gap"})
 
 
 class _EngineMetrics:
@@ -195,18 +166,12 @@ class _EngineMetrics:
         labels = {"model_name": model_name, "engine": engine}
         self.labels = labels
         self.families = families
-        self.num_requests_running = families.num_requests_running.labels(**labels)
-        self.num_requests_waiting = families.num_requests_waiting.labels(**labels)
+        self.scheduler_gauges = {field: family.labels(**labels) for field, family in families.scheduler_gauges.items()}
+        self.scheduler_counters = {field: family.labels(**labels) for field, family in families.scheduler_counters.items()}
         self.waiting_by_reason = {r: families.num_requests_waiting_by_reason.labels(**labels, reason=r) for r in WAITING_REASONS}
         self.sleep_states = {s: families.engine_sleep_state.labels(**labels, sleep_state=s) for s in SLEEP_STATES}
         self.sleep_states["awake"].set(1)
-        self.kv_cache_usage = families.kv_cache_usage.labels(**labels)
         families.cache_config_info.labels(**cache_info, engine=engine).set(1)
-        self.prefix_cache_queries = families.prefix_cache_queries.labels(**labels)
-        self.prefix_cache_hits = families.prefix_cache_hits.labels(**labels)
-        self.num_preemptions = families.num_preemptions.labels(**labels)
-        self.spec_decode_draft_tokens = families.spec_decode_draft_tokens.labels(**labels)
-        self.spec_decode_accepted_tokens = families.spec_decode_accepted_tokens.labels(**labels)
         self.prompt_tokens = families.prompt_tokens.labels(**labels)
         self.prompt_tokens_by_source = {s: families.prompt_tokens_by_source.labels(**labels, source=s) for s in PROMPT_TOKEN_SOURCES}
         self.prompt_tokens_cached = families.prompt_tokens_cached.labels(**labels)
@@ -215,9 +180,7 @@ class _EngineMetrics:
         }
         self.generation_tokens = families.generation_tokens.labels(**labels)
         self.request_success = {str(r): families.request_success.labels(**labels, finished_reason=str(r)) for r in FinishReason}
-        self.histograms = {
-            key: family.labels(**labels) for key, family in families.histograms.items() if key not in _UNSAMPLED_HISTOGRAMS
-        }
+        self.histograms = {key: family.labels(**labels) for key, family in families.histograms.items()}
         self.counted = SchedulerStats()
 
     def observe(self, name: str, value: float) -> None:
@@ -288,8 +251,7 @@ class PrometheusStatLogger:
         """An engine gone runs and holds nothing: its gauges go to 0 (its counters stay)."""
         for engine_index in set(self._engines) - set(engine_indices):
             metrics = self._engines.pop(engine_index)
-            for gauge in (metrics.num_requests_running, metrics.num_requests_waiting, metrics.kv_cache_usage,
-                          *metrics.waiting_by_reason.values()):
+            for gauge in (*metrics.scheduler_gauges.values(), *metrics.waiting_by_reason.values()):
                 gauge.set(0)
 
     def _engine(self, engine_index: int) -> _EngineMetrics:
@@ -302,21 +264,16 @@ class PrometheusStatLogger:
 
 
 def _record_scheduler_stats(metrics: _EngineMetrics, stats: SchedulerStats, counts_engine_totals: bool) -> None:
-    metrics.num_requests_running.set(stats.num_running_reqs)
-    metrics.num_requests_waiting.set(stats.num_waiting_reqs)
+    for field, gauge in metrics.scheduler_gauges.items():
+        gauge.set(getattr(stats, field))
     # NOTE: every waiting request here waits for room (nothing defers one, as LoRA or KV transfer would).
     metrics.waiting_by_reason["capacity"].set(stats.num_waiting_reqs)
-    metrics.kv_cache_usage.set(stats.kv_cache_usage)
     if not counts_engine_totals:
         return
     # NOTE: the totals grow monotonically, so the delta since this process last saw them is exact
     # however many steps it did not see.
-    counted = metrics.counted
-    metrics.prefix_cache_queries.inc(_delta(stats.num_prefix_cache_queries, counted.num_prefix_cache_queries))
-    metrics.prefix_cache_hits.inc(_delta(stats.num_prefix_cache_hits, counted.num_prefix_cache_hits))
-    metrics.num_preemptions.inc(_delta(stats.num_preemptions, counted.num_preemptions))
-    metrics.spec_decode_draft_tokens.inc(_delta(stats.num_draft_tokens, counted.num_draft_tokens))
-    metrics.spec_decode_accepted_tokens.inc(_delta(stats.num_accepted_tokens, counted.num_accepted_tokens))
+    for field, counter in metrics.scheduler_counters.items():
+        counter.inc(_delta(getattr(stats, field), getattr(metrics.counted, field)))
     metrics.counted = stats
 
 

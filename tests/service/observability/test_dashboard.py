@@ -3,10 +3,15 @@ between frames, prefix-cache hit rates, finished requests, and the last requests
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from proto.engine_output import SchedulerStats
 from service.observability.dashboard import DashboardFeed, RecentRequests, read_registry
 from service.observability.metrics import PrometheusStatLogger
 from service.observability.stats import FinishedRequestStats, IterationStats
+
+PAGE_SCRIPT = Path(__file__).resolve().parents[3] / "service" / "api" / "web" / "static" / "dashboard.js"
 
 
 class Clock:
@@ -41,7 +46,7 @@ def record(metrics: PrometheusStatLogger, recent: RecentRequests, engine_index: 
 def test_a_frame_has_each_engines_load_and_the_rates_since_the_last_frame() -> None:
     metrics, recent, feed, clock = loggers()
     first = feed.frame()
-    assert first["num_running"] == 0 and first["prefix_cache_hit_rate"] is None and first["recent_requests"] == []
+    assert first["num_running_reqs"] == 0 and first["prefix_cache_hit_rate"] is None and first["recent_requests"] == []
     assert [row["engine"] for row in first["engines"]] == ["0", "1"]
 
     record(metrics, recent, 0, SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.25,
@@ -52,9 +57,9 @@ def test_a_frame_has_each_engines_load_and_the_rates_since_the_last_frame() -> N
            IterationStats(num_generation_tokens=10))
     clock.now += 2.0
     frame = feed.frame()
-    assert (frame["num_running"], frame["num_waiting"]) == (8, 2)
+    assert (frame["num_running_reqs"], frame["num_waiting_reqs"]) == (8, 2)
     engines = {row["engine"]: row for row in frame["engines"]}
-    assert (engines["0"]["num_running"], engines["0"]["num_waiting"], engines["1"]["num_running"]) == (3, 2, 5)
+    assert (engines["0"]["num_running_reqs"], engines["0"]["num_waiting_reqs"], engines["1"]["num_running_reqs"]) == (3, 2, 5)
     assert (engines["0"]["generation_tokens_per_s"], engines["1"]["generation_tokens_per_s"]) == (10.0, 5.0)
     assert frame["generation_tokens_per_s"] == 15.0 and frame["prompt_tokens_per_s"] == 25.0
     assert frame["kv_cache_usage"] == 0.5
@@ -70,7 +75,10 @@ def test_a_frame_has_each_engines_load_and_the_rates_since_the_last_frame() -> N
     clock.now += 1.0
     quiet = feed.frame()
     assert quiet["generation_tokens_per_s"] == 0.0 and quiet["prefix_cache_hit_rate"] is None
-    assert quiet["prefix_cache_hit_rate_total"] == 0.4 and quiet["num_running"] == 6
+    assert quiet["prefix_cache_hit_rate_total"] == 0.4 and quiet["num_running_reqs"] == 6
+    # NOTE: the registry reads back as the engine's own SchedulerStats, figure for figure.
+    assert read_registry(metrics.registry)["0"].scheduler_stats == SchedulerStats(
+        num_running_reqs=1, num_prefix_cache_queries=100, num_prefix_cache_hits=40)
 
 
 def test_an_engine_gone_runs_nothing_and_recent_requests_are_bounded() -> None:
@@ -80,6 +88,20 @@ def test_an_engine_gone_runs_nothing_and_recent_requests_are_bounded() -> None:
     metrics.keep_engines([0])
     clock.now += 1.0
     frame = feed.frame()
-    assert frame["num_running"] == 0
+    assert frame["num_running_reqs"] == 0
     assert [r["request_id"] for r in frame["recent_requests"]] == ["r4", "r3", "r2"]
     assert read_registry(metrics.registry)["1"].num_finished["length"] == 5
+
+
+def test_the_page_reads_only_figures_a_frame_has() -> None:
+    metrics, recent, feed, _ = loggers()
+    record(metrics, recent, 0, SchedulerStats(num_running_reqs=1), IterationStats(finished_requests=[finished("a", "stop", 3, 1.0)]))
+    frame = {**feed.frame(), "engine_status": "serving"}  # NOTE: the route adds the engines' status
+    script = PAGE_SCRIPT.read_text()
+
+    def keys_read(name: str) -> set[str]:
+        return set(re.findall(rf"\b{name}\.(\w+)", script))
+
+    assert keys_read("frame") and keys_read("frame") | keys_read("f") <= set(frame)
+    assert keys_read("engine") <= set(frame["engines"][0])
+    assert keys_read("request") <= set(frame["recent_requests"][0])

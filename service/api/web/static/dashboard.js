@@ -70,8 +70,8 @@
   function show(frame) {
     history.push(frame);
     if (history.length > HISTORY_LENGTH) history.shift();
-    $("num-running").textContent = String(frame.num_running);
-    $("num-waiting").textContent = String(frame.num_waiting);
+    $("num-running").textContent = String(frame.num_running_reqs);
+    $("num-waiting").textContent = String(frame.num_waiting_reqs);
     $("kv-cache-usage").textContent = percent(frame.kv_cache_usage);
     $("prefix-cache-hit-rate").textContent = percent(frame.prefix_cache_hit_rate_total);
     $("generation-tokens-per-s").textContent = rate(frame.generation_tokens_per_s);
@@ -80,13 +80,13 @@
     const status = $("engine-status");
     status.textContent = STATUS_TEXT[frame.engine_status] || frame.engine_status;
     status.dataset.status = frame.engine_status;
-    drawChart("chart-requests", [[(f) => f.num_running, "s1"], [(f) => f.num_waiting, "s2"]], 4, "");
+    drawChart("chart-requests", [[(f) => f.num_running_reqs, "s1"], [(f) => f.num_waiting_reqs, "s2"]], 4, "");
     drawChart("chart-tokens", [[(f) => f.generation_tokens_per_s, "s1"], [(f) => f.prompt_tokens_per_s, "s2"]], 10, " tok/s");
     drawChart("chart-cache", [[(f) => f.kv_cache_usage * 100, "s1"],
       [(f) => (f.prefix_cache_hit_rate || 0) * 100, "s3"]], 100, "%");
     $("engines").replaceChildren(...frame.engines.map((engine) => {
       const row = zs.element("tr", { "data-engine": engine.engine });
-      row.append(cell(engine.engine), cell(String(engine.num_running)), cell(String(engine.num_waiting)),
+      row.append(cell(engine.engine), cell(String(engine.num_running_reqs)), cell(String(engine.num_waiting_reqs)),
         cell(percent(engine.kv_cache_usage)), cell(rate(engine.generation_tokens_per_s)),
         cell(rate(engine.prompt_tokens_per_s)));
       return row;
