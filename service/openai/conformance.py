@@ -282,7 +282,7 @@ METRICS: dict[str, Row] = {
         _METRICS_MOVE, "for n > 1, the first sample's count (vLLM: the most over the samples)"
     ),
     "vllm:admission_rejections": implemented("tests/service/api/test_app_inproc.py::test_past_the_queue_cap_requests_get_429",
-                                             "max_num_queued_reqs: --max-num-in-flight's 429s"),
+                                             "max_num_queued_reqs: the 429s past --max-num-queued-requests"),
     "vllm:num_requests_kv_fetch_by_stage": not_applicable(_NO_SERIES + _DISAGGREGATED),
     "vllm:external_prefix_cache_queries": not_applicable(_NO_SERIES + "no external KV cache (KV connector)"),
     "vllm:external_prefix_cache_hits": not_applicable(_NO_SERIES + "no external KV cache (KV connector)"),
