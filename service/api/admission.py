@@ -146,8 +146,11 @@ class Admission:
         if self.is_aborting:
             return APIError("The server shut down before the request finished.", 503, error_type="server_error",
                             code="server_shutting_down")
+        # NOTE: not `invalid_request_error`: the request was valid, the server's time limit ended it. OpenAI
+        # names no type for a 408; `timeout_error` is the one other OpenAI-style APIs give it.
         return RequestTimeoutError(f"The request ran longer than the server's request timeout "
-                                   f"({self.request_timeout_s:g} s) and was aborted.", 408, code="request_timeout")
+                                   f"({self.request_timeout_s:g} s) and was aborted.", 408,
+                                   error_type="timeout_error", code="request_timeout")
 
 
 def _aborted_output(request_id: str) -> RequestOutput:

@@ -265,13 +265,14 @@ async def test_past_the_request_timeout_requests_are_aborted_with_408(
     async with serve(request_timeout_s=0.2) as client:
         response = await client.post(COMPLETIONS, json=LONG)
         assert response.status_code == 408
-        assert response.json()["error"]["code"] == "request_timeout"
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("timeout_error", "request_timeout")
         assert response.headers["x-should-retry"] == "false"
         assert engine.aborted_ids == [engine.requests[0].request_id]
         body = {"messages": MESSAGES, "max_tokens": 1000, "ignore_eos": True, "n": 2}
         events = await stream_events(client, CHAT, body)
         assert finish_reasons(events) == {0: "abort", 1: "abort"}
-        assert events[-2]["error"]["code"] == "request_timeout"
+        assert (events[-2]["error"]["type"], events[-2]["error"]["code"]) == ("timeout_error", "request_timeout")
         assert events[-1] == "[DONE]"
         assert sorted(engine.aborted_ids[1:]) == sorted(r.request_id for r in engine.requests[1:])
         ok = await client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 3})

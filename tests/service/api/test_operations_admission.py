@@ -48,7 +48,7 @@ async def test_past_its_timeout_a_stream_ends_unfinished_choices_with_abort_then
     inner = HangingStream()
     finish_reasons, error = await asyncio.wait_for(drain(admission.guard(inner.outputs(), 2)), 5)
     assert finish_reasons == {0: "length", 1: "abort"}
-    assert (error.status_code, error.code) == (408, "request_timeout")
+    assert (error.status_code, error.error_type, error.code) == (408, "timeout_error", "request_timeout")
     assert inner.is_closed
 
 
