@@ -89,8 +89,8 @@ def result_dict(
         "generated_texts": [out.generated_text for out in outputs],
         "errors": [out.error for out in outputs],
     }
-    if config.goodput_slos_ms:
-        result["goodput"] = dict(config.goodput_slos_ms)
+    if config.goodput_slos:
+        result["goodput"] = config.goodput_slos
     for name, stats in metrics.latencies.items():
         result[f"mean_{name}_ms"] = stats.mean_ms
         result[f"median_{name}_ms"] = stats.median_ms

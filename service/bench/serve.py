@@ -36,7 +36,7 @@ def run_serve_benchmark(config: ServeBenchConfig) -> int:
     model_id, outputs, duration_s = asyncio.run(benchmark(config, samples, load_warmup_samples(config, tokenizer, samples)))
     output_lens = [count_output_tokens(out, tokenizer) for out in outputs]
     metrics = calculate_metrics(
-        outputs, output_lens, duration_s, config.metric_percentiles, config.goodput_slos_ms or None
+        outputs, output_lens, duration_s, config.metric_percentiles, config.goodput_slos or None
     )
     print(format_report(config, metrics, duration_s), flush=True)
     if config.result_json is not None:
@@ -61,10 +61,10 @@ def server_version(base_url: str) -> dict[str, Any] | None:
 
 
 def load_samples(config: ServeBenchConfig, tokenizer: Tokenizer) -> list[SampleRequest]:
-    if config.dataset == "jsonl":
+    if config.dataset_kind == "jsonl":
         assert config.dataset_path is not None
         return jsonl_dataset(tokenizer, config.endpoint, config.dataset_path, config.num_prompts)
-    if config.dataset == "chat":
+    if config.dataset_kind == "chat":
         return chat_dataset(
             tokenizer, config.endpoint, config.num_prompts, config.random_input_len, config.random_output_len, config.seed
         )
@@ -79,7 +79,7 @@ def load_warmup_samples(
 ) -> list[SampleRequest]:
     """Warm-up requests: random prompts of their own (none of the measured ones reaches the server
     first, to be served from its prefix cache); a file's first requests, repeated as needed."""
-    if config.dataset == "jsonl":
+    if config.dataset_kind == "jsonl":
         return [samples[i % len(samples)] for i in range(config.num_warmups)] if samples else []
     return random_dataset(
         tokenizer, config.endpoint, config.num_warmups, config.random_input_len, config.random_output_len,

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from service.bench.serve_config import ServeBenchConfig
 from service.config import GatewayConfig
-from service.flags.engine_flags import add_engine_args, add_model_arg, engine_config_from
+from service.flags.engine_flags import add_engine_args, add_model_arg, add_multiprocessing_arg, engine_config_from
 from service.flags.setting_flags import add_setting_flags, setting_values
 from service.observability.logging_setup import configure_logging
 
@@ -34,11 +35,9 @@ def add_generate_parser(commands: Any) -> None:
     )
     # NOTE: the settings a request's answer depends on, declared once with `zeroserve serve`'s.
     add_setting_flags(parser, GatewayConfig, names=_SERVE_SETTINGS)
-    parser.add_argument(
-        "--multiprocessing", action=argparse.BooleanOptionalAction, default=None,
-        help="run the engine in its own process (default: ZEROSERVE_ENABLE_MULTIPROCESSING, on)",
-    )
-    parser.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    add_multiprocessing_arg(parser)
+    # NOTE: the progress bar's switch, declared once with the benchmarks'.
+    add_setting_flags(parser, ServeBenchConfig, names=("disable_tqdm",))
     add_engine_args(parser)
 
 

@@ -39,13 +39,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _HelpFormatter(argparse.HelpFormatter):
-    """Defaults as a user writes them: `on` / `off` for a switch, `unset` for none, not Python's values."""
+    """Defaults as a user writes them: `on` / `off` for a switch, `unset` for none, a list comma-separated,
+    not Python's values."""
 
     def _expand_help(self, action: argparse.Action) -> str:
-        words = {True: "on", False: "off"} if isinstance(action.default, bool) else {}
-        if action.default is None or isinstance(action.default, bool):
-            action = copy.copy(action)
-            action.default = words.get(action.default, "unset")
+        default = action.default
+        if isinstance(default, tuple):
+            text = ",".join(format(item, "g") if isinstance(item, float) else str(item) for item in default)
+        elif isinstance(default, bool):
+            text = "on" if default else "off"
+        elif default is None:
+            text = "unset"
+        else:
+            return super()._expand_help(action)
+        action = copy.copy(action)
+        action.default = text
         return super()._expand_help(action)
 
 

@@ -20,6 +20,14 @@ def add_model_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_multiprocessing_arg(parser: argparse.ArgumentParser) -> None:
+    """`--multiprocessing` of the commands that run `LLM` (its `multiprocess_mode`)."""
+    parser.add_argument(
+        "--multiprocessing", action=argparse.BooleanOptionalAction, default=None,
+        help="run the engine in its own process (default: ZEROSERVE_ENABLE_MULTIPROCESSING, on)",
+    )
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """A flag for every engine setting (proto/engine_config.py), with its default, help and check."""
     add_setting_flags(parser, EngineConfig, "engine")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
-from service.bench.metrics import calculate_metrics, parse_goodput
+from service.bench.metrics import calculate_metrics, goodput_slo
 from service.bench.request_func import RequestFuncOutput
 
 
@@ -75,8 +76,10 @@ def test_a_run_without_successes_reports_zeros() -> None:
     assert metrics.latencies["ttft"].mean_ms == 0.0
 
 
-def test_parse_goodput() -> None:
-    assert parse_goodput(["ttft:500", "tpot:50.5", "e2el:3000"]) == {"ttft": 500.0, "tpot": 50.5, "e2el": 3000.0}
-    for bad in (["itl:5"], ["ttft"], ["ttft:fast"], ["tpot:-1"]):
-        with pytest.raises(ValueError, match="--goodput"):
-            parse_goodput(bad)
+def test_goodput_slo() -> None:
+    assert [goodput_slo(spec) for spec in ("ttft:500", "tpot:50.5", "e2el:3000")] == [
+        ("ttft", 500.0), ("tpot", 50.5), ("e2el", 3000.0)
+    ]
+    for bad in ("itl:5", "ttft", "ttft:fast", "tpot:-1"):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            goodput_slo(bad)
