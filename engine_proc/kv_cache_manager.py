@@ -22,6 +22,7 @@ from typing import NamedTuple
 from engine_proc.block_hash import extend_block_hashes
 from engine_proc.block_pool import BlockPool, KVCacheBlock
 from engine_proc.request import Request
+from proto.engine_config import EngineConfig
 
 
 class CachedPrefix(NamedTuple):
@@ -37,7 +38,9 @@ NO_CACHED_PREFIX = CachedPrefix([], 0)
 class KVCacheManager:
     """Hands out fixed-size cache blocks to requests, reusing cached prefixes."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = EngineConfig.enable_prefix_caching
+    ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.block_pool = BlockPool(num_blocks)

@@ -10,7 +10,7 @@ import torch
 from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan, decode_query_grid
 from engine_proc.cpu_features import cpu_features, cpu_model_name
 from engine_proc.kv_cache_memory import num_kv_blocks, release_memory
-from engine_proc.loader import load_model
+from engine_proc.loader import TORCH_DTYPES, load_model
 from engine_proc.models.llama import LlamaForCausalLM
 from engine_proc.penalties import TokenCounts
 from engine_proc.prompt_logprobs import PromptLogprobs
@@ -21,9 +21,6 @@ from engine_proc.scheduler import ScheduledRequest, SchedulerOutput
 from engine_proc.structured_output import StructuredOutputManager
 from proto.engine_config import EngineConfig
 from proto.engine_output import Logprobs
-
-# NOTE: "auto" is missing on purpose: the loader picks the dtype from the checkpoint.
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelRunnerOutput(NamedTuple):
@@ -45,7 +42,7 @@ class ModelRunner:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
-        self.dtype = _DTYPES.get(config.dtype)
+        self.dtype = TORCH_DTYPES[config.dtype]
         self.block_size = config.block_size
         self.config = config
         self.model = self._load_model()

@@ -23,6 +23,7 @@ and PREEMPTED, stamped with `time.time()`; they ride on its next output.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -30,7 +31,9 @@ from engine_proc.kv_cache_manager import KVCacheManager
 from engine_proc.ngram_proposer import NgramProposer
 from engine_proc.request import Request, RequestStatus
 from engine_proc.request_queue import make_request_queue
+from proto.engine_config import EngineConfig
 from proto.engine_output import EngineCoreEventType, EngineCoreOutput, FinishReason
+from proto.settings import check_value
 
 # NOTE: a draft token costs little while a request runs alone (its forward of up to 4 tokens
 # costs what one token's does), but in a batch every draft is compute and pays only when about
@@ -74,18 +77,29 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+# NOTE: the scheduler's settings are the engine's: declared, defaulted and checked there alone.
+_ENGINE_SETTINGS = {config_field.name: config_field for config_field in dataclasses.fields(EngineConfig)}
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Limits of one step and of the model's context."""
+    """Limits of one step (the engine's settings) and of the model's context (its length as loaded)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: str = EngineConfig.scheduling_policy
 
     def __post_init__(self) -> None:
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+        for config_field in dataclasses.fields(self):
+            check_value(_ENGINE_SETTINGS[config_field.name], getattr(self, config_field.name))
+
+    @staticmethod
+    def of(config: EngineConfig, max_model_len: int) -> SchedulerConfig:
+        """The engine's step limits, with the context length learned at load (`config`'s, else the model's)."""
+        return SchedulerConfig(
+            config.max_num_seqs, config.max_num_batched_tokens, max_model_len, config.scheduling_policy
+        )
 
 
 class Scheduler:

@@ -21,13 +21,17 @@ from engine_proc.models.families import model_class, reset_rotary_tables
 from engine_proc.models.llama import LlamaForCausalLM
 from engine_proc.models.quantized_linear import is_int4_supported
 from engine_proc.models.weight_blocks import Q4Blocks, Q8Blocks
-from proto.engine_config import LOAD_FORMATS, QUANTIZATIONS
+from proto.engine_config import LOAD_FORMATS, QUANTIZATIONS, EngineConfig
 
-__all__ = ["check_model", "load_gguf", "load_hf_dir", "load_model", "load_model_config"]
+__all__ = ["TORCH_DTYPES", "check_model", "load_gguf", "load_hf_dir", "load_model", "load_model_config"]
 
 logger = logging.getLogger(__name__)
 
 _DUMMY_SCALE = 0.02
+# the torch dtype of each `dtype` setting; "auto" (None): picked from the checkpoint and the device
+TORCH_DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+}
 # `quantization` values that round a float checkpoint's projections to blocks at load
 ROUNDED_KINDS = {"q8_0": Q8Blocks, "q4_0": Q4Blocks}
 
@@ -52,17 +56,18 @@ def check_model(path: str | Path) -> None:
 
 def load_model(
     path: str | Path,
-    dtype: torch.dtype | None = torch.float32,
+    dtype: str | torch.dtype | None = EngineConfig.dtype,
     device: str | torch.device = "cpu",
     *,
-    quantization: str = "none",
-    load_format: str = "auto",
+    quantization: str = EngineConfig.quantization,
+    load_format: str = EngineConfig.load_format,
     hf_overrides: Mapping[str, Any] | None = None,
-    batch_invariant: bool = True,
+    batch_invariant: bool = EngineConfig.batch_invariant,
 ) -> LlamaForCausalLM:
     """Load a `.gguf` file or a Hugging Face directory into an inference-ready model.
 
-    `dtype=None` ("auto") picks bfloat16 for a GGUF whose matrices come as blocks that run fast here
+    Every setting defaults to the engine's (proto/engine_config.py). `dtype`: one of its names or a
+    torch dtype. "auto" (or None) picks bfloat16 for a GGUF whose matrices come as blocks that run fast here
     (4-bit ones on any CPU, 8-bit ones with zeroserve's kernels) and for dummy weights, else the
     checkpoint's own floating dtype; float32 on an x86 CPU without AVX2; bfloat16 (float16 where
     unsupported) on a CUDA GPU. Each matmul's form per batch size is measured here (matmul_plan).
@@ -74,8 +79,14 @@ def load_model(
     `batch_invariant`: every matmul runs one row-invariant form at every batch size where it has one;
     a projection such a form runs from the file's blocks is loaded as those blocks alone (model_weights).
     """
-    if load_format not in LOAD_FORMATS or quantization not in QUANTIZATIONS:
-        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, quantization one of {QUANTIZATIONS}")
+    is_known_dtype = not isinstance(dtype, str) or dtype in TORCH_DTYPES
+    if load_format not in LOAD_FORMATS or quantization not in QUANTIZATIONS or not is_known_dtype:
+        raise ValueError(
+            f"load_format must be one of {LOAD_FORMATS}, quantization one of {QUANTIZATIONS}, dtype one of "
+            f"{tuple(TORCH_DTYPES)} or a torch dtype"
+        )
+    if isinstance(dtype, str):
+        dtype = TORCH_DTYPES[dtype]
     device = torch.device(device)
     source: WeightSource | None = None
     if load_format == "dummy":

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 
-from engine_proc.scheduler import Scheduler
+import pytest
+
+from engine_proc.scheduler import Scheduler, SchedulerConfig
+from proto.engine_config import EngineConfig
 from proto.engine_output import FinishReason
 from tests.engine_proc.scheduler_fakes import (
     EOS,
@@ -211,3 +214,13 @@ def test_a_request_waits_for_its_grammar_while_the_others_run() -> None:
     assert "constrained" in [s.request.request_id for s in scheduler.schedule().scheduled]
     constrained.append_output_token(7)
     assert grammar.accepted == [7]
+
+
+def test_the_scheduler_takes_the_engines_settings_and_their_checks() -> None:
+    engine = EngineConfig(max_num_seqs=3, max_num_batched_tokens=48, scheduling_policy="priority")
+    assert SchedulerConfig.of(engine, max_model_len=100) == SchedulerConfig(3, 48, 100, "priority")
+    assert SchedulerConfig(1, 1, 1).scheduling_policy == EngineConfig().scheduling_policy
+    with pytest.raises(ValueError, match="scheduling_policy must be one of fcfs, priority"):
+        SchedulerConfig(1, 1, 1, "lifo")
+    with pytest.raises(ValueError, match="max_num_seqs: must be >= 1"):
+        SchedulerConfig(0, 1, 1)

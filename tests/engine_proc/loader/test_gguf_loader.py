@@ -103,7 +103,7 @@ def test_tiny_gguf_logits_match_hugging_face(tmp_path: Path, kind: str) -> None:
     for field in ("rope_scaling", "tie_word_embeddings", "head_dim", "num_key_value_heads", "rope_theta"):
         assert getattr(gguf_config, field) == getattr(hf_config, field)
 
-    model = load_model(gguf_path)
+    model = load_model(gguf_path, dtype="float32", quantization="none")
     prompt = torch.randint(0, TINY["vocab_size"], (40,))
     with torch.no_grad():
         expected = hf_model(prompt[None]).logits[0]
@@ -114,7 +114,7 @@ def test_tiny_gguf_logits_match_hugging_face(tmp_path: Path, kind: str) -> None:
 def test_4bit_gguf_runs_its_blocks_as_int4(tmp_path: Path, quant: gguf.GGMLQuantizationType) -> None:
     gguf_path = tmp_path / "tiny.gguf"
     write_tiny_gguf(gguf_path, save_tiny_checkpoint(tmp_path, "llama"), quant)
-    reference = load_model(gguf_path)
+    reference = load_model(gguf_path, dtype="float32", quantization="none")
     reader_tensor = next(t for t in gguf.GGUFReader(gguf_path).tensors if t.name == "blk.0.ffn_down.weight")
     expected_down = gguf.quants.dequantize(reader_tensor.data, reader_tensor.tensor_type)
     assert np.array_equal(reference.model.layers[0].mlp.down_proj.weight.numpy(), expected_down)
@@ -153,7 +153,7 @@ def test_auto_dtype_is_bfloat16_for_4bit_weights_else_the_checkpoints(tmp_path: 
 def test_default_model_matches_hugging_face_gguf_loader(
     default_model_path: Path, hf_reference_model: transformers.PreTrainedModel
 ) -> None:
-    model = load_model(default_model_path)
+    model = load_model(default_model_path, dtype="float32", quantization="none")
     config = model.config
     assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
     assert config.tie_word_embeddings and config.rope_theta == 100000.0

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine_proc.core import EngineCore
-from engine_proc.loader import load_model, load_model_config
-from proto.engine_config import EngineConfig
+from engine_proc.loader import TORCH_DTYPES, load_model, load_model_config
+from proto.engine_config import DTYPES, EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
 
 SHRINK = {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -49,3 +49,9 @@ def test_engine_generates_from_dummy_weights(tiny_model_dir: Path) -> None:
 def test_hf_overrides_must_be_a_json_object(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="JSON object"):
         EngineConfig(model_path=str(tiny_model_dir), hf_overrides="[1]")
+
+
+def test_the_loader_takes_each_dtype_setting_and_refuses_others(tiny_model_dir: Path) -> None:
+    assert set(TORCH_DTYPES) == set(DTYPES)
+    with pytest.raises(ValueError, match="dtype one of"):
+        load_model(tiny_model_dir, dtype="float64")

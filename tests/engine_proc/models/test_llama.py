@@ -18,7 +18,7 @@ from tests.engine_proc.models.tiny_llama import CHECKPOINTS, TINY, run, save_tin
 @pytest.mark.parametrize("kind", sorted(CHECKPOINTS))
 def test_logits_match_hugging_face(tmp_path: Path, kind: str) -> None:
     hf_model = save_tiny_checkpoint(tmp_path, kind)
-    model = load_model(tmp_path)
+    model = load_model(tmp_path, dtype="float32")
     prompt = torch.randint(0, TINY["vocab_size"], (40,))
     with torch.no_grad():
         expected = hf_model(prompt[None]).logits[0].float()
@@ -31,7 +31,7 @@ def test_logits_match_hugging_face(tmp_path: Path, kind: str) -> None:
 @pytest.mark.parametrize("kind", ["llama", "qwen3-qk-norm"])
 def test_flat_batch_gives_each_sequence_its_own_logits(tmp_path: Path, kind: str) -> None:
     save_tiny_checkpoint(tmp_path, kind)
-    model = load_model(tmp_path)
+    model = load_model(tmp_path, dtype="float32")
     first, second = torch.randint(0, TINY["vocab_size"], (11,)), torch.randint(0, TINY["vocab_size"], (6,))
     batched = run(model, [first, second])
     torch.testing.assert_close(batched[:11], run(model, [first]), atol=1e-5, rtol=0)
