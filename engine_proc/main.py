@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from engine_proc.link import socket_options
 from proto.engine_config import EngineConfig
 from proto.engine_link import LinkConfig, add_link_args, die_with_parent, link_config_from
-from proto.log_format import LOG_FORMATS, TEXT_FORMAT, configure_logging
+from proto.log_format import DEFAULT_LOG_FORMAT, LOG_FORMATS, TEXT_FORMAT, configure_logging
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,11 @@ def _engine_config(text: str) -> EngineConfig:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _add_log_format_arg(parser: argparse.ArgumentParser) -> None:
+    """`--log-format`, which the gateway passes its own `--log-format` as."""
+    parser.add_argument("--log-format", default=DEFAULT_LOG_FORMAT, choices=LOG_FORMATS)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[EngineConfig, EngineLaunch]:
     parser = argparse.ArgumentParser(prog="python -m engine_proc", description=__doc__)
     parser.add_argument(
@@ -44,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[EngineConfig, EngineLaunc
         "--output-address", required=True, help="the gateway's PULL address (comma-separated, in the same order)"
     )
     add_link_args(parser)
-    parser.add_argument("--log-format", default="text", choices=LOG_FORMATS)
+    _add_log_format_arg(parser)
     args = parser.parse_args(argv)
     inputs, outputs = args.input_address.split(","), args.output_address.split(",")
     try:
@@ -57,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[EngineConfig, EngineLaunc
 def _log_format(argv: list[str] | None) -> str:
     """--log-format, read before the rest so the first lines already have it."""
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--log-format", default="text", choices=LOG_FORMATS)
+    _add_log_format_arg(parser)
     log_format: str = parser.parse_known_args(argv)[0].log_format
     return log_format
 

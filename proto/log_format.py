@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 LOG_FORMATS = ("text", "json")
+DEFAULT_LOG_FORMAT = "text"
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 # NOTE: every attribute a bare LogRecord has; anything else on a record came from `extra=`.

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proto.engine_config import EngineConfig
-from proto.log_format import LOG_FORMATS
+from proto.log_format import DEFAULT_LOG_FORMAT, LOG_FORMATS
 from proto.settings import at_least, check_settings, in_range, positive, setting
 from service.client.curve import LinkSettings
 
@@ -50,7 +50,7 @@ class GatewayConfig:
     )
     engine: EngineConfig = field(default_factory=EngineConfig)
     log_format: str = setting(
-        "text", "text lines, or one JSON object per line; finished requests' figures become keys (the "
+        DEFAULT_LOG_FORMAT, "text lines, or one JSON object per line; finished requests' figures become keys (the "
         "engines' lines follow it)", choices=LOG_FORMATS,
     )
     data_parallel_size: int = setting(
