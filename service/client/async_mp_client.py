@@ -53,12 +53,17 @@ class AsyncMPClient(MPClient):
         super().__init__(engine_config, zmq.asyncio.Context(), data_parallel_size, link, engine_addresses, log_format)
 
     async def wait_ready(self, timeout: float = 300.0) -> EngineReady:
-        """Waits for every local engine's ready message (or, with none, the first remote one)."""
+        """Waits for every local engine's ready message, up to `timeout` seconds each; with none, for
+        the first remote one, however long it takes."""
+        # NOTE: a remote engine joins whenever it is started, and a slow one (an emulated CPU, a busy
+        # host) may take minutes to load: a gateway that gave up on it would exit, refusing the
+        # connections of clients polling its /health (503 waiting_for_engine meanwhile).
+        wait_s = timeout if self.data_parallel_size else None
         dead = asyncio.ensure_future(self._dead.wait())
         try:
             while len(self.alive_engines) < max(self.data_parallel_size, 1):
                 recv = asyncio.ensure_future(self.input_socket.recv_multipart())
-                done, _ = await asyncio.wait({recv, dead}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({recv, dead}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                 if recv not in done:
                     recv.cancel()
                     raise EngineDeadError("the engine process did not start; see its log above")

@@ -18,6 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proto.engine_config import EngineConfig
+from service.client.async_mp_client import AsyncMPClient
+from service.client.curve import LinkSettings
+from service.model_files.model_registry import resolve_model
 from tests.server_process import ServerProcess, free_engine_port, running_server
 
 ENGINE_FLAGS = ["--num-threads", "1", "--kv-cache-memory", "0.05", "--max-model-len", "1024"]
@@ -41,11 +45,17 @@ def start_engine(model: Path, engine_address: str) -> subprocess.Popen[bytes]:
     )
 
 
-def wait_joined(log: Path, count: int) -> None:
+def wait_logged(log: Path, text: str, count: int = 1) -> None:
+    """Returns once the gateway's log holds `text` `count` times (the gateway acts on an engine's
+    message after the engine has sent it: a busy machine widens the gap)."""
     deadline = time.monotonic() + 120
-    while log.read_text().count(" joined from ") < count:
-        assert time.monotonic() < deadline, "engines did not join"
+    while log.read_text().count(text) < count:
+        assert time.monotonic() < deadline, f"the gateway never logged {text!r}"
         time.sleep(0.2)
+
+
+def wait_joined(log: Path, count: int) -> None:
+    wait_logged(log, " joined from ", count)
 
 
 async def stream(
@@ -93,11 +103,10 @@ async def test_a_lost_engines_streams_finish_on_the_others_and_a_leaving_one_dra
             long_streams = [asyncio.create_task(stream(client, f"long {i}", 1000, started[i])) for i in range(6)]
             await all_set(started)  # NOTE: every engine has streams under way (two each, least loaded first)
             engines[0].send_signal(signal.SIGKILL)
-            lost_at = time.monotonic()
-            # NOTE: the lost engine's streams continue on the others: every stream is whole.
+            # NOTE: the lost engine's streams continue on the others: every stream is whole (however
+            # long a busy machine takes: the client's timeout, not a wall-clock bound, ends a hang).
             results = await asyncio.gather(*long_streams)
             assert results == [(1000, "length", "")] * 6, results
-            assert time.monotonic() - lost_at < 30
             assert "resuming 2 requests" in log.read_text()
             assert (await stream(client, "after the loss", 5)) == (5, "length", "")
 
@@ -108,7 +117,7 @@ async def test_a_lost_engines_streams_finish_on_the_others_and_a_leaving_one_dra
             assert all(r == (300, "length", "") for r in await asyncio.gather(*draining))
             assert engines[1].wait(30) == 0
             assert (await stream(client, "after the drain", 5)) == (5, "length", "")
-        assert " left" in log.read_text()
+        wait_logged(log, " left (1 serving)")
     finally:
         for engine in engines:
             if engine.poll() is None:
@@ -137,6 +146,7 @@ async def test_after_the_last_engine_leaves_the_gateway_waits_for_another(
                 engines[0].send_signal(signal.SIGTERM)
                 assert await streamed == (300, "length", "")
                 assert engines[0].wait(30) == 0
+                wait_logged(log, " left (waiting for an engine)")
                 health = await client.get("/health")
                 assert (health.status_code, health.json()) == (503, {"status": "waiting_for_engine"})
                 refused = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
@@ -153,6 +163,22 @@ async def test_after_the_last_engine_leaves_the_gateway_waits_for_another(
                 if engine.poll() is None:
                     engine.kill()
                 engine.wait()
+
+
+async def test_a_gateway_of_remote_engines_waits_for_its_first_however_long_it_takes_to_load(tiny_model_dir: Path) -> None:
+    # NOTE: an engine process takes seconds to start, a thousand times the wait a local engine gets
+    # here: one that loads slowly (an emulated CPU, a busy host) still joins, and the gateway serves.
+    engine_address = f"tcp://127.0.0.1:{free_engine_port()}"
+    config = EngineConfig(model_path=str(tiny_model_dir), model_name=resolve_model(str(tiny_model_dir)).name)
+    client = AsyncMPClient(config, data_parallel_size=0, link=LinkSettings(engine_address=engine_address))
+    engine = start_engine(tiny_model_dir, engine_address)
+    try:
+        ready = await client.wait_ready(timeout=0.005)
+        assert [e.index for e in client.alive_engines] == [0] and ready.max_model_len == 1024
+    finally:
+        client.shutdown()
+        engine.kill()
+        engine.wait()
 
 
 def test_a_refused_engine_exits_1_saying_why_and_the_gateway_logs_it(
