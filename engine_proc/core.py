@@ -44,10 +44,7 @@ class EngineCore:
                 "tokens: raise the KV cache memory or lower max_model_len"
             )
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                config.scheduling_policy,
-            ),
+            SchedulerConfig.of(config, self.max_model_len),
             KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching),
             *_drafting(config),
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -13,6 +14,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from service.api.errors import error_response
 from service.frontend.outputs import CompletionOutput, RequestOutput
 from service.openai.errors import APIError
+
+if TYPE_CHECKING:
+    from service.openai.prepare import Prepared
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 # The pages (service/api/web) and their files: open while loading, so a page can say the model is
@@ -109,6 +113,17 @@ class Admission:
             if not timeout.expired():  # NOTE: an expiring one cannot be rescheduled; it ends anyway.
                 timeout.reschedule(now)
 
+    async def guarded(
+        self, outputs: AsyncGenerator[tuple[int, RequestOutput], None], prepared: Prepared
+    ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """A prepared request's outputs, (choice index, delta), within its `guard`. A constrained
+        request waits for its first output: a grammar the engine could not compile (in time) is a
+        400 naming the constraint."""
+        guarded = self.guard(outputs, len(prepared.engine_requests))
+        if prepared.params.structured_output is None:
+            return guarded
+        return await _checked_first(guarded, prepared.constraint_param)
+
     async def guard(
         self, outputs: AsyncGenerator[tuple[int, RequestOutput], None], num_choices: int
     ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
@@ -151,6 +166,33 @@ class Admission:
         return RequestTimeoutError(f"The request ran longer than the server's request timeout "
                                    f"({self.request_timeout_s:g} s) and was aborted.", 408,
                                    error_type="timeout_error", code="request_timeout")
+
+
+async def _checked_first(
+    outputs: AsyncGenerator[tuple[int, RequestOutput], None], param: str
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """`outputs`, once the first has come; a first output that is the engine's error (its grammar
+    did not compile) is a 400 naming `param` instead."""
+    try:
+        first = await anext(outputs)
+    except StopAsyncIteration:
+        return outputs
+    completion = first[1].outputs[0] if first[1].outputs else None
+    if completion is not None and completion.finish_reason == "error" and not completion.token_ids:
+        await outputs.aclose()
+        raise APIError(f"'{param}' could not be used: {completion.stop_reason}.", param=param)
+    return _chained(first, outputs)
+
+
+async def _chained(
+    first: tuple[int, RequestOutput], outputs: AsyncGenerator[tuple[int, RequestOutput], None]
+) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    try:
+        yield first
+        async for item in outputs:
+            yield item
+    finally:
+        await outputs.aclose()
 
 
 def _aborted_output(request_id: str) -> RequestOutput:

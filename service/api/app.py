@@ -24,13 +24,13 @@ from service.api.metrics_route import metrics
 from service.api.openapi import openapi
 from service.api.responses import create_response
 from service.api.server_state import ServerState
-from service.api.sse import DEFAULT_SSE_KEEPALIVE_S, delete_stream, get_stream
+from service.api.sse import DEFAULT_SSE_KEEPALIVE_S, delete_stream, get_stream, resumable
 from service.api.stream_store import StreamStore
 from service.api.tokenize import detokenize, tokenize
 from service.api.web.routes import web_routes
 from service.client.core_client import EngineDeadError
 from service.openai.errors import APIError
-from service.openai.request_fields import now
+from service.openai.response_bodies import now
 
 logger = logging.getLogger(__name__)
 
@@ -155,9 +155,9 @@ def create_app(
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             Route("/v1/models", list_models, methods=["GET"]),
-            Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
-            Route("/v1/completions", create_completion, methods=["POST"]),
-            Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/chat/completions", resumable(create_chat_completion), methods=["POST"]),
+            Route("/v1/completions", resumable(create_completion), methods=["POST"]),
+            Route("/v1/responses", resumable(create_response), methods=["POST"]),
             Route("/v1/streams/{request_id:path}", get_stream, methods=["GET"]),
             Route("/v1/streams/{request_id:path}", delete_stream, methods=["DELETE"]),
             Route("/tokenize", tokenize, methods=["POST"]),

@@ -14,9 +14,9 @@ from service.config import GatewayConfig
 
 if TYPE_CHECKING:
     import hypercorn.config
-    from starlette.applications import Starlette
 
     from service.api.admission import Admission
+    from service.api.gateway import Gateway
     from service.frontend.async_llm import AsyncLLM
 
 logger = logging.getLogger("zeroserve")
@@ -31,14 +31,12 @@ async def serve(config: GatewayConfig) -> None:
     rest (a second signal aborts them at once), then shuts the engine down."""
     import hypercorn.asyncio
 
-    from service.api.admission import Admission, Phase
-    from service.api.app import create_app
-    from service.api.stream_store import StreamStore
+    from service.api.admission import Phase
+    from service.api.gateway import Gateway
 
     listener = None if config.listen_fd is not None else _listen(config.host, config.port)
-    admission = Admission(config.max_num_in_flight, config.request_timeout_s, config.max_header_bytes)
-    streams = StreamStore(config.stream_retention_s, config.stream_retention_mib * 2**20)
-    app = create_app(None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, admission, streams)
+    gateway = Gateway(config)
+    app, admission, streams = gateway.app, gateway.admission, gateway.streams
     stop = asyncio.Event()
 
     def on_signal() -> None:
@@ -49,7 +47,7 @@ async def serve(config: GatewayConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    load = asyncio.create_task(_load(config, app), name="load-engine")
+    load = asyncio.create_task(_load(config, gateway), name="load-engine")
 
     def on_loaded(task: asyncio.Task[AsyncLLM]) -> None:
         if _failed(task):
@@ -112,20 +110,13 @@ def _failed(task: asyncio.Task[AsyncLLM]) -> bool:
     return task.done() and (task.cancelled() or task.exception() is not None)
 
 
-async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
-    """Starts the engine, waits until it is ready, then hands the app its state."""
-    from service.api.app import attach
-    from service.api.server_state import ServerState
+async def _load(config: GatewayConfig, gateway: Gateway) -> AsyncLLM:
+    """Starts the engine, waits until it is ready, then serves with it."""
     from service.client.async_mp_client import AsyncMPClient
-    from service.frontend.async_llm import AsyncLLM
     from service.model_files.model_registry import resolve_model
     from service.model_files.tokenizer import Tokenizer
-    from service.observability.dashboard import RecentRequests
-    from service.observability.metrics import PrometheusStatLogger, cache_info
-    from service.observability.request_log import RequestLogger
 
     resolved = await asyncio.to_thread(resolve_model, config.model)
-    names = list(config.served_model_names or (resolved.name,))
     # NOTE: engines are named by the model's own name, which engines on other hosts also know.
     engine_config = replace(config.engine, model_path=str(resolved.path), model_name=resolved.name)
     client = AsyncMPClient(
@@ -138,20 +129,8 @@ async def _load(config: GatewayConfig, app: Starlette) -> AsyncLLM:
     except BaseException:
         client.shutdown()
         raise
-    metrics = PrometheusStatLogger(
-        names[0], range(max(config.data_parallel_size, 1)), config.api_server_index, ready.max_model_len,
-        cache_info(ready, engine_config.enable_prefix_caching),
-    )
-    app.state.admission.on_rejection = metrics.record_admission_rejection
-    recent_requests = RecentRequests()
-    llm = AsyncLLM(client, tokenizer, ready, stat_loggers=[metrics, RequestLogger(), recent_requests])
-    generation_defaults = {**resolved.generation_defaults, **dict(config.generation_config)}
-    attach(app, ServerState(
-        llm, names, generation_defaults, config.max_n, config.max_request_body_bytes,
-        metrics_registry=metrics.registry, admission=app.state.admission, tool_call_parser=config.tool_call_parser,
-        reasoning_parser=config.reasoning_parser, recent_requests=recent_requests,
-    ))
-    logger.info("serving %s on http://%s:%d", names[0], config.host, config.port)
+    llm = gateway.serve_with(client, tokenizer, ready, resolved.name, resolved.generation_defaults)
+    logger.info("serving %s on http://%s:%d", (config.served_model_names or (resolved.name,))[0], config.host, config.port)
     return llm
 
 

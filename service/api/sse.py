@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -103,7 +103,19 @@ def sse_response(
     # NOTE: the stream holds the request's admission slot from here (a drain waits for it).
     request.state.is_handed_off = True
     log = store.start(list(dict.fromkeys([stream_id, response_id])), events, request.app.state.admission.release)
-    return _stream(log.follow(-1), stream_id)
+    followed = log.follow(-1)
+    return _stream(followed, stream_id)
+
+
+def resumable(route: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """`route`, unless the request names a kept stream by its X-Request-Id (the same request sent
+    again after a lost connection): then the stream it started, without reading the body again."""
+
+    async def resumed_or_answered(request: Request) -> Response:
+        resumed = resumed_stream(request)
+        return resumed if resumed is not None else await route(request)
+
+    return resumed_or_answered
 
 
 def resumed_stream(request: Request) -> EventSourceResponse | None:

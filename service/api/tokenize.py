@@ -44,7 +44,7 @@ class DetokenizeRequest(OpenAIModel):
 async def tokenize(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, TokenizeRequest, state.max_request_body_bytes)
-    state.model_name(body.model)
+    state.preparer.model_name(body.model)
     body.check_supported()
     tokenizer = state.llm.tokenizer
     if body.messages is not None:
@@ -78,7 +78,7 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, DetokenizeRequest, state.max_request_body_bytes)
-    state.model_name(body.model)
+    state.preparer.model_name(body.model)
     vocab_size = state.llm.input_processor.vocab_size
     if any(not 0 <= t < vocab_size for t in body.tokens):
         raise APIError(f"Token ids must be in [0, {vocab_size}).", param="tokens")

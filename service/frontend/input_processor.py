@@ -6,7 +6,6 @@ import time
 from typing import Any, NamedTuple
 
 from proto.engine_input import EngineCoreRequest, SamplingParamsError
-from service.frontend.parallel_sampling import ParentRequest
 from service.frontend.sampling_params import SamplingParams
 from service.model_files.tokenizer import Tokenizer
 
@@ -25,6 +24,10 @@ class PromptTooLongError(ValueError):
             f"{self.num_prompt + self.max_tokens} tokens ({self.num_prompt} in the {prompt_name}, "
             f"{self.max_tokens} in the completion). Please reduce the length of the {prompt_name} or completion."
         )
+
+
+class TruncationError(ValueError):
+    """truncate_prompt_tokens asks for more tokens than the context holds."""
 
 
 class Prompt(NamedTuple):
@@ -51,12 +54,14 @@ class InputProcessor:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         add_special_tokens: bool = False,
+        truncate_prompt_tokens: int | None = None,
+        truncation_side: str | None = None,
         **template_kwargs: Any,
     ) -> Prompt:
         """The chat rendered by the model's template, then tokenized (with BOS/EOS on top of the
-        template's only if `add_special_tokens`); `continue_final_message` cuts the text right
-        after the last message's content, so generation continues that message (as transformers
-        does)."""
+        template's only if `add_special_tokens`) and `truncated`; `continue_final_message` cuts the
+        text right after the last message's content, so generation continues that message (as
+        transformers does)."""
         text = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, **template_kwargs
         )
@@ -66,10 +71,19 @@ class InputProcessor:
             if not final or end == -1:
                 raise ValueError("the final message's content is not in the rendered prompt")
             text = text[: end + len(final)]
-        return Prompt(self.tokenizer.encode(text, add_special_tokens=add_special_tokens), text)
+        prompt = Prompt(self.tokenizer.encode(text, add_special_tokens=add_special_tokens), text)
+        return self.truncated(prompt, truncate_prompt_tokens, truncation_side)
 
-    def text_prompt(self, text: str, add_special_tokens: bool = True) -> Prompt:
-        return Prompt(self.tokenizer.encode(text, add_special_tokens=add_special_tokens), text)
+    def text_prompt(
+        self, text: str | list[int], add_special_tokens: bool = True,
+        truncate_prompt_tokens: int | None = None, truncation_side: str | None = None,
+    ) -> Prompt:
+        """A text prompt tokenized (token ids taken as they are), then `truncated`."""
+        if isinstance(text, str):
+            prompt = Prompt(self.tokenizer.encode(text, add_special_tokens=add_special_tokens), text)
+        else:
+            prompt = Prompt(text)
+        return self.truncated(prompt, truncate_prompt_tokens, truncation_side)
 
     def truncated(self, prompt: Prompt, num_tokens: int | None, side: str | None = None) -> Prompt:
         """The prompt cut to its last `num_tokens` tokens (its first with `side` "right"; -1: the
@@ -79,7 +93,7 @@ class InputProcessor:
         if num_tokens == -1:
             num_tokens = self.max_model_len
         if num_tokens > self.max_model_len:
-            raise ValueError(
+            raise TruncationError(
                 f"truncate_prompt_tokens ({num_tokens}) is larger than the context length ({self.max_model_len})"
             )
         if len(prompt.token_ids) <= num_tokens:
@@ -101,13 +115,12 @@ class InputProcessor:
         """The request's n samples as engine requests (ids `request_id`, or `request_id-i` when
         n > 1), all checked before any is returned; raises ValueError for a bad prompt."""
         self._check(prompt_token_ids, params)
-        parent = ParentRequest(request_id, params)
         arrival_time = time.time()
         return [
             EngineCoreRequest(
-                request_id=parent.child_request_id(index),
+                request_id=request_id if params.n == 1 else f"{request_id}-{index}",
                 prompt_token_ids=prompt_token_ids,
-                sampling_params=parent.child_sampling_params(index),
+                sampling_params=params.sample_params(index),
                 arrival_time=arrival_time,
                 priority=priority,
                 data_parallel_rank=data_parallel_rank,

@@ -1,5 +1,5 @@
 """SamplingParams as callers give them: the engine's, plus what the gateway does itself (`n`
-samples by fan-out, stop strings on the detokenized text)."""
+samples by fan-out, each its own engine request; stop strings on the detokenized text)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ _GATEWAY_RANGES: engine_input.Ranges = (
     ("stop", lambda p: all(isinstance(s, str) for s in p.stop), "a string or a list of strings"),
 )
 _ENGINE_FIELDS = tuple(f.name for f in fields(engine_input.SamplingParams))
+_INT64 = 2**63
 
 
 @dataclass(slots=True)
@@ -36,6 +37,13 @@ class SamplingParams(engine_input.SamplingParams):
         """What the engine is sent: these params less the gateway's own fields."""
         values = {name: getattr(self, name) for name in _ENGINE_FIELDS}
         return engine_input.SamplingParams(**(values | changes))
+
+    def sample_params(self, index: int) -> engine_input.SamplingParams:
+        """What sample `index` of the `n` is sent: a request seeded s draws sample i with seed s + i
+        (wrapped to int64), distinct and the same every time."""
+        if self.seed is None or index == 0:
+            return self.engine_params()
+        return self.engine_params(seed=(self.seed + index + _INT64) % (2 * _INT64) - _INT64)
 
 
 def generation_defaults_of(generation_config: Mapping[str, float]) -> dict[str, Any]:

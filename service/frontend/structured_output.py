@@ -4,11 +4,8 @@ engine compiles it for the model's vocabulary)."""
 
 from __future__ import annotations
 
-import asyncio
-import importlib
 import json
 import re
-import sys
 from typing import Any, Literal
 
 from proto.engine_input import StructuredOutput
@@ -88,13 +85,9 @@ def _spec_of(kind: str, value: Any) -> StructuredOutput:
 _LIBRARIES = {"xgrammar": "xgrammar", "guidance": "llguidance"}
 
 
-async def load_library(backend: str) -> None:
-    """Imports the backend's library in a thread, once: xgrammar's import (torch's and
-    transformers' among it) takes 1.5 s of CPU, so a gateway pays it at its first request that
-    may be constrained, not at every start, and never on its event loop."""
-    name = _LIBRARIES.get(backend)
-    if name is not None and name not in sys.modules:
-        await asyncio.to_thread(importlib.import_module, name)
+def library_of(backend: str) -> str | None:
+    """The module a grammar backend's checks import (its import is slow: import it off the event loop)."""
+    return _LIBRARIES.get(backend)
 
 
 def checked(spec: StructuredOutput, param: str, backend: str = "xgrammar") -> StructuredOutput:

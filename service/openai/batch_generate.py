@@ -18,20 +18,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from service.frontend.input_processor import Prompt
 from service.frontend.llm_engine import LLMEngine
 from service.frontend.outputs import RequestOutput, accumulate
 from service.openai.errors import APIError, validate_body
+from service.openai.prepare import Prepared, Preparer, new_request_id
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
-from service.openai.request_fields import (
-    build_sampling_params,
-    chat_prompt,
-    completion_prompts,
-    engine_requests,
-    new_request_id,
-    now,
-)
-from service.openai.responses import CompletionLogprobs, chat_completion_body, completion_body
+from service.openai.response_bodies import ChatResponse, CompletionResponse
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -45,14 +37,13 @@ class BatchJob:
     index: int
     custom_id: str | None
     body: ChatCompletionRequest | CompletionRequest
-    request_ids: list[str]
-    prompts: list[Prompt]
+    prepared: Prepared
     outputs: dict[str, RequestOutput] = field(default_factory=dict)
     num_finished: int = 0
 
     @property
     def is_done(self) -> bool:
-        return self.num_finished == len(self.request_ids)
+        return self.num_finished == len(self.prepared.parent_ids)
 
 
 @dataclass
@@ -78,10 +69,8 @@ class BatchRunner:
         max_n: int = 16,
     ) -> None:
         self.engine = engine
-        self.model_name = model_name
-        self.generation_defaults = generation_defaults
+        self.preparer = Preparer(engine.input_processor, [model_name], generation_defaults, max_n, is_any_model_served=True)
         self.max_in_flight = max_in_flight
-        self.max_n = max_n
 
     def run(self, input_path: Path, output_path: Path, use_tqdm: bool = True) -> int:
         """Processes the lines not yet in `output_path`; returns how many results it wrote."""
@@ -123,7 +112,7 @@ class BatchRunner:
                 state.results[index] = _error_result(index, custom_id, error)
                 continue
             state.jobs[index] = job
-            state.by_request.update((request_id, job) for request_id in job.request_ids)
+            state.by_request.update((request_id, job) for request_id in job.prepared.parent_ids)
         return False
 
     def _step(self, state: _RunState) -> None:
@@ -141,35 +130,25 @@ class BatchRunner:
     def _start(self, index: int, custom_id: str | None, url: str, raw: Any) -> BatchJob:
         """Checks and submits one line (a 400-style error if it is bad): every sample of every
         prompt is checked before any is sent."""
-        processor = self.engine.input_processor
         body: ChatCompletionRequest | CompletionRequest
         if url == CHAT_URL:
-            body = validate_body(raw, ChatCompletionRequest)
-            body.check_supported()
-            prompts = [chat_prompt(body, processor)]
+            body, prefix = validate_body(raw, ChatCompletionRequest), "chatcmpl"
         else:
-            body = validate_body(raw, CompletionRequest)
-            body.check_supported()
-            prompts = completion_prompts(body, processor)
-        params = build_sampling_params(body, processor, prompts, self.generation_defaults, self.max_n)
-        request_ids = [f"line{index}-p{p}-{uuid.uuid4().hex[:8]}" for p in range(len(prompts))]
-        requests = [
-            engine_requests(body, processor, request_id, prompt, params)
-            for request_id, prompt in zip(request_ids, prompts, strict=True)
-        ]
-        for request_id, prompt, samples in zip(request_ids, prompts, requests, strict=True):
-            self.engine.add_processed(request_id, samples, params, prompt.text)
-        return BatchJob(index, custom_id, body, request_ids, prompts)
+            body, prefix = validate_body(raw, CompletionRequest), "cmpl"
+        prepared = self.preparer.prepare_now(body, (new_request_id(prefix), f"line{index}-{uuid.uuid4().hex[:8]}"))
+        for parent_id, prompt, samples in zip(
+            prepared.parent_ids, prepared.prompts, prepared.requests_by_prompt, strict=True
+        ):
+            self.engine.add_processed(parent_id, samples, prepared.params, prompt.text)
+        return BatchJob(index, custom_id, body, prepared)
 
     def _result(self, job: BatchJob) -> dict[str, Any]:
-        header = {"created": now(), "model": self.model_name}
-        outputs = [job.outputs[request_id] for request_id in job.request_ids]
+        outputs = [job.outputs[parent_id] for parent_id in job.prepared.parent_ids]
         tokenizer = self.engine.tokenizer
         if isinstance(job.body, ChatCompletionRequest):
-            body = chat_completion_body({"id": new_request_id("chatcmpl"), **header}, outputs[0], tokenizer, job.body)
+            body = ChatResponse(job.prepared, job.body, tokenizer).whole(outputs[0])
         else:
-            formatter = CompletionLogprobs(tokenizer, job.body, job.prompts)
-            body = completion_body({"id": new_request_id("cmpl"), **header}, outputs, formatter)
+            body = CompletionResponse(job.prepared, job.body, tokenizer).whole(outputs)
         return {
             "id": _batch_request_id(),
             "custom_id": job.custom_id,

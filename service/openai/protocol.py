@@ -88,7 +88,7 @@ class SamplingRequest(OpenAIModel):
     stream_options: StreamOptions | None = None
     # NOTE: the values each sampling field takes are declared once, in proto/engine_input.py's
     # SAMPLING_RANGES (and the gateway's in service/frontend/sampling_params.py): a value outside
-    # them gets a 400 naming the field from there (service/openai/request_fields.py).
+    # them gets a 400 naming the field from there (service/openai/prepare.py).
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

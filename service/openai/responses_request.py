@@ -88,7 +88,7 @@ class ResponsesRequest(OpenAIModel):
         }
         if self.stream:
             chat["stream_options"] = {"include_usage": True}
-        for name, value in (("temperature", self.temperature), ("top_p", self.top_p),
+        for name, value in (("model", self.model), ("temperature", self.temperature), ("top_p", self.top_p),
                             ("max_completion_tokens", self.max_output_tokens), ("request_id", self.request_id)):
             if value is not None:
                 chat[name] = value

@@ -15,16 +15,9 @@ import httpx
 import openai
 import pytest
 
-from service.api.admission import Admission
-from service.api.app import attach, create_app
-from service.api.server_state import ServerState
-from service.api.stream_store import StreamStore
+from service.api.gateway import Gateway
 from service.config import GatewayConfig
-from service.frontend.async_llm import AsyncLLM
 from service.model_files.tokenizer import Tokenizer
-from service.observability.dashboard import RecentRequests
-from service.observability.metrics import PrometheusStatLogger, cache_info
-from service.observability.request_log import RequestLogger
 from tests.server_process import ServerProcess, running_server
 from tests.service.api.fake_engine import FakeEngineClient
 
@@ -56,30 +49,16 @@ def engine(tokenizer: Tokenizer) -> FakeEngineClient:
 
 @pytest.fixture
 def serve(engine: FakeEngineClient, tokenizer: Tokenizer) -> Serve:
-    """Opens a client of the app `zeroserve serve` builds (service/api/server.py), in process on
+    """Opens a client of the app `zeroserve serve` builds (service/api/gateway.py), in process on
     `engine`; keyword arguments are GatewayConfig's (api_keys, request_timeout_s, ...). One at a
     time: two apps on one engine would take each other's outputs."""
 
     @contextlib.asynccontextmanager
     async def open_client(**config_changes: Any) -> AsyncIterator[httpx.AsyncClient]:
         config = GatewayConfig(model="fake", **{"served_model_names": SERVED_MODEL_NAMES, **config_changes})
-        admission = Admission(config.max_num_in_flight, config.request_timeout_s, config.max_header_bytes)
-        streams = StreamStore(config.stream_retention_s, config.stream_retention_mib * 2**20)
-        app = create_app(None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, admission, streams)
-        names = list(config.served_model_names)
-        metrics = PrometheusStatLogger(
-            names[0], max_model_len=engine.ready.max_model_len, cache_info=cache_info(engine.ready, True)
-        )
-        admission.on_rejection = metrics.record_admission_rejection
-        recent_requests = RecentRequests()
-        llm = AsyncLLM(
-            engine, tokenizer, engine.ready, stat_loggers=[metrics, RequestLogger(), recent_requests], stats_log_interval_s=0
-        )
-        attach(app, ServerState(
-            llm, names, dict(config.generation_config), config.max_n, config.max_request_body_bytes,
-            metrics_registry=metrics.registry, admission=admission, tool_call_parser=config.tool_call_parser,
-            reasoning_parser=config.reasoning_parser, recent_requests=recent_requests,
-        ))
+        gateway = Gateway(config)
+        llm = gateway.serve_with(engine, tokenizer, engine.ready, "fake", stats_log_interval_s=0)
+        app, streams = gateway.app, gateway.streams
         # NOTE: hypercorn answers an exception the app re-raises with the 500 already sent; so does this.
         transport = _TimedASGITransport(app, raise_app_exceptions=False)
         try:

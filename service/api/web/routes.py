@@ -53,7 +53,7 @@ async def playground_settings(request: Request) -> Response:
         "models": state.served_model_names,
         "max_model_len": state.llm.ready.max_model_len,
         "defaults": {
-            **generation_defaults_of(state.generation_defaults),
+            **generation_defaults_of(state.preparer.generation_defaults),
             "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
         },
         "is_stream_kept": request.app.state.streams.is_enabled,

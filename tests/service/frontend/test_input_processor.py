@@ -32,6 +32,9 @@ def test_n_samples_become_engine_requests_without_the_gateways_fields(processor:
     assert decoded == requests[1]
     assert b"END" not in bytes(frames[0]) and b"include_stop_str_in_output" not in bytes(frames[0])
     assert processor.process("solo", [1], SamplingParams())[0].request_id == "solo"
+    assert [r.sampling_params.seed for r in processor.process("r", [1], SamplingParams(n=2, max_tokens=4))] == [None, None]
+    wrapped = processor.process("r", [1], SamplingParams(n=2, seed=2**63 - 1, max_tokens=4))
+    assert [r.sampling_params.seed for r in wrapped] == [2**63 - 1, -(2**63)]  # NOTE: int64 on the wire
 
 
 @pytest.mark.parametrize(

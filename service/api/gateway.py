@@ -1,0 +1,73 @@
+"""One gateway process's parts wired together, the same way for `zeroserve serve` and for the tests:
+the app with its admission and kept streams at once, then, once an engine client is ready, the state
+every route reads (metrics, the request log, the dashboard's recent requests, the body preparer)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from proto.handshake import EngineReady
+from service.api.admission import Admission
+from service.api.app import attach, create_app
+from service.api.server_state import ServerState
+from service.api.stream_store import StreamStore
+from service.client.core_client import EngineCoreClient
+from service.config import GatewayConfig
+from service.frontend.async_llm import AsyncLLM
+from service.model_files.tokenizer import Tokenizer
+from service.observability.dashboard import RecentRequests
+from service.observability.metrics import PrometheusStatLogger, cache_info
+from service.observability.request_log import RequestLogger
+from service.openai.prepare import Preparer
+
+
+class Gateway:
+    """The app `zeroserve serve` runs: 503 "loading" until `serve_with` hands it a ready engine client."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.admission = Admission(config.max_num_in_flight, config.request_timeout_s, config.max_header_bytes)
+        self.streams = StreamStore(config.stream_retention_s, config.stream_retention_mib * 2**20)
+        self.app = create_app(
+            None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, self.admission, self.streams
+        )
+
+    def serve_with(
+        self,
+        engine_client: EngineCoreClient,
+        tokenizer: Tokenizer,
+        ready: EngineReady,
+        model_name: str,
+        model_generation_defaults: Mapping[str, float] | None = None,
+        stats_log_interval_s: float | None = None,
+    ) -> AsyncLLM:
+        """Serves the model (named `model_name` unless --served-model-name names it) on `engine_client`
+        from now on; its sampling defaults are the model's under --override-generation-config."""
+        config = self.config
+        names = list(config.served_model_names or (model_name,))
+        metrics = PrometheusStatLogger(
+            names[0], range(max(config.data_parallel_size, 1)), config.api_server_index, ready.max_model_len,
+            cache_info(ready, config.engine.enable_prefix_caching),
+        )
+        self.admission.on_rejection = metrics.record_admission_rejection
+        recent_requests = RecentRequests()
+        llm = AsyncLLM(
+            engine_client, tokenizer, ready, stat_loggers=[metrics, RequestLogger(), recent_requests],
+            stats_log_interval_s=stats_log_interval_s,
+        )
+        generation_defaults = {**(model_generation_defaults or {}), **dict(config.generation_config)}
+        reasoning_parser = _parser(config.reasoning_parser)
+        preparer = Preparer(
+            llm.input_processor, names, generation_defaults, config.max_n, reasoning_parser,
+            is_serving_rank=engine_client.is_serving_rank,
+        )
+        attach(self.app, ServerState(
+            llm, preparer, config.max_request_body_bytes, metrics_registry=metrics.registry, admission=self.admission,
+            tool_call_parser=_parser(config.tool_call_parser), reasoning_parser=reasoning_parser,
+            recent_requests=recent_requests,
+        ))
+        return llm
+
+
+def _parser(name: str) -> str | None:
+    return None if name == "none" else name
