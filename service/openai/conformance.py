@@ -258,7 +258,7 @@ _METRICS_MOVE = "tests/service/api/test_app_inproc.py::test_metrics_move_by_what
 _METRICS_PARITY = "tests/service/api/test_app_inproc.py::test_metrics_have_every_vllm_family_with_its_type_labels_and_buckets"
 _DROPPED = "tests/service/api/test_operations.py::test_closing_the_connections_of_streamed_and_whole_requests_aborts_them_all"
 _ENGINE_TOTALS = "tests/service/observability/test_metrics.py::test_engine_totals_become_counters_by_their_deltas"
-_NO_SERIES = "declared, with no series (as vLLM's with the feature off): "
+_NO_SERIES = "not exported (an empty family would say the feature is there): "
 
 # vLLM's metric families (vllm:NAME), exported as zeroserve:NAME with the same type, labels and buckets.
 METRICS: dict[str, Row] = {
