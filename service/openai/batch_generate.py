@@ -2,8 +2,10 @@
 
 Each input line is a completions or chat request body (or an OpenAI batch line,
 `{"custom_id", "url", "body"}`); each output line is that line's result, in input order:
-`{"id", "custom_id", "line", "response": {"status_code", "body"}, "error"}` as OpenAI's batch
-output reads. Results are flushed line by line, so a rerun skips the lines already written.
+`{"id", "custom_id", "line", "response": {"status_code", "request_id", "body"}, "error"}` as OpenAI's
+batch output reads. Results are flushed line by line, so a rerun skips the lines already written.
+What a line goes through (read, checked, prepared, its result shaped) is shared with the server's
+Batch API (service/api/batch_worker.py); only the loop differs, this one stepping an LLMEngine.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tqdm import tqdm
 
 from service.frontend.llm_engine import LLMEngine
 from service.frontend.outputs import RequestOutput, accumulate
+from service.model_files.tokenizer import Tokenizer
 from service.openai.errors import APIError, validate_body
 from service.openai.prepare import Prepared, Preparer, new_request_id
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -30,13 +33,39 @@ COMPLETIONS_URL = "/v1/completions"
 DEFAULT_MAX_IN_FLIGHT = 256
 
 
+Body = ChatCompletionRequest | CompletionRequest
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One input line read: its place, its custom_id, the endpoint it names and its request body, unchecked."""
+
+    index: int
+    custom_id: str | None
+    url: str
+    raw: Any
+
+    def request_body(self, endpoint: str | None = None) -> Body:
+        """The body checked against its endpoint (a 400 naming the problem); a batch's lines must
+        name the batch's `endpoint`."""
+        if endpoint is not None and self.url != endpoint:
+            raise APIError(f"The line's url {self.url!r} is not the batch's endpoint {endpoint!r}.", param="url")
+        if self.url == CHAT_URL:
+            return validate_body(self.raw, ChatCompletionRequest)
+        return validate_body(self.raw, CompletionRequest)
+
+    def ids(self, body: Body) -> tuple[str, str]:
+        """The answer's id and its engine requests' (unique to this run)."""
+        prefix = "chatcmpl" if isinstance(body, ChatCompletionRequest) else "cmpl"
+        return new_request_id(prefix), f"line{self.index}-{uuid.uuid4().hex[:8]}"
+
+
 @dataclass
 class BatchJob:
     """One input line in flight: its prompts' requests and their outputs so far."""
 
-    index: int
-    custom_id: str | None
-    body: ChatCompletionRequest | CompletionRequest
+    line: BatchLine
+    body: Body
     prepared: Prepared
     outputs: dict[str, RequestOutput] = field(default_factory=dict)
     num_finished: int = 0
@@ -106,10 +135,11 @@ class BatchRunner:
             index, text = item
             custom_id = None
             try:
-                custom_id, url, raw = _parse_line(text)
-                job = self._start(index, custom_id, url, raw)
+                line = read_line(index, text)
+                custom_id = line.custom_id
+                job = self._start(line)
             except APIError as error:
-                state.results[index] = _error_result(index, custom_id, error)
+                state.results[index] = error_result(index, custom_id, error)
                 continue
             state.jobs[index] = job
             state.by_request.update((request_id, job) for request_id in job.prepared.parent_ids)
@@ -124,38 +154,47 @@ class BatchRunner:
                 del state.by_request[delta.request_id]
                 job.num_finished += 1
             if job.is_done:
-                del state.jobs[job.index]
-                state.results[job.index] = self._result(job)
+                index = job.line.index
+                del state.jobs[index]
+                outputs = [job.outputs[parent_id] for parent_id in job.prepared.parent_ids]
+                state.results[index] = answer_result(job.line, job.body, job.prepared, outputs, self.engine.tokenizer)
 
-    def _start(self, index: int, custom_id: str | None, url: str, raw: Any) -> BatchJob:
+    def _start(self, line: BatchLine) -> BatchJob:
         """Checks and submits one line (a 400-style error if it is bad): every sample of every
         prompt is checked before any is sent."""
-        body: ChatCompletionRequest | CompletionRequest
-        if url == CHAT_URL:
-            body, prefix = validate_body(raw, ChatCompletionRequest), "chatcmpl"
-        else:
-            body, prefix = validate_body(raw, CompletionRequest), "cmpl"
-        prepared = self.preparer.prepare_now(body, (new_request_id(prefix), f"line{index}-{uuid.uuid4().hex[:8]}"))
+        body = line.request_body()
+        prepared = self.preparer.prepare_now(body, line.ids(body))
         for parent_id, prompt, samples in zip(
             prepared.parent_ids, prepared.prompts, prepared.requests_by_prompt, strict=True
         ):
             self.engine.add_processed(parent_id, samples, prepared.params, prompt.text)
-        return BatchJob(index, custom_id, body, prepared)
+        return BatchJob(line, body, prepared)
 
-    def _result(self, job: BatchJob) -> dict[str, Any]:
-        outputs = [job.outputs[parent_id] for parent_id in job.prepared.parent_ids]
-        tokenizer = self.engine.tokenizer
-        if isinstance(job.body, ChatCompletionRequest):
-            body = ChatResponse(job.prepared, job.body, tokenizer).whole(outputs[0])
-        else:
-            body = CompletionResponse(job.prepared, job.body, tokenizer).whole(outputs)
-        return {
-            "id": _batch_request_id(),
-            "custom_id": job.custom_id,
-            "line": job.index,
-            "response": {"status_code": 200, "body": body},
-            "error": None,
-        }
+
+def answer_result(
+    line: BatchLine, body: Body, prepared: Prepared, outputs: list[RequestOutput], tokenizer: Tokenizer,
+    tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+) -> dict[str, Any]:
+    """A line's result line: its answer (one whole output per prompt) as the route would send it."""
+    answer: dict[str, Any]
+    if isinstance(body, ChatCompletionRequest):
+        answer = ChatResponse(prepared, body, tokenizer, tool_call_parser, reasoning_parser).whole(outputs[0])
+    else:
+        answer = CompletionResponse(prepared, body, tokenizer).whole(outputs)
+    return {
+        "id": _batch_request_id(),
+        "custom_id": line.custom_id,
+        "line": line.index,
+        "response": {"status_code": 200, "request_id": prepared.response_id, "body": answer},
+        "error": None,
+    }
+
+
+def read_line(index: int, text: str) -> BatchLine:
+    """A plain request body or an OpenAI batch line (`{"custom_id", "method", "url", "body"}`); a
+    400-style error if it is neither."""
+    custom_id, url, raw = _parse_line(text)
+    return BatchLine(index, custom_id, url, raw)
 
 
 def _parse_line(text: str) -> tuple[str | None, str, Any]:
@@ -183,7 +222,8 @@ def _batch_request_id() -> str:
     return f"batch_req_{uuid.uuid4().hex}"
 
 
-def _error_result(index: int, custom_id: str | None, error: APIError) -> dict[str, Any]:
+def error_result(index: int, custom_id: str | None, error: APIError) -> dict[str, Any]:
+    """A line's result when it could not be answered: the error the route would have sent."""
     return {
         "id": _batch_request_id(),
         "custom_id": custom_id,
