@@ -15,6 +15,9 @@ logger = logging.getLogger(__name__)
 
 # NOTE: how often kept streams are checked for the end of their window.
 _SWEEP_INTERVAL_S = 1.0
+# NOTE: the clock windows are counted on, looked up at each reading: tests stand in one they move
+# themselves, so whether a stream is still kept never depends on how busy the machine is.
+clock: Callable[[], float] = time.monotonic
 
 
 class StreamLog:
@@ -28,7 +31,7 @@ class StreamLog:
         self.num_readers = 0
         # NOTE: when its window started: the end of the stream, or before that the last reader leaving
         # (or its start, until a first reader comes).
-        self.idle_since: float | None = time.monotonic()
+        self.idle_since: float | None = clock()
         self.producer: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
 
@@ -39,7 +42,7 @@ class StreamLog:
 
     def finish(self) -> None:
         self.is_finished = True
-        self.idle_since = time.monotonic()
+        self.idle_since = clock()
         self._changed.set()
 
     async def follow(self, after_id: int) -> AsyncIterator[bytes]:
@@ -60,7 +63,7 @@ class StreamLog:
         finally:
             self.num_readers -= 1
             if self.num_readers == 0 and not self.is_finished:
-                self.idle_since = time.monotonic()
+                self.idle_since = clock()
 
 
 class StreamStore:
@@ -112,7 +115,7 @@ class StreamStore:
     def sweep(self) -> None:
         """Drops the streams that ended a window ago, and aborts those that generated a window with
         no client reading."""
-        now = time.monotonic()
+        now = clock()
         for log in set(self.logs.values()):
             if log.idle_since is not None and now - log.idle_since >= self.retention_s and (
                 log.is_finished or log.num_readers == 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -102,12 +101,13 @@ def test_a_grammar_still_compiling_past_its_time_ends_its_request_while_others_s
     core = EngineCore(config)
     compile_grammar = core.structured_output._compile
     slow = StructuredOutput("regex", "[a-z]{1,30}")
-    compiled = threading.Event()
+    released, compiled = threading.Event(), threading.Event()
 
     def slow_compile(spec: StructuredOutput) -> object:
-        # NOTE: stands in for a grammar whose first compile takes long (the test is about the bound).
+        # NOTE: stands in for a grammar whose first compile takes long (the test is about the bound):
+        # it ends only when the test lets it, however long the engine's steps take here.
         if spec == slow and not compiled.is_set():
-            time.sleep(3.0)
+            released.wait(timeout=120)
             grammar = compile_grammar(spec)
             compiled.set()
             return grammar
@@ -123,7 +123,8 @@ def test_a_grammar_still_compiling_past_its_time_ends_its_request_while_others_s
     assert len(results["free"][0]) == 5 and not compiled.is_set()  # NOTE: ended while its grammar still compiled
     assert core.scheduler.kv_cache_manager.num_free_blocks == core.scheduler.kv_cache_manager.num_blocks
     # The grammar compiles on, and once cached it is used at once.
-    assert compiled.wait(timeout=30)
+    released.set()
+    assert compiled.wait(timeout=300)
     tokens, finish_reason, _ = run(core, [EngineCoreRequest("again", [100, 101], params(slow))])["again"]
     assert finish_reason is FinishReason.STOP and tokens
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,12 +77,11 @@ def test_without_restart_a_killed_engine_ends_the_stream_with_an_error_and_healt
             import os
 
             os.kill(engine_pid, signal.SIGKILL)
-            killed_at = time.monotonic()
             rest = [line for line in lines if line.startswith("data: ")]
-            ended_after = time.monotonic() - killed_at
-        assert ended_after < 2.0
         assert rest[-1] == "data: [DONE]"
-        assert any('"error"' in line for line in rest[-2:])
+        # NOTE: the process's exit ends the stream, not a silence outlasting a heartbeat timeout (nor a
+        # wait for a restart that will not come): the error says so, whatever the machine's speed.
+        assert any('"error"' in line and "exited with code -9" in line for line in rest[-2:]), rest[-2:]
         assert client.get("/health").status_code == 503
         after = client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 1})
         assert after.status_code == 503

@@ -261,8 +261,10 @@ async def test_a_lost_engine_that_no_engine_replaces_ends_its_streams_and_the_ga
 async def test_past_the_request_timeout_requests_are_aborted_with_408(
     serve: Serve, engine: FakeEngineClient, stream_events: StreamEvents
 ) -> None:
+    # NOTE: a long request takes 10 s of steps, a short one 0.03 s: the 1 s timeout parts them however
+    # busy the machine is.
     engine.seconds_per_step = 0.01
-    async with serve(request_timeout_s=0.2) as client:
+    async with serve(request_timeout_s=1.0) as client:
         response = await client.post(COMPLETIONS, json=LONG)
         assert response.status_code == 408
         error = response.json()["error"]

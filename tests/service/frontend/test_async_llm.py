@@ -38,8 +38,9 @@ async def generate(
             yield output
 
 
-async def stats_once_idle(llm: AsyncLLM, timeout_s: float = 5.0) -> SchedulerStats:
-    """The engine's stats once it runs no request (or when `timeout_s` is up)."""
+async def stats_once_idle(llm: AsyncLLM, timeout_s: float = 120.0) -> SchedulerStats:
+    """The engine's stats once it runs no request (or when `timeout_s` is up: generous, as a busy
+    machine may take many times as long to end an aborted request)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     current = await llm.get_stats()
     while current.num_running_reqs and asyncio.get_running_loop().time() < deadline:
