@@ -124,6 +124,11 @@ class GatewayConfig:
         16 * 2**10, "a larger request head (request line and headers) gets 431", check=at_least(1024),
         group="operations", metavar="N",
     )
+    responses_store: str = setting(
+        "", "the SQLite file that keeps Responses (store: true) for previous_response_id, GET and background, "
+        "across restarts; off: keep none (default: ZEROSERVE_CACHE/responses.sqlite)", group="operations",
+        metavar="PATH",
+    )
 
     def __post_init__(self) -> None:
         check_settings(self)

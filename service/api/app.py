@@ -22,7 +22,7 @@ from service.api.disconnect import ClientDisconnected
 from service.api.errors import error_response
 from service.api.metrics_route import metrics
 from service.api.openapi import openapi
-from service.api.responses import create_response
+from service.api.responses import cancel_response, create_response, delete_response, get_response, list_input_items
 from service.api.server_state import ServerState
 from service.api.sse import DEFAULT_SSE_KEEPALIVE_S, delete_stream, get_stream, resumable
 from service.api.stream_store import StreamStore
@@ -158,6 +158,10 @@ def create_app(
             Route("/v1/chat/completions", resumable(create_chat_completion), methods=["POST"]),
             Route("/v1/completions", resumable(create_completion), methods=["POST"]),
             Route("/v1/responses", resumable(create_response), methods=["POST"]),
+            Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+            Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
+            Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
             Route("/v1/streams/{request_id:path}", get_stream, methods=["GET"]),
             Route("/v1/streams/{request_id:path}", delete_stream, methods=["DELETE"]),
             Route("/tokenize", tokenize, methods=["POST"]),

@@ -19,6 +19,7 @@ from service.observability.dashboard import RecentRequests
 from service.observability.metrics import PrometheusStatLogger, cache_info
 from service.observability.request_log import RequestLogger
 from service.openai.prepare import Preparer
+from service.openai.response_store import open_store
 
 
 class Gateway:
@@ -31,6 +32,8 @@ class Gateway:
         self.app = create_app(
             None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, self.admission, self.streams
         )
+        # NOTE: kept Responses (service/api/responses.py reads it); opened here so a bad path fails at start.
+        self.app.state.response_store = open_store(config.responses_store)
 
     def serve_with(
         self,

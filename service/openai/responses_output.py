@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from service.openai.errors import APIError
 from service.openai.responses_request import ResponsesRequest
 
 # A finish reason's Response status, and the event a stream ends with in that status.
@@ -21,7 +22,9 @@ def new_item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def response_base(body: ResponsesRequest, response_id: str, model: str, created_at: int) -> dict[str, Any]:
+def response_base(
+    body: ResponsesRequest, response_id: str, model: str, created_at: int, is_stored: bool
+) -> dict[str, Any]:
     """The Response object before any output: what the request asked for, status in_progress."""
     return {
         "id": response_id, "object": "response", "created_at": created_at, "status": "in_progress",
@@ -30,8 +33,8 @@ def response_base(body: ResponsesRequest, response_id: str, model: str, created_
         "parallel_tool_calls": body.parallel_tool_calls, "temperature": body.temperature, "top_p": body.top_p,
         "tool_choice": body.tool_choice, "tools": body.tools or [], "top_logprobs": body.top_logprobs,
         "text": body.text or {"format": {"type": "text"}}, "reasoning": body.reasoning,
-        "metadata": body.metadata or {}, "user": body.user, "store": False, "background": False,
-        "previous_response_id": None, "truncation": "disabled", "usage": None,
+        "metadata": body.metadata or {}, "user": body.user, "store": is_stored, "background": bool(body.background),
+        "previous_response_id": body.previous_response_id, "truncation": "disabled", "usage": None,
     }
 
 
@@ -74,6 +77,18 @@ def whole_response(base: dict[str, Any], chat: dict[str, Any], count_tokens: Cou
                                           item_status))
     usage = responses_usage(chat["usage"], count_tokens(reasoning) if reasoning else 0)
     return finished(base, output, finish_reason, usage)
+
+
+def items_page(items: list[dict[str, Any]], limit: int, order: str, after: str | None) -> dict[str, Any]:
+    """A page of items in OpenAI's list shape: `limit` of them in `order` ("asc" or "desc") after the one `after` names."""
+    ordered = items if order == "asc" else items[::-1]
+    ids = [item["id"] for item in ordered]
+    if after is not None and after not in ids:
+        raise APIError(f"'after' names no item of this response: {after!r}.", param="after")
+    start = 0 if after is None else ids.index(after) + 1
+    page = ordered[start:start + limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(ordered)}
 
 
 class ResponseEvents:

@@ -1,11 +1,13 @@
-"""POST /v1/responses bodies (stateless), and the chat request each one is answered as: its
-instructions and input items become messages, its function tools, `tool_choice`, `text.format`,
-`reasoning` and `max_output_tokens` the chat's fields; errors name the Responses field."""
+"""POST /v1/responses bodies, and the chat request each one is answered as: its instructions, the
+conversation it continues (`previous_response_id`'s items) and its input items become messages, its
+function tools, `tool_choice`, `text.format`, `reasoning` and `max_output_tokens` the chat's fields;
+errors name the Responses field."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -30,7 +32,7 @@ _PARAMS = {
 
 
 class ResponsesRequest(OpenAIModel):
-    """POST /v1/responses: OpenAI's Responses API without stored state."""
+    """POST /v1/responses: OpenAI's Responses API."""
 
     model: str | None = None
     input: str | list[dict[str, Any]] = Field(min_length=1)
@@ -55,17 +57,23 @@ class ResponsesRequest(OpenAIModel):
     truncation: str | None = None
     request_id: RequestId | None = None
 
-    def check_supported(self) -> None:
-        """A 400 naming the first field that needs what a stateless server does not have."""
-        if self.store:
-            raise APIError("'store' is not supported: this server keeps no responses; send 'store': false.",
-                           param="store")
-        for name in ("previous_response_id", "conversation"):
-            if getattr(self, name) is not None:
-                raise APIError(f"'{name}' is not supported: this server keeps no responses; send the whole "
-                               "conversation as 'input'.", param=name)
-        if self.background:
-            raise APIError("'background' is not supported: stream the response instead.", param="background")
+    def check_supported(self, is_store_on: bool) -> None:
+        """A 400 naming the first field that needs what this server does not have (`is_store_on`: it keeps responses)."""
+        off = "this server keeps no responses (--responses-store off)"
+        if self.store and not is_store_on:
+            raise APIError(f"'store' is not supported: {off}; send 'store': false.", param="store")
+        if self.previous_response_id is not None and not is_store_on:
+            raise APIError(f"'previous_response_id' is not supported: {off}; send the whole conversation as "
+                           "'input'.", param="previous_response_id")
+        if self.conversation is not None:
+            raise APIError("'conversation' is not supported: continue a conversation with 'previous_response_id'.",
+                           param="conversation")
+        if self.background and not self.is_stored(is_store_on):
+            raise APIError("'background' needs a stored response: send 'store': true"
+                           + ("." if is_store_on else f", which {off}."), param="background")
+        if self.background and self.stream:
+            raise APIError("'background' with 'stream' is not supported: poll GET /v1/responses/{id} instead.",
+                           param="stream")
         if self.truncation not in (None, "disabled"):
             raise APIError("'truncation' must be 'disabled': a prompt longer than the context is refused.",
                            param="truncation")
@@ -74,14 +82,24 @@ class ResponsesRequest(OpenAIModel):
                 raise APIError(f"'include' value {include!r} is not supported; supported: {sorted(_INCLUDES)}.",
                                param=f"include.{index}")
 
+    def is_stored(self, is_store_on: bool) -> bool:
+        """Whether the response is kept: `store` is true unless sent false, as OpenAI's default."""
+        return is_store_on and self.store is not False
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """The input as items with ids, as GET /v1/responses/{id}/input_items lists them (text as parts)."""
+        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        return [_with_id(item) for item in items]
+
     @property
     def is_logprobs_included(self) -> bool:
         return LOGPROBS_INCLUDE in (self.include or [])
 
-    def to_chat_request(self) -> ResponsesChatRequest:
-        """The chat request that answers this body (a 400 naming the Responses field it cannot take)."""
+    def to_chat_request(self, history: Sequence[dict[str, Any]] = ()) -> ResponsesChatRequest:
+        """The chat request that answers this body after the items of `history` (the conversation
+        `previous_response_id` continues); a 400 naming the Responses field it cannot take."""
         chat: dict[str, Any] = {
-            "messages": self._messages(),
+            "messages": self._messages(history),
             "stream": self.stream,
             "parallel_tool_calls": self.parallel_tool_calls,
             **{name: value for name, value in (self.model_extra or {}).items() if name in _CHAT_EXTRAS},
@@ -106,10 +124,13 @@ class ResponsesRequest(OpenAIModel):
         with responses_params():
             return validate_body(chat, ResponsesChatRequest)
 
-    def _messages(self) -> list[dict[str, Any]]:
+    def _messages(self, history: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
+        # NOTE: as OpenAI's, a continued response's instructions are its own, not its previous one's.
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})
+        for item in history:
+            _add_item(messages, item, "previous_response_id")
         if isinstance(self.input, str):
             return [*messages, {"role": "user", "content": self.input}]
         for index, item in enumerate(self.input):
@@ -168,6 +189,24 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], param: str) 
         messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", param), "content": content})
     elif kind != "reasoning":  # NOTE: earlier reasoning is not shown to the model again, as chat templates drop it
         raise APIError(f"Input items of type {kind!r} are not supported by this server.", param=f"{param}.type")
+
+
+# The prefix of the id an input item of each type gets when it comes without one.
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def _with_id(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item with an id (kept if it has one), a message's text content as parts."""
+    kind = item.get("type", "message")
+    kept = {"type": kind, **item}
+    if "id" not in item:
+        kept["id"] = f"{_ID_PREFIXES.get(kind, 'item')}_{uuid.uuid4().hex}"
+    if kind == "message":
+        kept.setdefault("status", "completed")
+        if isinstance(item.get("content"), str):
+            part_type = "output_text" if item.get("role") == "assistant" else "input_text"
+            kept["content"] = [{"type": part_type, "text": item["content"]}]
+    return kept
 
 
 def _text_of(content: Any, param: str) -> str:

@@ -5,6 +5,8 @@ text.format and errors naming the Responses field."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +20,13 @@ from tests.service.api.fake_engine import MAX_MODEL_LEN, FakeEngineClient
 RESPONSES = "/v1/responses"
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+@pytest.fixture
+async def api(serve: Any, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in process on the fake engine, keeping responses in a file of the test's own."""
+    async with serve(responses_store=str(tmp_path / "responses.sqlite")) as client:
+        yield client
 
 
 def sdk_of(api: httpx.AsyncClient) -> openai.AsyncOpenAI:
@@ -46,7 +55,7 @@ async def test_a_text_input_gets_a_response_with_the_answer_and_usage(
     assert (response.usage.input_tokens, response.usage.output_tokens, response.usage.total_tokens) == (
         num_prompt_tokens, 6, num_prompt_tokens + 6)
     assert response.usage.input_tokens_details.cached_tokens == 0
-    assert response.max_output_tokens == 6 and response.store is False and response.tools == []
+    assert response.max_output_tokens == 6 and response.store is True and response.tools == []
 
     engine.token_ids = [*engine.token_ids[:3], engine.eos_token_id]
     finished = await client.responses.create(model="fake", input="Name a colour.")
@@ -152,7 +161,7 @@ async def test_reasoning_and_parsed_calls_are_their_own_items(
     text = ('<think>The user wants the weather.</think>Let me look. '
             '<tool_call>{"name": "get_weather", "arguments": {"city": "Tokyo"}}</tool_call>')
     engine.token_ids = [*tokenizer.encode(text), engine.eos_token_id]
-    async with serve(reasoning_parser="qwen3", tool_call_parser="hermes") as api:
+    async with serve(reasoning_parser="qwen3", tool_call_parser="hermes", responses_store="off") as api:
         client = sdk_of(api)
         whole = await client.responses.create(model="fake", input="Weather?", tools=[WEATHER])  # type: ignore[list-item]
         assert [item.type for item in whole.output] == ["reasoning", "message", "function_call"]
@@ -201,9 +210,10 @@ async def test_logprobs_come_with_the_text_when_included(api: httpx.AsyncClient,
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [
-    ({"store": True}, "store", "keeps no responses"),
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "keeps no responses"),
-    ({"background": True}, "background", "stream"),
+    ({"conversation": "conv_1"}, "conversation", "previous_response_id"),
+    ({"background": True, "store": False}, "background", "store"),
+    ({"background": True, "stream": True}, "stream", "poll"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "not found"),
     ({"include": ["file_search_call.results"]}, "include.0", "not supported"),
     ({"tools": [{"type": "web_search"}]}, "tools.0", "function tools"),
     ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),

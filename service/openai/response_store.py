@@ -1,0 +1,129 @@
+"""Responses kept for `store: true` (what `previous_response_id`, GET and DELETE /v1/responses/{id}
+read): each Response object with the input items it answered, in one SQLite file that a restarted
+server (and every gateway process of one server) opens again, within an age and a size bound."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from proto.envs import cache_dir
+
+OFF = "off"
+DEFAULT_FILE_NAME = "responses.sqlite"
+# NOTE: OpenAI keeps stored responses 30 days; a local server's disk sets the other bound.
+DEFAULT_MAX_AGE_S = 30 * 24 * 3600.0
+DEFAULT_MAX_BYTES = 2**30
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    stored_at REAL NOT NULL,
+    num_bytes INTEGER NOT NULL,
+    response TEXT NOT NULL,
+    input_items TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_by_age ON responses (stored_at);
+"""
+
+
+def store_path(setting: str) -> Path | None:
+    """Where --responses-store keeps responses: its path, ZEROSERVE_CACHE/responses.sqlite when
+    empty, None when "off"."""
+    if setting.strip().lower() == OFF:
+        return None
+    return Path(setting).expanduser() if setting.strip() else cache_dir() / DEFAULT_FILE_NAME
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A kept Response object and the input items it answered (those of its previous responses first)."""
+
+    response: dict[str, Any]
+    input_items: list[dict[str, Any]]
+
+    @property
+    def conversation(self) -> list[dict[str, Any]]:
+        """The items a response continuing from this one starts with: its input, then its output."""
+        return [*self.input_items, *self.response["output"]]
+
+
+class ResponseStore:
+    """Responses in one SQLite file. Each method opens its own connection and blocks on the disk:
+    callers on the event loop run them in a thread (`asyncio.to_thread`)."""
+
+    def __init__(
+        self, path: Path, max_age_s: float = DEFAULT_MAX_AGE_S, max_bytes: int = DEFAULT_MAX_BYTES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self.max_age_s = max_age_s
+        self.max_bytes = max_bytes
+        self.clock = clock
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connection() as connection:
+            # NOTE: WAL lets readers go on while one gateway process writes (--api-server-count shares the file).
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.executescript(_SCHEMA)
+
+    def put(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
+        """Keeps `response` (replacing the one of its id), then drops what is past the bounds, oldest first."""
+        response_text, items_text = json.dumps(response), json.dumps(input_items)
+        num_bytes = len(response_text) + len(items_text)
+        with self._connection() as connection:
+            connection.execute(
+                "INSERT INTO responses (id, stored_at, num_bytes, response, input_items) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET num_bytes = excluded.num_bytes, response = excluded.response, "
+                "input_items = excluded.input_items",
+                (response["id"], self.clock(), num_bytes, response_text, items_text),
+            )
+            self._prune(connection)
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        with self._connection() as connection:
+            row = connection.execute(
+                "SELECT response, input_items FROM responses WHERE id = ? AND stored_at >= ?",
+                (response_id, self.clock() - self.max_age_s),
+            ).fetchone()
+        return None if row is None else StoredResponse(json.loads(row[0]), json.loads(row[1]))
+
+    def delete(self, response_id: str) -> bool:
+        """Whether there was such a response to delete."""
+        with self._connection() as connection:
+            return connection.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
+
+    def _prune(self, connection: sqlite3.Connection) -> None:
+        connection.execute("DELETE FROM responses WHERE stored_at < ?", (self.clock() - self.max_age_s,))
+        (total,) = connection.execute("SELECT COALESCE(SUM(num_bytes), 0) FROM responses").fetchone()
+        if total <= self.max_bytes:
+            return
+        dropped = []
+        for response_id, num_bytes in connection.execute("SELECT id, num_bytes FROM responses ORDER BY stored_at"):
+            if total <= self.max_bytes:
+                break
+            dropped.append((response_id,))
+            total -= num_bytes
+        connection.executemany("DELETE FROM responses WHERE id = ?", dropped)
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """A connection whose changes are committed when the block ends without error."""
+        # NOTE: another gateway process may hold the write lock for a moment; wait for it, not fail.
+        connection = sqlite3.connect(self.path, timeout=30.0)
+        try:
+            with connection:
+                yield connection
+        finally:
+            connection.close()
+
+
+def open_store(setting: str) -> ResponseStore | None:
+    """The store --responses-store names (None: responses are not kept)."""
+    path = store_path(setting)
+    return None if path is None else ResponseStore(path)
