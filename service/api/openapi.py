@@ -20,7 +20,8 @@ from service.openai.responses_request import ResponsesRequest
 BODY_ROUTES: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("/v1/chat/completions", ChatCompletionRequest, "A chat answer, whole or streamed (text/event-stream)."),
     ("/v1/completions", CompletionRequest, "Completions of one or more prompts, whole or streamed."),
-    ("/v1/responses", ResponsesRequest, "OpenAI's Responses API, stateless, whole or streamed."),
+    ("/v1/responses", ResponsesRequest, "OpenAI's Responses API, whole, streamed or in the background; kept "
+     "unless 'store' is false."),
     ("/tokenize", TokenizeRequest, "Text or chat messages as token ids."),
     ("/detokenize", DetokenizeRequest, "Token ids as text."),
 )
@@ -32,12 +33,15 @@ GET_ROUTES: tuple[tuple[str, str], ...] = (
     ("/metrics", "Prometheus metrics (text)."),
     ("/v1/streams/{request_id}", "A kept stream (--stream-retention) as server-sent events, from the event after "
      "Last-Event-ID: by its response id or the X-Request-Id it was sent with."),
+    ("/v1/responses/{response_id}", "A kept Response as it is now (a background one polled)."),
+    ("/v1/responses/{response_id}/input_items", "The items a kept Response answered, in OpenAI's list shape."),
     ("/", "The playground: a chat page (HTML)."),
     ("/dashboard", "The live view of the engines (HTML)."),
     ("/playground/settings", "The served models and the sampling values a request that names none gets."),
     ("/dashboard/events", "The dashboard's figures (those of /metrics) as server-sent events, about one a second."),
     ("/static/{path}", "The pages' scripts and styles, and the scripts they vendor with their licences."),
 )
+_RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
 # The parameters of the GET routes that take any.
 _GET_PARAMETERS: dict[str, list[dict[str, Any]]] = {
     "/v1/streams/{request_id}": [
@@ -45,6 +49,13 @@ _GET_PARAMETERS: dict[str, list[dict[str, Any]]] = {
         {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string", "pattern": "^[0-9]+$"}},
     ],
     "/static/{path}": [{"name": "path", "in": "path", "required": True, "schema": {"type": "string"}}],
+    "/v1/responses/{response_id}": [_RESPONSE_ID],
+    "/v1/responses/{response_id}/input_items": [
+        _RESPONSE_ID,
+        {"name": "limit", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+        {"name": "order", "in": "query", "required": False, "schema": {"enum": ["asc", "desc"]}},
+        {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}},
+    ],
 }
 
 _ERROR_SCHEMA = {
@@ -84,6 +95,14 @@ def openapi_document() -> dict[str, Any]:
         "summary": "Aborts a kept stream's request now.", "parameters": _GET_PARAMETERS["/v1/streams/{request_id}"][:1],
         "responses": {"200": {"description": "The stream was aborted."}, "404": errors["404"]},
     }
+    paths["/v1/responses/{response_id}"]["delete"] = {
+        "summary": "Forgets a kept Response (a background one is cancelled first).", "parameters": [_RESPONSE_ID],
+        "responses": {"200": {"description": "The response was deleted."}, "404": errors["404"]},
+    }
+    paths["/v1/responses/{response_id}/cancel"] = {"post": {
+        "summary": "Cancels a background Response that has not finished.", "parameters": [_RESPONSE_ID],
+        "responses": {"200": {"description": "The response, cancelled."}, "400": errors["400"], "404": errors["404"]},
+    }}
     try:
         version = importlib.metadata.version("zeroserve")
     except importlib.metadata.PackageNotFoundError:
