@@ -16,10 +16,12 @@ from starlette.routing import Route
 
 from service.api.admission import PAGE_PATHS, PAGE_PREFIXES, Admission, AdmissionMiddleware, Phase, RequestTimeoutError
 from service.api.auth import APIKeyMiddleware
+from service.api.batches import batch_routes
 from service.api.chat_completions import create_chat_completion
 from service.api.completions import create_completion
 from service.api.disconnect import ClientDisconnected
 from service.api.errors import error_response
+from service.api.files import file_routes
 from service.api.metrics_route import metrics
 from service.api.openapi import openapi
 from service.api.responses import cancel_response, create_response, delete_response, get_response, list_input_items
@@ -166,6 +168,8 @@ def create_app(
             Route("/v1/streams/{request_id:path}", delete_stream, methods=["DELETE"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
+            *file_routes(),
+            *batch_routes(),
             *web_routes(),
         ],
         exception_handlers={

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from proto.handshake import EngineReady
 from service.api.admission import Admission
 from service.api.app import attach, create_app
+from service.api.batch_worker import BatchWorker
 from service.api.server_state import ServerState
 from service.api.stream_store import StreamStore
 from service.client.core_client import EngineCoreClient
@@ -18,8 +19,9 @@ from service.model_files.tokenizer import Tokenizer
 from service.observability.dashboard import RecentRequests
 from service.observability.metrics import PrometheusStatLogger, cache_info
 from service.observability.request_log import RequestLogger
+from service.openai.batch_store import BatchStore
 from service.openai.prepare import Preparer
-from service.openai.response_store import open_store
+from service.openai.response_store import open_store, store_path
 
 
 class Gateway:
@@ -32,6 +34,11 @@ class Gateway:
         self.app = create_app(
             None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, self.admission, self.streams
         )
+        # NOTE: the Batch API's files and batches (service/api/batches.py), kept beside the Responses (none with
+        # --responses-store off); the worker that runs them starts with the engine.
+        path = store_path(config.responses_store)
+        self.batches = None if path is None else BatchWorker(BatchStore(path), _max_batch_lines(config))
+        self.app.state.batches = self.batches
         # NOTE: kept Responses (service/api/responses.py reads it); opened here so a bad path fails at start.
         self.app.state.response_store = open_store(config.responses_store)
 
@@ -64,12 +71,21 @@ class Gateway:
             llm.input_processor, names, generation_defaults, config.max_n, reasoning_parser,
             is_serving_rank=engine_client.is_serving_rank,
         )
-        attach(self.app, ServerState(
+        state = ServerState(
             llm, preparer, config.max_request_body_bytes, metrics_registry=metrics.registry, admission=self.admission,
             tool_call_parser=_parser(config.tool_call_parser), reasoning_parser=reasoning_parser,
             recent_requests=recent_requests,
-        ))
+        )
+        attach(self.app, state)
+        # NOTE: one gateway process runs the kept batches (every one answers their routes).
+        if self.batches is not None and config.api_server_index in (None, 0):
+            self.batches.start(state)
         return llm
+
+
+def _max_batch_lines(config: GatewayConfig) -> int:
+    """Batch lines in the engines at once: half their seats, so interactive requests always find one."""
+    return max(1, config.engine.max_num_seqs * max(config.data_parallel_size, 1) // 2)
 
 
 def _parser(name: str) -> str | None:

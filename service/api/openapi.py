@@ -12,6 +12,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from service.api.batches import CreateBatchRequest
 from service.api.tokenize import DetokenizeRequest, TokenizeRequest
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
 from service.openai.responses_request import ResponsesRequest
@@ -35,6 +36,11 @@ GET_ROUTES: tuple[tuple[str, str], ...] = (
      "Last-Event-ID: by its response id or the X-Request-Id it was sent with."),
     ("/v1/responses/{response_id}", "A kept Response as it is now (a background one polled)."),
     ("/v1/responses/{response_id}/input_items", "The items a kept Response answered, in OpenAI's list shape."),
+    ("/v1/files", "The kept files (batch inputs and outputs), newest first."),
+    ("/v1/files/{file_id}", "A kept file's `file` object."),
+    ("/v1/files/{file_id}/content", "A kept file's bytes (a batch's output or error file: JSONL)."),
+    ("/v1/batches", "The batches, newest first, a page at a time."),
+    ("/v1/batches/{batch_id}", "A batch as it is now: its status, request_counts and, once done, its files."),
     ("/", "The playground: a chat page (HTML)."),
     ("/dashboard", "The live view of the engines (HTML)."),
     ("/playground/settings", "The served models and the sampling values a request that names none gets."),
@@ -42,6 +48,8 @@ GET_ROUTES: tuple[tuple[str, str], ...] = (
     ("/static/{path}", "The pages' scripts and styles, and the scripts they vendor with their licences."),
 )
 _RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
 # The parameters of the GET routes that take any.
 _GET_PARAMETERS: dict[str, list[dict[str, Any]]] = {
     "/v1/streams/{request_id}": [
@@ -56,6 +64,14 @@ _GET_PARAMETERS: dict[str, list[dict[str, Any]]] = {
         {"name": "order", "in": "query", "required": False, "schema": {"enum": ["asc", "desc"]}},
         {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}},
     ],
+    "/v1/files": [{"name": "purpose", "in": "query", "required": False, "schema": {"type": "string"}}],
+    "/v1/files/{file_id}": [_FILE_ID],
+    "/v1/files/{file_id}/content": [_FILE_ID],
+    "/v1/batches": [
+        {"name": "limit", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+        {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}},
+    ],
+    "/v1/batches/{batch_id}": [_BATCH_ID],
 }
 
 _ERROR_SCHEMA = {
@@ -103,6 +119,7 @@ def openapi_document() -> dict[str, Any]:
         "summary": "Cancels a background Response that has not finished.", "parameters": [_RESPONSE_ID],
         "responses": {"200": {"description": "The response, cancelled."}, "400": errors["400"], "404": errors["404"]},
     }}
+    _add_batch_paths(paths, errors)
     try:
         version = importlib.metadata.version("zeroserve")
     except importlib.metadata.PackageNotFoundError:
@@ -113,6 +130,31 @@ def openapi_document() -> dict[str, Any]:
         "paths": paths,
         "components": {"schemas": {**top.get("$defs", {}), "Error": _ERROR_SCHEMA}},
     }
+
+
+def _add_batch_paths(paths: dict[str, Any], errors: dict[str, Any]) -> None:
+    """The Files and Batch APIs' other methods: an upload (multipart), a batch's creation and cancel, a deletion."""
+    paths["/v1/files"]["post"] = {
+        "summary": "Keeps a JSONL file of batch lines (multipart/form-data: file, purpose 'batch').",
+        "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+            "type": "object", "required": ["file", "purpose"],
+            "properties": {"file": {"type": "string", "format": "binary"}, "purpose": {"const": "batch"}},
+        }}}},
+        "responses": {"200": {"description": "The file object."}, "400": errors["400"], "413": errors["413"]},
+    }
+    paths["/v1/files/{file_id}"]["delete"] = {
+        "summary": "Deletes a kept file.", "parameters": [_FILE_ID],
+        "responses": {"200": {"description": "The file was deleted."}, "404": errors["404"]},
+    }
+    paths["/v1/batches"]["post"] = {
+        "summary": "Runs a file's lines through the engine at a lower priority than interactive requests.",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": CreateBatchRequest.model_json_schema()}}},
+        "responses": {"200": {"description": "The batch, validating."}, "400": errors["400"], "404": errors["404"]},
+    }
+    paths["/v1/batches/{batch_id}/cancel"] = {"post": {
+        "summary": "Cancels a running batch; its files keep the lines answered by then.", "parameters": [_BATCH_ID],
+        "responses": {"200": {"description": "The batch, cancelling."}, "400": errors["400"], "404": errors["404"]},
+    }}
 
 
 async def openapi(request: Request) -> Response:

@@ -68,6 +68,8 @@ async def serve(config: GatewayConfig) -> None:
         await hypercorn.asyncio.serve(app, _hypercorn_config(config, fd), shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     finally:
         await streams.close()
+        if gateway.batches is not None:
+            await gateway.batches.close()
         await _stop_engine(load)
     if not load.cancelled():
         load.result()  # NOTE: raises why the engine did not load, if it did not.

@@ -1,0 +1,114 @@
+"""The Batch API: POST /v1/batches, GET /v1/batches/{batch_id}, GET /v1/batches (newest first, `after`
+and `limit`), POST /v1/batches/{batch_id}/cancel. The batches run in service/api/batch_worker.py."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from service.api.batch_worker import BatchWorker, numbered_lines
+from service.api.errors import parse_body
+from service.api.files import not_found, store_of
+from service.openai.batch_store import now
+from service.openai.errors import APIError
+
+COMPLETION_WINDOW_S = 24 * 3600
+MAX_BATCH_REQUEST_BYTES = 2**20
+
+
+class CreateBatchRequest(BaseModel):
+    """POST /v1/batches's body; a field this server does not know is a 400 naming it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str
+    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    completion_window: Literal["24h"]
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+
+
+async def create_batch(request: Request) -> Response:
+    """Checks the input file (a JSONL file of purpose "batch") and queues its lines, "validating"
+    until the worker starts them."""
+    store = store_of(request)
+    body = await parse_body(request, CreateBatchRequest, MAX_BATCH_REQUEST_BYTES)
+    file = await asyncio.to_thread(store.file, body.input_file_id)
+    if file is None:
+        raise not_found("file", body.input_file_id) from None
+    if file["purpose"] != "batch":
+        raise APIError(f"The file's purpose is {file['purpose']!r}, not 'batch'.", param="input_file_id")
+    content = await asyncio.to_thread(store.file_content, body.input_file_id) or b""
+    num_lines = len(numbered_lines(content))
+    if num_lines == 0:
+        raise APIError("The input file has no lines.", param="input_file_id", code="empty_file")
+    created_at = now()
+    batch = {
+        "id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": body.endpoint, "errors": None,
+        "input_file_id": body.input_file_id, "completion_window": body.completion_window,
+        "status": "validating", "output_file_id": None, "error_file_id": None, "created_at": created_at,
+        "in_progress_at": None, "expires_at": created_at + COMPLETION_WINDOW_S, "finalizing_at": None,
+        "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+        "request_counts": {"total": num_lines, "completed": 0, "failed": 0}, "metadata": body.metadata,
+    }
+    batch = await asyncio.to_thread(store.add_batch, batch)
+    _worker(request).wake()
+    return JSONResponse(batch)
+
+
+async def get_batch(request: Request) -> Response:
+    batch_id = request.path_params["batch_id"]
+    batch = await asyncio.to_thread(store_of(request).batch, batch_id)
+    if batch is None:
+        raise not_found("batch", batch_id)
+    return JSONResponse(batch)
+
+
+async def list_batches(request: Request) -> Response:
+    after = request.query_params.get("after")
+    limit_text = request.query_params.get("limit", "20")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
+        raise APIError(f"'limit' must be an integer from 1 to 100, got {limit_text!r}.", param="limit")
+    batches, has_more = await asyncio.to_thread(store_of(request).batches, after, int(limit_text))
+    return JSONResponse({
+        "object": "list", "data": batches, "first_id": batches[0]["id"] if batches else None,
+        "last_id": batches[-1]["id"] if batches else None, "has_more": has_more,
+    })
+
+
+async def cancel_batch(request: Request) -> Response:
+    """Stops a batch: "cancelling" until the lines in flight are aborted, then "cancelled", its output
+    and error files holding the lines answered by then. A finished batch is a 400."""
+    store, batch_id = store_of(request), request.path_params["batch_id"]
+    changes = {"status": "cancelling", "cancelling_at": now()}
+    batch = await asyncio.to_thread(store.update_batch, batch_id, changes, ("validating", "in_progress"))
+    if batch is None:
+        current = await asyncio.to_thread(store.batch, batch_id)
+        if current is None:
+            raise not_found("batch", batch_id)
+        if current["status"] != "cancelling":
+            raise APIError(f"The batch is {current['status']}; only a running batch can be cancelled.",
+                           param="batch_id", code="batch_not_cancellable")
+        batch = current
+    _worker(request).wake()
+    return JSONResponse(batch)
+
+
+def _worker(request: Request) -> BatchWorker:
+    worker: BatchWorker = request.app.state.batches  # NOTE: there, since store_of found its store.
+    return worker
+
+
+def batch_routes() -> list[Route]:
+    return [
+        Route("/v1/batches", create_batch, methods=["POST"]),
+        Route("/v1/batches", list_batches, methods=["GET"]),
+        Route("/v1/batches/{batch_id}", get_batch, methods=["GET"]),
+        Route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
+    ]
+

@@ -1,0 +1,97 @@
+"""The Files API, as far as batches need it: POST /v1/files (a JSONL upload, purpose "batch"),
+GET /v1/files, GET /v1/files/{file_id}, GET /v1/files/{file_id}/content, DELETE /v1/files/{file_id}."""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from service.api.batch_worker import BatchWorker
+from service.openai.batch_store import BatchStore
+from service.openai.errors import APIError
+
+# NOTE: OpenAI's own limit on a batch input file.
+MAX_FILE_BYTES = 200 * 2**20
+
+
+def store_of(request: Request) -> BatchStore:
+    """The app's batch store; a 404 where the app keeps none (an app made without a Gateway)."""
+    worker: BatchWorker | None = getattr(request.app.state, "batches", None)
+    if worker is None:
+        raise APIError("This server keeps no files or batches (--responses-store off).", 404,
+                       error_type="not_found_error", code="batches_off")
+    return worker.store
+
+
+async def upload_file(request: Request) -> Response:
+    """Keeps a multipart upload's `file` (UTF-8 JSONL) for `purpose` "batch"."""
+    store = store_of(request)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_FILE_BYTES:
+        raise APIError(f"The file is larger than {MAX_FILE_BYTES} bytes.", 413, param="file", code="file_too_large")
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise APIError("Upload the file as multipart/form-data with the fields 'file' and 'purpose'.", 415,
+                       code="unsupported_media_type")
+    async with request.form(max_files=1, max_fields=8) as form:
+        purpose, upload = form.get("purpose"), form.get("file")
+        if purpose != "batch":
+            raise APIError(f"'purpose' must be 'batch', got {purpose!r}.", param="purpose")
+        if not isinstance(upload, UploadFile):
+            raise APIError("The form has no 'file'.", param="file")
+        content = await upload.read(MAX_FILE_BYTES + 1)
+        filename = upload.filename or "upload.jsonl"
+    if len(content) > MAX_FILE_BYTES:
+        raise APIError(f"The file is larger than {MAX_FILE_BYTES} bytes.", 413, param="file", code="file_too_large")
+    try:
+        content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise APIError(f"The file is not UTF-8 text: {exc}", param="file") from exc
+    return JSONResponse(await asyncio.to_thread(store.add_file, filename, purpose, content))
+
+
+async def list_files(request: Request) -> Response:
+    purpose = request.query_params.get("purpose")
+    files = await asyncio.to_thread(store_of(request).files, purpose)
+    return JSONResponse({"object": "list", "data": files, "has_more": False})
+
+
+async def get_file(request: Request) -> Response:
+    file_id = request.path_params["file_id"]
+    file = await asyncio.to_thread(store_of(request).file, file_id)
+    if file is None:
+        raise not_found("file", file_id)
+    return JSONResponse(file)
+
+
+async def get_file_content(request: Request) -> Response:
+    file_id = request.path_params["file_id"]
+    content = await asyncio.to_thread(store_of(request).file_content, file_id)
+    if content is None:
+        raise not_found("file", file_id)
+    return Response(content, media_type="application/octet-stream")
+
+
+async def delete_file(request: Request) -> Response:
+    file_id = request.path_params["file_id"]
+    if not await asyncio.to_thread(store_of(request).delete_file, file_id):
+        raise not_found("file", file_id)
+    return JSONResponse({"id": file_id, "object": "file", "deleted": True})
+
+
+def not_found(kind: str, object_id: str) -> APIError:
+    return APIError(f"No {kind} with id '{object_id}'.", 404, param=f"{kind}_id", error_type="not_found_error",
+                    code=f"{kind}_not_found")
+
+
+def file_routes() -> list[Route]:
+    return [
+        Route("/v1/files", upload_file, methods=["POST"]),
+        Route("/v1/files", list_files, methods=["GET"]),
+        Route("/v1/files/{file_id}", get_file, methods=["GET"]),
+        Route("/v1/files/{file_id}", delete_file, methods=["DELETE"]),
+        Route("/v1/files/{file_id}/content", get_file_content, methods=["GET"]),
+    ]

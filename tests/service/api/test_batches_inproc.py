@@ -1,0 +1,186 @@
+"""The Files and Batch APIs in process on the fake engine: shapes, errors, a bad line in the error
+file, cancel, and a batch continued by a new server on the same store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.model_files.tokenizer import Tokenizer
+from service.openai.batch_store import BatchStore
+from tests.service.api.fake_engine import SENTENCE, FakeEngineClient
+from tests.service.conftest import Serve
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def engine(tokenizer: Tokenizer) -> FakeEngineClient:
+    """A fake engine whose steps take 5 ms, so that a long line still runs when a test cancels it."""
+    return FakeEngineClient(tokenizer, seconds_per_step=0.005)
+
+
+@pytest.fixture
+async def api(serve: Serve, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in process, keeping its files and batches in the test's own store."""
+    async with serve(responses_store=str(tmp_path / "store.sqlite")) as client:
+        yield client
+
+
+def chat_line(custom_id: str, max_tokens: int = 3, url: str = CHAT) -> str:
+    body = {"messages": [{"role": "user", "content": f"Hi {custom_id}"}], "max_tokens": max_tokens,
+            "ignore_eos": True}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+async def upload(client: httpx.AsyncClient, lines: list[str], purpose: str = "batch") -> dict[str, Any]:
+    content = "".join(line + "\n" for line in lines).encode()
+    response = await client.post("/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": purpose})
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+async def create_batch(client: httpx.AsyncClient, file_id: str, **changes: Any) -> httpx.Response:
+    body = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h", **changes}
+    return await client.post("/v1/batches", json=body)
+
+
+async def until_status(client: httpx.AsyncClient, batch_id: str, statuses: set[str]) -> dict[str, Any]:
+    """The batch once its status is one of `statuses` (the fake engine answers within a few polls)."""
+    while True:
+        batch = (await client.get(f"/v1/batches/{batch_id}")).json()
+        if batch["status"] in statuses:
+            return dict(batch)
+        await asyncio.sleep(0.02)
+
+
+async def file_lines(client: httpx.AsyncClient, file_id: str | None) -> list[dict[str, Any]]:
+    assert file_id is not None
+    response = await client.get(f"/v1/files/{file_id}/content")
+    assert response.status_code == 200
+    return [json.loads(line) for line in response.text.splitlines()]
+
+
+async def test_a_file_is_kept_listed_read_back_and_deleted(api: httpx.AsyncClient) -> None:
+    file = await upload(api, [chat_line("a")])
+    assert file["object"] == "file" and file["purpose"] == "batch" and file["filename"] == "in.jsonl"
+    assert file["bytes"] == len(chat_line("a")) + 1
+    assert (await api.get(f"/v1/files/{file['id']}")).json() == file
+    assert (await api.get(f"/v1/files/{file['id']}/content")).text == chat_line("a") + "\n"
+    assert [f["id"] for f in (await api.get("/v1/files")).json()["data"]] == [file["id"]]
+    deleted = await api.delete(f"/v1/files/{file['id']}")
+    assert deleted.json() == {"id": file["id"], "object": "file", "deleted": True}
+    for path in (f"/v1/files/{file['id']}", f"/v1/files/{file['id']}/content"):
+        missing = await api.get(path)
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "file_not_found"
+
+
+async def test_an_upload_names_what_is_wrong(api: httpx.AsyncClient) -> None:
+    wrong_purpose = await api.post("/v1/files", files={"file": ("a.jsonl", b"{}\n")}, data={"purpose": "fine-tune"})
+    assert wrong_purpose.status_code == 400 and wrong_purpose.json()["error"]["param"] == "purpose"
+    no_file = await api.post("/v1/files", files={"other": ("a.jsonl", b"{}\n")}, data={"purpose": "batch"})
+    assert no_file.status_code == 400 and no_file.json()["error"]["param"] == "file"
+    not_text = await api.post("/v1/files", files={"file": ("a.jsonl", b"\xff\xfe")}, data={"purpose": "batch"})
+    assert not_text.status_code == 400 and "UTF-8" in not_text.json()["error"]["message"]
+    as_json = await api.post("/v1/files", json={"purpose": "batch"})
+    assert as_json.status_code == 415
+
+
+async def test_a_batch_answers_every_line_with_bad_lines_in_the_error_file(
+    api: httpx.AsyncClient, engine: FakeEngineClient
+) -> None:
+    lines = [chat_line("first"), "not json", chat_line("wrong-url", url="/v1/completions"), chat_line("last", 5)]
+    file = await upload(api, lines)
+    created = await create_batch(api, file["id"], metadata={"job": "nightly"})
+    assert created.status_code == 200, created.text
+    batch = created.json()
+    assert batch["object"] == "batch" and batch["endpoint"] == CHAT and batch["metadata"] == {"job": "nightly"}
+    assert batch["request_counts"] == {"total": 4, "completed": 0, "failed": 0}
+    done = await until_status(api, batch["id"], {"completed"})
+    assert done["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
+    assert done["in_progress_at"] is not None and done["completed_at"] is not None
+    answers = await file_lines(api, done["output_file_id"])
+    assert [a["custom_id"] for a in answers] == ["first", "last"]
+    assert all(a["response"]["status_code"] == 200 and a["error"] is None for a in answers)
+    last = answers[1]["response"]["body"]
+    assert last["object"] == "chat.completion" and last["usage"]["completion_tokens"] == 5
+    assert last["choices"][0]["message"]["content"] == engine.output_text(5)
+    errors = await file_lines(api, done["error_file_id"])
+    assert [e["custom_id"] for e in errors] == [None, "wrong-url"]
+    assert [e["response"]["status_code"] for e in errors] == [400, 400]
+    assert "not valid JSON" in errors[0]["error"]["message"] and errors[1]["error"]["param"] == "url"
+    # NOTE: batch lines yield to interactive requests under --scheduling-policy priority.
+    assert {request.priority for request in engine.requests} == {1}
+
+
+async def test_batches_are_listed_newest_first_a_page_at_a_time(api: httpx.AsyncClient) -> None:
+    file = await upload(api, [chat_line("a")])
+    ids = [(await create_batch(api, file["id"])).json()["id"] for _ in range(3)]
+    first = (await api.get("/v1/batches", params={"limit": 2})).json()
+    assert [b["id"] for b in first["data"]] == ids[:0:-1] and first["has_more"] is True
+    assert first["first_id"] == ids[2] and first["last_id"] == ids[1]
+    rest = (await api.get("/v1/batches", params={"limit": 2, "after": first["last_id"]})).json()
+    assert [b["id"] for b in rest["data"]] == ids[:1] and rest["has_more"] is False
+
+
+@pytest.mark.parametrize(("changes", "status_code", "param"), [
+    ({"input_file_id": "file-missing"}, 404, "file_id"),
+    ({"endpoint": "/v1/embeddings"}, 400, "endpoint"),
+    ({"completion_window": "1h"}, 400, "completion_window"),
+    ({"output_expires_after": {"anchor": "created_at", "seconds": 3600}}, 400, "output_expires_after"),
+])
+async def test_a_batch_request_names_what_is_wrong(
+    api: httpx.AsyncClient, changes: dict[str, Any], status_code: int, param: str
+) -> None:
+    file = await upload(api, [chat_line("a")])
+    response = await create_batch(api, file["id"], **changes)
+    assert response.status_code == status_code, response.text
+    assert response.json()["error"]["param"] == param
+
+
+async def test_unknown_batches_are_404_and_a_finished_one_cannot_be_cancelled(api: httpx.AsyncClient) -> None:
+    for response in (await api.get("/v1/batches/batch_missing"), await api.post("/v1/batches/batch_missing/cancel")):
+        assert response.status_code == 404 and response.json()["error"]["code"] == "batch_not_found"
+    file = await upload(api, [chat_line("a")])
+    done = await until_status(api, (await create_batch(api, file["id"])).json()["id"], {"completed"})
+    refused = await api.post(f"/v1/batches/{done['id']}/cancel")
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "batch_not_cancellable"
+
+
+async def test_a_cancelled_batch_aborts_its_lines_and_keeps_those_answered(
+    api: httpx.AsyncClient, engine: FakeEngineClient
+) -> None:
+    file = await upload(api, [chat_line("short", 1), chat_line("long", 2000)])
+    batch = (await create_batch(api, file["id"])).json()
+    while (await api.get(f"/v1/batches/{batch['id']}")).json()["request_counts"]["completed"] < 1:
+        await asyncio.sleep(0.02)
+    cancelling = await api.post(f"/v1/batches/{batch['id']}/cancel")
+    assert cancelling.status_code == 200 and cancelling.json()["status"] == "cancelling"
+    cancelled = await until_status(api, batch["id"], {"cancelled"})
+    assert cancelled["request_counts"] == {"total": 2, "completed": 1, "failed": 0}
+    assert cancelled["cancelled_at"] is not None and cancelled["error_file_id"] is None
+    assert [a["custom_id"] for a in await file_lines(api, cancelled["output_file_id"])] == ["short"]
+    assert len(engine.aborted_ids) == 1
+
+
+async def test_a_new_server_continues_a_batch_answering_each_line_once(serve: Serve, tmp_path: Path) -> None:
+    store = BatchStore(tmp_path / "store.sqlite")
+    content = "".join(chat_line(name) + "\n" for name in ("kept", "new")).encode()
+    file = store.add_file("in.jsonl", "batch", content)
+    batch = {"id": "batch_left", "object": "batch", "endpoint": CHAT, "input_file_id": file["id"],
+             "status": "in_progress", "request_counts": {"total": 2, "completed": 0, "failed": 0}}
+    store.add_batch(batch)
+    store.add_result("batch_left", 0, {"custom_id": "kept", "from": "the first server"}, is_error=False)
+    async with serve(responses_store=str(store.path)) as client:
+        done = await until_status(client, "batch_left", {"completed"})
+        answers = await file_lines(client, done["output_file_id"])
+    assert answers[0] == {"custom_id": "kept", "from": "the first server"}
+    assert answers[1]["custom_id"] == "new" and SENTENCE.startswith(
+        answers[1]["response"]["body"]["choices"][0]["message"]["content"]
+    )

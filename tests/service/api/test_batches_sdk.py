@@ -1,0 +1,67 @@
+"""The Batch API end to end with OpenAI's SDK against a real tiny-model server: 200 requests, the
+server stopped and started again in the middle, every line answered exactly once."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import openai
+from openai.types import Batch
+
+from tests.server_process import ServerProcess, running_server
+
+NUM_LINES = 200
+POLL_S = 0.2
+
+
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def until(sdk: openai.OpenAI, batch_id: str, is_done: object) -> Batch:
+    """The batch once `is_done(batch)` holds (polled as a client would; the test's own timeout bounds it)."""
+    while True:
+        batch = sdk.batches.retrieve(batch_id)
+        if is_done(batch):  # type: ignore[operator]
+            return batch
+        time.sleep(POLL_S)
+
+
+def test_a_batch_of_200_completes_across_a_restart_with_every_line_answered_once(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    lines = [
+        {"custom_id": f"request-{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "tiny", "messages": [{"role": "user", "content": f"Count to {i}."}], "max_tokens": 8,
+                  "ignore_eos": True}}
+        for i in range(NUM_LINES)
+    ]
+    input_path = tmp_path / "requests.jsonl"
+    input_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    store = ("--responses-store", str(tmp_path / "store.sqlite"), "--served-model-name", "tiny")
+    with running_server(tiny_model_dir, *store) as server:
+        sdk = client(server)
+        with input_path.open("rb") as upload:
+            file = sdk.files.create(file=upload, purpose="batch")
+        batch = sdk.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+        assert batch.status == "validating" and batch.request_counts is not None
+        assert batch.request_counts.total == NUM_LINES
+        started = until(sdk, batch.id, lambda b: b.request_counts.completed > 0)
+    assert started.status == "in_progress" and started.request_counts is not None
+    assert started.request_counts.completed < NUM_LINES  # NOTE: stopped in the middle.
+    with running_server(tiny_model_dir, *store) as server:
+        sdk = client(server)
+        done = until(sdk, batch.id, lambda b: b.status not in ("validating", "in_progress", "finalizing"))
+        assert done.status == "completed" and done.error_file_id is None and done.output_file_id is not None
+        assert done.request_counts is not None
+        assert (done.request_counts.completed, done.request_counts.failed) == (NUM_LINES, 0)
+        results = [json.loads(line) for line in sdk.files.content(done.output_file_id).text.splitlines()]
+        assert [listed.id for listed in sdk.batches.list(limit=5)] == [batch.id]
+    assert [r["custom_id"] for r in results] == [line["custom_id"] for line in lines]
+    for result in results:
+        body = result["response"]["body"]
+        assert result["response"]["status_code"] == 200 and result["error"] is None
+        assert body["object"] == "chat.completion" and body["model"] == "tiny"
+        assert body["usage"]["completion_tokens"] == 8
