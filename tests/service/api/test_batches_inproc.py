@@ -184,3 +184,11 @@ async def test_a_new_server_continues_a_batch_answering_each_line_once(serve: Se
     assert answers[1]["custom_id"] == "new" and SENTENCE.startswith(
         answers[1]["response"]["body"]["choices"][0]["message"]["content"]
     )
+
+
+async def test_with_the_store_off_the_batch_routes_say_so(serve: Serve) -> None:
+    async with serve(responses_store="off") as client:
+        for response in (await client.get("/v1/batches"), await client.get("/v1/files")):
+            assert response.status_code == 404, response.text
+            assert response.json()["error"]["code"] == "batches_off"
+            assert "--responses-store" in response.json()["error"]["message"]
