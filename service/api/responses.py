@@ -22,7 +22,7 @@ from service.frontend.outputs import collect
 from service.openai.errors import APIError
 from service.openai.prepare import Prepared
 from service.openai.response_bodies import ChatResponse
-from service.openai.response_store import ResponseStore, StoredResponse
+from service.openai.response_store import UNFINISHED, ResponseStore, StoredResponse
 from service.openai.responses_output import (
     CountTokens,
     ResponseEvents,
@@ -36,7 +36,6 @@ from service.openai.responses_request import ResponsesRequest, responses_params
 logger = logging.getLogger(__name__)
 
 Keep = Callable[[dict[str, Any]], Awaitable[None]]
-_UNFINISHED = ("queued", "in_progress")
 _MAX_PAGE = 100
 
 
@@ -130,7 +129,7 @@ async def cancel_response(request: Request) -> Response:
     stored = await _stored(request)
     answer = stored.response
     # NOTE: one started by another gateway process (--api-server-count) is marked here and generates on there.
-    if answer["status"] in _UNFINISHED:
+    if answer["status"] in UNFINISHED:
         answer = answer | {"status": "cancelled"}
         await asyncio.to_thread(_store_or_404(request, response_id).put, answer, stored.input_items)
     return JSONResponse(answer)
@@ -186,7 +185,7 @@ async def _continued(store: ResponseStore | None, response_id: str) -> list[dict
     stored = None if store is None else await asyncio.to_thread(store.get, response_id)
     if stored is None:
         raise _not_found(response_id, param="previous_response_id")
-    if stored.response["status"] in _UNFINISHED:
+    if stored.response["status"] in UNFINISHED:
         raise APIError(f"Response {response_id!r} has not finished ({stored.response['status']}): wait for it "
                        "before continuing from it.", param="previous_response_id")
     return stored.conversation

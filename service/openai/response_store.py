@@ -30,7 +30,10 @@ CREATE TABLE IF NOT EXISTS responses (
     input_items TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses (stored_at);
+CREATE INDEX IF NOT EXISTS responses_by_status ON responses (json_extract(response, '$.status'));
 """
+# The statuses of a response still being answered (a background one).
+UNFINISHED = ("queued", "in_progress")
 
 
 def store_path(setting: str) -> Path | None:
@@ -98,6 +101,15 @@ class ResponseStore:
         with self._connection() as connection:
             return connection.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
 
+    def fail_unfinished(self, message: str) -> int:
+        """Marks every response still queued or in progress failed (with `message`); how many there were."""
+        error = json.dumps({"code": "server_error", "message": message})
+        with self._connection() as connection:
+            return connection.execute(
+                "UPDATE responses SET response = json_set(response, '$.status', 'failed', '$.error', json(?)) "
+                "WHERE json_extract(response, '$.status') IN (?, ?)", (error, *UNFINISHED),
+            ).rowcount
+
     def _prune(self, connection: sqlite3.Connection) -> None:
         connection.execute("DELETE FROM responses WHERE stored_at < ?", (self.clock() - self.max_age_s,))
         (total,) = connection.execute("SELECT COALESCE(SUM(num_bytes), 0) FROM responses").fetchone()
@@ -124,6 +136,12 @@ class ResponseStore:
 
 
 def open_store(setting: str) -> ResponseStore | None:
-    """The store --responses-store names (None: responses are not kept)."""
+    """The store --responses-store names (None: responses are not kept), as a starting server
+    finds it: a background response the last one was answering ended with it, and is failed."""
     path = store_path(setting)
-    return None if path is None else ResponseStore(path)
+    if path is None:
+        return None
+    store = ResponseStore(path)
+    # NOTE: every gateway process opens the store as the server starts, before any serves a request.
+    store.fail_unfinished("The server stopped before this response finished.")
+    return store

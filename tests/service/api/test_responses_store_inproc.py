@@ -224,6 +224,27 @@ async def test_a_restarted_server_continues_from_the_store(
     assert first["output"][0]["content"][0]["text"] in engine.tokenizer.decode(engine.requests[-1].prompt_token_ids)
 
 
+async def test_a_background_response_a_stopped_server_left_is_failed_when_it_starts(
+    serve: Any, store_path: str, engine: FakeEngineClient
+) -> None:
+    engine.seconds_per_step = 0.05
+    async with serve(responses_store=store_path) as api:
+        queued = (await api.post(RESPONSES, json={"input": "Hi", "background": True, "max_output_tokens": 1000,
+                                                   "ignore_eos": True})).json()
+        # NOTE: a stopped process's task ends with it; this one is ended by hand, the store left as it was.
+        tasks = list(api._transport.app.state.background_responses.values())  # type: ignore[attr-defined]
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+    engine.seconds_per_step = 0.0
+    async with serve(responses_store=store_path) as api:
+        failed = (await api.get(f"{RESPONSES}/{queued['id']}")).json()
+        assert failed["status"] == "failed" and "stopped" in failed["error"]["message"]
+        continued = await api.post(RESPONSES, json={"input": "More", "previous_response_id": queued["id"],
+                                                     "max_output_tokens": 2})
+        assert continued.status_code == 200, continued.text
+
+
 async def test_a_server_with_the_store_off_says_so(serve: Any) -> None:
     async with serve(responses_store="off") as api:
         plain = (await api.post(RESPONSES, json={"input": "Hi", "max_output_tokens": 2})).json()

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from proto.envs import cache_dir
-from service.openai.response_store import ResponseStore, store_path
+from service.openai.response_store import ResponseStore, open_store, store_path
 
 
 class Clock:
@@ -69,3 +69,18 @@ def test_the_setting_names_a_file_the_cache_default_or_off(tmp_path: Path) -> No
     assert store_path(str(tmp_path / "r.sqlite")) == tmp_path / "r.sqlite"
     assert store_path("") == cache_dir() / "responses.sqlite"
     assert store_path("off") is None
+
+
+def test_a_starting_server_fails_the_responses_its_last_run_left_unfinished(tmp_path: Path) -> None:
+    path = tmp_path / "responses.sqlite"
+    store = ResponseStore(path)
+    for status in ("queued", "in_progress", "completed"):
+        store.put(response(f"resp_{status}") | {"status": status, "error": None}, [])
+    reopened = open_store(str(path))
+    assert reopened is not None
+    statuses = {}
+    for status in ("queued", "in_progress", "completed"):
+        stored = reopened.get(f"resp_{status}")
+        assert stored is not None
+        statuses[status] = (stored.response["status"], stored.response["error"] is not None)
+    assert statuses == {"queued": ("failed", True), "in_progress": ("failed", True), "completed": ("completed", False)}
