@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from service.anthropic.errors import AnthropicErrorsMiddleware
 from service.api.admission import PAGE_PATHS, PAGE_PREFIXES, Admission, AdmissionMiddleware, Phase, RequestTimeoutError
 from service.api.auth import APIKeyMiddleware
 from service.api.batches import batch_routes
@@ -22,6 +23,7 @@ from service.api.completions import create_completion
 from service.api.disconnect import ClientDisconnected
 from service.api.errors import error_response
 from service.api.files import file_routes
+from service.api.messages import count_message_tokens, create_message
 from service.api.metrics_route import metrics
 from service.api.openapi import openapi
 from service.api.responses import cancel_response, create_response, delete_response, get_response, list_input_items
@@ -149,6 +151,8 @@ def create_app(
         middleware.insert(0, Middleware(
             APIKeyMiddleware, api_keys=api_keys, open_paths=open_paths, open_prefixes=PAGE_PREFIXES
         ))
+    # NOTE: outermost, so the API key's and admission's refusals on /v1/messages are Anthropic's shape too.
+    middleware.insert(0, Middleware(AnthropicErrorsMiddleware))
     app = Starlette(
         middleware=middleware,
         routes=[
@@ -164,6 +168,8 @@ def create_app(
             Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
             Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
+            Route("/v1/messages", resumable(create_message), methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
             Route("/v1/streams/{request_id:path}", get_stream, methods=["GET"]),
             Route("/v1/streams/{request_id:path}", delete_stream, methods=["DELETE"]),
             Route("/tokenize", tokenize, methods=["POST"]),

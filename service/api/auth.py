@@ -1,4 +1,5 @@
-"""API keys: `Authorization: Bearer KEY` on every route but the open ones, or a 401."""
+"""API keys: `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) on every route but the open ones,
+or a 401."""
 
 from __future__ import annotations
 
@@ -24,11 +25,15 @@ class APIKeyMiddleware:
         self.open_paths = frozenset(open_paths)
         self.open_prefixes = tuple(open_prefixes)
 
-    def is_authorized(self, authorization: str) -> bool:
+    def is_authorized(self, authorization: str, api_key: str = "") -> bool:
+        """Whether the bearer token or the `x-api-key` header is one of the keys."""
         scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer":
-            return False
+        return (scheme.lower() == "bearer" and self._is_key(token)) or self._is_key(api_key)
+
+    def _is_key(self, token: str) -> bool:
         given = token.strip().encode()
+        if not given:
+            return False
         # NOTE: every key is compared, so the time taken says nothing about which one matched.
         return any([hmac.compare_digest(given, key) for key in self.api_keys])
 
@@ -37,13 +42,14 @@ class APIKeyMiddleware:
         if scope["type"] not in ("http", "websocket") or path in self.open_paths or path.startswith(self.open_prefixes):
             await self.app(scope, receive, send)
             return
-        authorization = Headers(scope=scope).get("authorization", "")
-        if self.is_authorized(authorization):
+        headers = Headers(scope=scope)
+        authorization, api_key = headers.get("authorization", ""), headers.get("x-api-key", "")
+        if self.is_authorized(authorization, api_key):
             await self.app(scope, receive, send)
             return
-        problem = "No API key provided" if not authorization.strip() else "Incorrect API key provided"
+        problem = "No API key provided" if not (authorization + api_key).strip() else "Incorrect API key provided"
         response = error_response(APIError(
-            f"{problem}. Send it as `Authorization: Bearer KEY`.", 401, code="invalid_api_key",
+            f"{problem}. Send it as `Authorization: Bearer KEY` or `x-api-key: KEY`.", 401, code="invalid_api_key",
         ))
         response.headers["WWW-Authenticate"] = "Bearer"
         await refuse(response, scope, receive, send)

@@ -12,6 +12,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from service.anthropic.protocol import CountTokensRequest, MessagesRequest
 from service.api.batches import CreateBatchRequest
 from service.api.tokenize import DetokenizeRequest, TokenizeRequest
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -23,6 +24,8 @@ BODY_ROUTES: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("/v1/completions", CompletionRequest, "Completions of one or more prompts, whole or streamed."),
     ("/v1/responses", ResponsesRequest, "OpenAI's Responses API, whole, streamed or in the background; kept "
      "unless 'store' is false."),
+    ("/v1/messages", MessagesRequest, "Anthropic's Messages API, whole or streamed."),
+    ("/v1/messages/count_tokens", CountTokensRequest, "The prompt tokens a Messages body would be charged."),
     ("/tokenize", TokenizeRequest, "Text or chat messages as token ids."),
     ("/detokenize", DetokenizeRequest, "Token ids as text."),
 )
