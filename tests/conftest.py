@@ -20,11 +20,18 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # user's cache: plans timed while the suite loads the machine would serve their `make serve`.
 if "ZEROSERVE_PLAN_CACHE" not in os.environ:
     os.environ["ZEROSERVE_PLAN_CACHE"] = _OWN_PLAN_CACHE = tempfile.mkdtemp(prefix="zeroserve-test-plans-")
+# NOTE: the Responses the suite's servers keep (store: true is the default) go to this run's file
+# (every server a test starts reads ZEROSERVE_RESPONSES_STORE), not to the user's cache.
+if "ZEROSERVE_RESPONSES_STORE" not in os.environ:
+    _OWN_RESPONSES_STORE = tempfile.mkdtemp(prefix="zeroserve-test-responses-")
+    os.environ["ZEROSERVE_RESPONSES_STORE"] = os.path.join(_OWN_RESPONSES_STORE, "responses.sqlite")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if "_OWN_PLAN_CACHE" in globals():
         shutil.rmtree(_OWN_PLAN_CACHE, ignore_errors=True)
+    if "_OWN_RESPONSES_STORE" in globals():
+        shutil.rmtree(_OWN_RESPONSES_STORE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,10 @@ def serve(engine: FakeEngineClient, tokenizer: Tokenizer) -> Serve:
 
     @contextlib.asynccontextmanager
     async def open_client(**config_changes: Any) -> AsyncIterator[httpx.AsyncClient]:
-        config = GatewayConfig(model="fake", **{"served_model_names": SERVED_MODEL_NAMES, **config_changes})
+        config = GatewayConfig(model="fake", **{
+            "served_model_names": SERVED_MODEL_NAMES, "responses_store": os.environ["ZEROSERVE_RESPONSES_STORE"],
+            **config_changes,
+        })
         gateway = Gateway(config)
         llm = gateway.serve_with(engine, tokenizer, engine.ready, "fake", stats_log_interval_s=0)
         app, streams = gateway.app, gateway.streams
