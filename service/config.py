@@ -126,8 +126,13 @@ class GatewayConfig:
     )
     responses_store: str = setting(
         "", "the SQLite file that keeps Responses (store: true) for previous_response_id, GET and background, "
-        "across restarts; off: keep none (default: ZEROSERVE_CACHE/responses.sqlite)", group="operations",
+        "and the Batch API's files and batches, across restarts; off: keep none (default: "
+        "ZEROSERVE_CACHE/responses.sqlite)", group="operations",
         metavar="PATH",
+    )
+    max_batch_lines: int | None = setting(
+        None, "most Batch API lines in the engines at once; fewer leave interactive requests faster steps "
+        "(default: half of --max-num-seqs, times the engines)", check=at_least(1), group="operations", metavar="N",
     )
 
     def __post_init__(self) -> None:

@@ -84,7 +84,10 @@ class Gateway:
 
 
 def _max_batch_lines(config: GatewayConfig) -> int:
-    """Batch lines in the engines at once: half their seats, so interactive requests always find one."""
+    """Batch lines in the engines at once: --max-batch-lines, by default half their seats, so interactive
+    requests always find one."""
+    if config.max_batch_lines is not None:
+        return config.max_batch_lines
     return max(1, config.engine.max_num_seqs * max(config.data_parallel_size, 1) // 2)
 
 

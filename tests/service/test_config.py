@@ -25,6 +25,7 @@ OTHER_VALUES: dict[str, Any] = {
     "api_keys": ("k1", "k2"), "is_metrics_auth": True, "max_num_queued_requests": 0, "request_timeout_s": 2.5,
     "shutdown_timeout_s": 0.0, "sse_keepalive_s": 0.0, "max_header_bytes": 2048, "stream_retention_s": 60.0,
     "stream_retention_mib": 16, "responses_store": "off",
+    "max_batch_lines": 4,
 }
 OTHER_LINK_VALUES: dict[str, Any] = {
     "engine_address": "tcp://10.0.0.1:5555", "curve_secret_key": "gateway.key_secret",
