@@ -62,6 +62,7 @@ EXPECTED_OUTPUT = {  # regular expressions
     "from service import LLM, SamplingParams": ["The capital of France is → .*Paris", "Tokyo"],
     "response_format=Answer": [r"city='Tokyo'"],
     "client.responses.create(": ["The capital of Japan is Tokyo"],
+    "curl -s http://127.0.0.1:8000/v1/messages": ['"stop_reason":"end_turn"', "The capital of Japan is Tokyo"],
     "--result-json out.json": [r"Successful requests: +16\s"],
     "/v1/streams/fox-1": [r"(?m)^id: 1\n", r"(?m)^id: 2\n", r"data: \[DONE\]"],
 }
