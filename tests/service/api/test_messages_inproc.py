@@ -283,3 +283,23 @@ async def test_the_api_key_is_taken_from_x_api_key_or_the_bearer_token(serve: An
         assert chat.status_code == 200
         refused = await api.post("/v1/chat/completions", json={"model": "fake", "messages": hi})
         assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+
+
+async def test_a_kept_stream_holds_and_gives_back_one_admission_slot(serve: Any) -> None:
+    body = {"model": "fake", "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+    async with serve(stream_retention_s=30.0) as api:
+        admission = api._transport.app.state.admission  # type: ignore[attr-defined]
+        response = await api.post(MESSAGES, json=body, headers={"x-request-id": "m-1"})
+        assert response.status_code == 200 and "event: message_stop" in response.text
+        resumed = await api.post(MESSAGES, json=body, headers={"x-request-id": "m-1"})
+        assert resumed.text == response.text
+        assert admission.num_in_flight == 0
+
+
+async def test_a_body_over_the_limit_is_anthropics_413(serve: Any) -> None:
+    async with serve(max_request_body_bytes=1024) as api:
+        response = await api.post(MESSAGES, json={"model": "fake", "max_tokens": 3,
+                                                  "messages": [{"role": "user", "content": "x" * 2000}]})
+    assert response.status_code == 413
+    assert response.json() == {"type": "error", "error": {"type": "request_too_large", "message": response.json()[
+        "error"]["message"]}} and "1024 bytes" in response.json()["error"]["message"]
