@@ -44,7 +44,12 @@ class MessagesChatRequest(ChatCompletionRequest):
 
 def to_chat_request(body: CountTokensRequest) -> MessagesChatRequest:
     """The chat request that answers `body` (a count_tokens body: one that generates a single token)."""
-    chat: dict[str, Any] = {"model": body.model, "messages": _chat_messages(body), "max_tokens": 1}
+    messages = _chat_messages(body)
+    chat: dict[str, Any] = {"model": body.model, "messages": messages, "max_tokens": 1}
+    last = messages[-1]
+    if last["role"] == "assistant" and last["content"] and "tool_calls" not in last:
+        # NOTE: a last assistant turn is Anthropic's prefill: the answer goes on from its text.
+        chat |= {"add_generation_prompt": False, "continue_final_message": True}
     if body.tools:
         chat["tools"] = [_chat_tool(tool.name, tool.description, tool.input_schema) for tool in body.tools]
     if body.tool_choice is not None:

@@ -303,3 +303,13 @@ async def test_a_body_over_the_limit_is_anthropics_413(serve: Any) -> None:
     assert response.status_code == 413
     assert response.json() == {"type": "error", "error": {"type": "request_too_large", "message": response.json()[
         "error"]["message"]}} and "1024 bytes" in response.json()["error"]["message"]
+
+
+async def test_a_last_assistant_turn_is_a_prefill_the_answer_goes_on_from(
+    api: httpx.AsyncClient, engine: FakeEngineClient, tokenizer: Tokenizer
+) -> None:
+    async with sdk_of(api) as client:
+        message = await client.messages.create(model="fake", max_tokens=3, messages=[
+            {"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My answer:"}])
+    assert prompt_text(engine, tokenizer).endswith("<|im_start|>assistant\nMy answer:")
+    assert message.content[0].text == engine.output_text(3)  # type: ignore[union-attr]
