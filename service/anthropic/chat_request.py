@@ -107,10 +107,13 @@ def _chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
 
 def _turn(message: Message) -> list[dict[str, Any]]:
     """One Messages turn as chat messages: a user turn's tool results as tool messages, then its
-    text; an assistant turn's text with its tool calls. Thinking blocks are dropped."""
+    text; an assistant turn's text with its tool calls; a system turn's text. Thinking blocks are dropped."""
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
     texts = [block for block in message.content if isinstance(block, TextBlock)]
+    if message.role == "system":
+        # NOTE: kept where it stands, so the prompt before it stays a prefix the cache holds.
+        return [{"role": "system", "content": _joined(texts)}]
     if message.role == "user":
         results = [block for block in message.content if isinstance(block, ToolResultBlock)]
         turn = [{"role": "tool", "tool_call_id": result.tool_use_id, "content": result.text} for result in results]

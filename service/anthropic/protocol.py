@@ -76,9 +76,10 @@ ContentBlock = Annotated[
 
 
 class Message(AnthropicModel):
-    """One turn of the conversation."""
+    """One turn of the conversation; a `system` one is an instruction where it stands (Claude Code
+    sends those beside the top-level `system`)."""
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: list[ContentBlock] | str
 
 

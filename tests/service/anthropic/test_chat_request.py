@@ -34,6 +34,7 @@ def test_system_blocks_and_tool_turns_become_chat_messages() -> None:
             {"type": "tool_result", "tool_use_id": "toolu_2", "content": "down", "is_error": True},
             {"type": "text", "text": "And tomorrow?"},
         ]},
+        {"role": "system", "content": [{"type": "text", "text": "Tools may be slow."}]},
     ])
     messages = [{key: value for key, value in m.items() if value is not None} for m in chat["messages"]]
     assert messages == [
@@ -44,6 +45,7 @@ def test_system_blocks_and_tool_turns_become_chat_messages() -> None:
         {"role": "tool", "tool_call_id": "toolu_1", "content": "-3 C"},
         {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: down"},
         {"role": "user", "content": "And tomorrow?"},
+        {"role": "system", "content": "Tools may be slow."},
     ]
     assert json.loads(messages[2]["tool_calls"][0]["function"]["arguments"]) == {"city": "Oslo"}
 

@@ -313,3 +313,15 @@ async def test_a_last_assistant_turn_is_a_prefill_the_answer_goes_on_from(
             {"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My answer:"}])
     assert prompt_text(engine, tokenizer).endswith("<|im_start|>assistant\nMy answer:")
     assert message.content[0].text == engine.output_text(3)  # type: ignore[union-attr]
+
+
+async def test_a_system_turn_among_the_messages_is_an_instruction_where_it_stands(
+    api: httpx.AsyncClient, engine: FakeEngineClient, tokenizer: Tokenizer
+) -> None:
+    # NOTE: Claude Code sends these beside the top-level system.
+    response = await api.post(MESSAGES, json={"model": "fake", "max_tokens": 2, "system": "Be brief.", "messages": [
+        {"role": "user", "content": "Hi"}, {"role": "system", "content": [{"type": "text", "text": "Be kind."}]},
+        {"role": "user", "content": "Bye"}]})
+    assert response.status_code == 200, response.text
+    assert ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>system\nBe kind."
+            "<|im_end|>\n<|im_start|>user\nBye<|im_end|>") in prompt_text(engine, tokenizer)
