@@ -2,14 +2,15 @@
 
     .venv/bin/python -m benchmarks.batch_ttft
     .venv/bin/python -m benchmarks.batch_ttft --num-lines 200 --output-len 64 --num-probes 20
+    .venv/bin/python -m benchmarks.batch_ttft -- --max-batch-lines 4   # more `zeroserve serve` flags
 
 Starts `zeroserve serve` (the default model unless `--model`, its store in a temporary folder),
 sends `--num-probes` streamed chat requests one after another and times each one's first content
 token (idle). It then submits a batch of `--num-lines` chat lines of `--output-len` tokens (EOS
 ignored) through OpenAI's SDK and, while the batch is in progress, sends the same probes again
 (loaded). Prints (and with `--out` writes) both medians, their ratio (issue #43 asks for at most 1.5),
-and how many batch lines were answered meanwhile. The probes of the loaded round that ran after the
-batch finished are not counted.
+and how many batch lines were answered meanwhile; then cancels the batch (`--wait`: lets it finish).
+The probes of the loaded round that ran after the batch finished are not counted.
 """
 
 from __future__ import annotations
@@ -72,9 +73,11 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 break
             loaded.append(ttft)
         during = sdk.batches.retrieve(batch.id).request_counts
-        started = time.perf_counter()
-        while sdk.batches.retrieve(batch.id).status not in ("completed", "failed", "cancelled"):
-            time.sleep(0.5)
+        if args.wait:
+            while sdk.batches.retrieve(batch.id).status not in ("completed", "failed", "cancelled"):
+                time.sleep(0.5)
+        elif sdk.batches.retrieve(batch.id).status == "in_progress":
+            sdk.batches.cancel(batch.id)
         done = sdk.batches.retrieve(batch.id)
     if not loaded:
         raise RuntimeError("the batch finished before a probe ran beside it: raise --num-lines or --output-len")
@@ -85,7 +88,6 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "ratio": round(loaded_ms / idle_ms, 2), "num_loaded_probes": len(loaded),
         "lines_answered_during_probes": during.completed if during else None,
         "batch_status": done.status, "batch_counts": done.request_counts.model_dump() if done.request_counts else None,
-        "batch_tail_s": round(time.perf_counter() - started, 1),
     }
 
 
@@ -95,6 +97,7 @@ def main() -> None:
     parser.add_argument("--num-lines", type=int, default=200)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--num-probes", type=int, default=20)
+    parser.add_argument("--wait", action="store_true", help="let the batch finish (default: cancel it after the probes)")
     parser.add_argument("--log", type=Path, default=None, help="the server's output (default: this terminal)")
     parser.add_argument("--out", type=Path, default=None, help="also write the report here (JSON)")
     parser.add_argument("serve_args", nargs=argparse.REMAINDER, help="more `zeroserve serve` flags, after --")

@@ -18,6 +18,8 @@ from tests.service.api.fake_engine import SENTENCE, FakeEngineClient
 from tests.service.conftest import Serve
 
 CHAT = "/v1/chat/completions"
+# NOTE: polls of a batch before a test gives up on it (the fake engine needs a few; this only ends a hang).
+MAX_POLLS = 5000
 
 
 @pytest.fixture
@@ -53,11 +55,12 @@ async def create_batch(client: httpx.AsyncClient, file_id: str, **changes: Any) 
 
 async def until_status(client: httpx.AsyncClient, batch_id: str, statuses: set[str]) -> dict[str, Any]:
     """The batch once its status is one of `statuses` (the fake engine answers within a few polls)."""
-    while True:
+    for _ in range(MAX_POLLS):
         batch = (await client.get(f"/v1/batches/{batch_id}")).json()
         if batch["status"] in statuses:
             return dict(batch)
         await asyncio.sleep(0.02)
+    raise AssertionError(f"the batch never got to {statuses}: {batch}")
 
 
 async def file_lines(client: httpx.AsyncClient, file_id: str | None) -> list[dict[str, Any]]:
@@ -158,7 +161,9 @@ async def test_a_cancelled_batch_aborts_its_lines_and_keeps_those_answered(
 ) -> None:
     file = await upload(api, [chat_line("short", 1), chat_line("long", 2000)])
     batch = (await create_batch(api, file["id"])).json()
-    while (await api.get(f"/v1/batches/{batch['id']}")).json()["request_counts"]["completed"] < 1:
+    for _ in range(MAX_POLLS):
+        if (await api.get(f"/v1/batches/{batch['id']}")).json()["request_counts"]["completed"] == 1:
+            break
         await asyncio.sleep(0.02)
     cancelling = await api.post(f"/v1/batches/{batch['id']}/cancel")
     assert cancelling.status_code == 200 and cancelling.json()["status"] == "cancelling"
