@@ -21,6 +21,9 @@ from typing import Any
 
 # A batch's life, as OpenAI's Batch API names it; the worker picks the unfinished ones up.
 UNFINISHED_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
+FINISHED_STATUSES = ("completed", "cancelled", "failed")
+# NOTE: as OpenAI keeps a batch's output files; a finished batch and its files go this long after.
+MAX_AGE_S = 30 * 24 * 3600
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS batch_files (
@@ -162,7 +165,9 @@ class BatchStore:
 
     def finish_batch(self, batch_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
         """Makes the batch's output and error files (its answered lines in input order, answers in the
-        one, errors in the other; none when empty) and records them with `changes`, in one transaction."""
+        one, errors in the other; none when empty), records them and its counts with `changes` (the
+        lines' results, now in the files, are dropped), and forgets the batches finished more than
+        MAX_AGE_S ago with their files; in one transaction."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
             rows = db.execute(
@@ -171,22 +176,32 @@ class BatchStore:
             row = db.execute("SELECT object FROM batch_batches WHERE id = ?", (batch_id,)).fetchone()
             if row is None:
                 return None
-            batch = json.loads(row[0])
+            batch: dict[str, Any] = json.loads(row[0])
+            num_failed = sum(is_error for is_error, _ in rows)
+            batch["request_counts"] = {
+                "total": batch["request_counts"]["total"], "completed": len(rows) - num_failed, "failed": num_failed,
+            }
             for is_error, key, name in ((0, "output_file_id", "output"), (1, "error_file_id", "error")):
                 lines = [result for error, result in rows if error == is_error]
                 if lines:
                     content = "".join(line + "\n" for line in lines).encode()
                     file = _file_object(f"{batch_id}_{name}.jsonl", "batch_output", len(content))
+                    file["expires_at"] = file["created_at"] + MAX_AGE_S
                     db.execute("INSERT INTO batch_files (id, object, content) VALUES (?, ?, ?)",
                                (file["id"], json.dumps(file), content))
                     batch[key] = file["id"]
             batch.update(changes)
             db.execute("UPDATE batch_batches SET status = ?, object = ? WHERE id = ?",
                        (batch["status"], json.dumps(batch), batch_id))
-        return self._with_counts(batch)
+            db.execute("DELETE FROM batch_results WHERE batch_id = ?", (batch_id,))
+            _forget_old_batches(db)
+        return batch
 
     def _with_counts(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The batch with its request_counts: its lines, and those answered and failed so far."""
+        """The batch with its request_counts: its lines, and those answered and failed so far (a
+        finished batch's, kept with it)."""
+        if batch["status"] in FINISHED_STATUSES:
+            return batch
         with self._connect() as db:
             num_failed, num_answered = db.execute(
                 "SELECT COALESCE(SUM(is_error), 0), COUNT(*) FROM batch_results WHERE batch_id = ?", (batch["id"],)
@@ -194,6 +209,18 @@ class BatchStore:
         counts = {"total": batch["request_counts"]["total"], "completed": num_answered - num_failed,
                   "failed": num_failed}
         return batch | {"request_counts": counts}
+
+
+def _forget_old_batches(db: sqlite3.Connection) -> None:
+    """Deletes the batches finished more than MAX_AGE_S ago, and their output and error files."""
+    cutoff = now() - MAX_AGE_S
+    for (text,) in db.execute("SELECT object FROM batch_batches").fetchall():
+        batch = json.loads(text)
+        finished_at = next((batch.get(f"{status}_at") for status in FINISHED_STATUSES if batch.get(f"{status}_at")), None)
+        if batch["status"] in FINISHED_STATUSES and finished_at is not None and finished_at < cutoff:
+            db.execute("DELETE FROM batch_batches WHERE id = ?", (batch["id"],))
+            db.executemany("DELETE FROM batch_files WHERE id = ?",
+                           [(batch[key],) for key in ("output_file_id", "error_file_id") if batch.get(key)])
 
 
 def _file_object(filename: str, purpose: str, num_bytes: int) -> dict[str, Any]:

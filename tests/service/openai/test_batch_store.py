@@ -1,11 +1,15 @@
 """The batch store: a line answered twice keeps its first result, a batch's files list its lines in
-input order however they were answered, and it all reads back from a new store on the same file."""
+input order however they were answered, it all reads back from a new store on the same file, and
+finished batches go with their files after MAX_AGE_S."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
+from service.openai import batch_store
 from service.openai.batch_store import BatchStore
 
 
@@ -42,3 +46,20 @@ def test_an_unused_store_makes_no_file_when_polled(tmp_path: Path) -> None:
     assert store.next_unfinished()["id"] == "batch_b"  # type: ignore[index]
     assert store.update_batch("batch_b", {"status": "cancelling"}, only_from=("completed",)) is None
     assert store.update_batch("batch_b", {"status": "cancelling"})["status"] == "cancelling"  # type: ignore[index]
+
+
+def test_a_finished_batch_keeps_its_counts_and_goes_with_its_files_after_max_age(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = BatchStore(tmp_path / "store.sqlite")
+    new_batch(store, "batch_old", 1)
+    store.add_result("batch_old", 0, {"line": 0}, is_error=False)
+    monkeypatch.setattr(batch_store, "now", lambda: 1_000)
+    old = store.finish_batch("batch_old", {"status": "completed", "completed_at": 1_000})
+    assert old is not None and store.answered_lines("batch_old") == set()
+    assert store.batch("batch_old")["request_counts"] == {"total": 1, "completed": 1, "failed": 0}  # type: ignore[index]
+    monkeypatch.setattr(batch_store, "now", lambda: 1_000 + batch_store.MAX_AGE_S + 1)
+    new_batch(store, "batch_new", 1)
+    store.finish_batch("batch_new", {"status": "cancelled", "cancelled_at": batch_store.now()})
+    assert store.batch("batch_old") is None and store.file(old["output_file_id"]) is None
+    assert store.batch("batch_new")["request_counts"] == {"total": 1, "completed": 0, "failed": 0}  # type: ignore[index]
