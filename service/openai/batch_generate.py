@@ -38,16 +38,22 @@ Body = ChatCompletionRequest | CompletionRequest
 
 @dataclass(frozen=True)
 class BatchLine:
-    """One input line read: its place, its custom_id, the endpoint it names and its request body, unchecked."""
+    """One input line read: its place, its custom_id, the method and endpoint it names and its request
+    body, unchecked."""
 
     index: int
     custom_id: str | None
+    method: str
     url: str
     raw: Any
 
     def request_body(self, endpoint: str | None = None) -> Body:
-        """The body checked against its endpoint (a 400 naming the problem); a batch's lines must
-        name the batch's `endpoint`."""
+        """The body checked against its method and endpoint (a 400 naming the problem); a batch's lines
+        must name the batch's `endpoint`."""
+        if self.method != "POST":
+            raise APIError(f"The line's method {self.method!r} is not 'POST'.", param="method")
+        if self.url not in (CHAT_URL, COMPLETIONS_URL):
+            raise APIError(f"Unsupported url {self.url!r}: use {CHAT_URL} or {COMPLETIONS_URL}.", param="url")
         if endpoint is not None and self.url != endpoint:
             raise APIError(f"The line's url {self.url!r} is not the batch's endpoint {endpoint!r}.", param="url")
         if self.url == CHAT_URL:
@@ -193,12 +199,11 @@ def answer_result(
 def read_line(index: int, text: str) -> BatchLine:
     """A plain request body or an OpenAI batch line (`{"custom_id", "method", "url", "body"}`); a
     400-style error if it is neither."""
-    custom_id, url, raw = _parse_line(text)
-    return BatchLine(index, custom_id, url, raw)
+    return BatchLine(index, *_parse_line(text))
 
 
-def _parse_line(text: str) -> tuple[str | None, str, Any]:
-    """(custom_id, url, body) of a plain request body or an OpenAI batch line."""
+def _parse_line(text: str) -> tuple[str | None, str, str, Any]:
+    """(custom_id, method, url, body) of a plain request body or an OpenAI batch line."""
     if not text.strip():
         raise APIError("The line is empty.")
     try:
@@ -207,15 +212,12 @@ def _parse_line(text: str) -> tuple[str | None, str, Any]:
         raise APIError(f"The line is not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise APIError("The line must be a JSON object.")
-    custom_id = None
     if isinstance(raw.get("body"), dict):
         custom_id = raw.get("custom_id")
         url = raw.get("url", CHAT_URL if "messages" in raw["body"] else COMPLETIONS_URL)
-        raw = raw["body"]
-        if url not in (CHAT_URL, COMPLETIONS_URL):
-            raise APIError(f"Unsupported url {url!r}: use {CHAT_URL} or {COMPLETIONS_URL}.", param="url")
-        return None if custom_id is None else str(custom_id), url, raw
-    return None, CHAT_URL if "messages" in raw else COMPLETIONS_URL, raw
+        method = raw.get("method", "POST")
+        return None if custom_id is None else str(custom_id), str(method), str(url), raw["body"]
+    return None, "POST", CHAT_URL if "messages" in raw else COMPLETIONS_URL, raw
 
 
 def _batch_request_id() -> str:

@@ -35,10 +35,10 @@ async def api(serve: Serve, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def chat_line(custom_id: str, max_tokens: int = 3, url: str = CHAT) -> str:
+def chat_line(custom_id: str, max_tokens: int = 3, url: str = CHAT, method: str = "POST") -> str:
     body = {"messages": [{"role": "user", "content": f"Hi {custom_id}"}], "max_tokens": max_tokens,
             "ignore_eos": True}
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+    return json.dumps({"custom_id": custom_id, "method": method, "url": url, "body": body})
 
 
 async def upload(client: httpx.AsyncClient, lines: list[str], purpose: str = "batch") -> dict[str, Any]:
@@ -98,15 +98,18 @@ async def test_an_upload_names_what_is_wrong(api: httpx.AsyncClient) -> None:
 async def test_a_batch_answers_every_line_with_bad_lines_in_the_error_file(
     api: httpx.AsyncClient, engine: FakeEngineClient
 ) -> None:
-    lines = [chat_line("first"), "not json", chat_line("wrong-url", url="/v1/completions"), chat_line("last", 5)]
+    lines = [
+        chat_line("first"), "not json", chat_line("wrong-url", url="/v1/completions"),
+        chat_line("get", method="GET"), chat_line("last", 5),
+    ]
     file = await upload(api, lines)
     created = await create_batch(api, file["id"], metadata={"job": "nightly"})
     assert created.status_code == 200, created.text
     batch = created.json()
     assert batch["object"] == "batch" and batch["endpoint"] == CHAT and batch["metadata"] == {"job": "nightly"}
-    assert batch["request_counts"] == {"total": 4, "completed": 0, "failed": 0}
+    assert batch["request_counts"] == {"total": 5, "completed": 0, "failed": 0}
     done = await until_status(api, batch["id"], {"completed"})
-    assert done["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
+    assert done["request_counts"] == {"total": 5, "completed": 2, "failed": 3}
     assert done["in_progress_at"] is not None and done["completed_at"] is not None
     answers = await file_lines(api, done["output_file_id"])
     assert [a["custom_id"] for a in answers] == ["first", "last"]
@@ -115,9 +118,10 @@ async def test_a_batch_answers_every_line_with_bad_lines_in_the_error_file(
     assert last["object"] == "chat.completion" and last["usage"]["completion_tokens"] == 5
     assert last["choices"][0]["message"]["content"] == engine.output_text(5)
     errors = await file_lines(api, done["error_file_id"])
-    assert [e["custom_id"] for e in errors] == [None, "wrong-url"]
-    assert [e["response"]["status_code"] for e in errors] == [400, 400]
-    assert "not valid JSON" in errors[0]["error"]["message"] and errors[1]["error"]["param"] == "url"
+    assert [e["custom_id"] for e in errors] == [None, "wrong-url", "get"]
+    assert [e["response"]["status_code"] for e in errors] == [400, 400, 400]
+    assert "not valid JSON" in errors[0]["error"]["message"]
+    assert [e["error"]["param"] for e in errors[1:]] == ["url", "method"]
     # NOTE: batch lines yield to interactive requests under --scheduling-policy priority.
     assert {request.priority for request in engine.requests} == {1}
 
