@@ -325,3 +325,19 @@ async def test_a_system_turn_among_the_messages_is_an_instruction_where_it_stand
     assert response.status_code == 200, response.text
     assert ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>system\nBe kind."
             "<|im_end|>\n<|im_start|>user\nBye<|im_end|>") in prompt_text(engine, tokenizer)
+
+
+async def test_a_call_the_model_chose_is_a_tool_use_block_with_a_tool_call_parser(
+    serve: Any, engine: FakeEngineClient, tokenizer: Tokenizer
+) -> None:
+    text = 'Let me look. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    engine.token_ids = [*tokenizer.encode(text), engine.eos_token_id]
+    body: Any = {"model": "fake", "max_tokens": 80, "tools": [WEATHER], "messages": [{"role": "user", "content": "?"}]}
+    async with serve(tool_call_parser="hermes") as api, sdk_of(api) as client:
+        whole = await client.messages.create(**body)
+        async with client.messages.stream(**body) as stream:
+            final = await stream.get_final_message()
+    for message in (whole, final):
+        assert [block.type for block in message.content] == ["text", "tool_use"]
+        assert message.content[0].text == "Let me look. "  # type: ignore[union-attr]
+        assert message.content[1].input == {"city": "Oslo"} and message.stop_reason == "tool_use"  # type: ignore[union-attr]
