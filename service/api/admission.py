@@ -18,7 +18,7 @@ from service.openai.errors import APIError
 if TYPE_CHECKING:
     from service.openai.prepare import Prepared
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"})
 # The pages (service/api/web) and their files: open while loading, so a page can say the model is
 # loading, and open without an API key, since they show nothing until given it.
 PAGE_PATHS = frozenset({"/", "/dashboard"})

@@ -203,3 +203,30 @@ async def test_keepalive_comments_between_numbered_events_do_not_trip_the_openai
             model="fake", prompt="Count:", max_tokens=10, stream=True, extra_body={"ignore_eos": True}
         )
         assert "".join([chunk.choices[0].text async for chunk in stream if chunk.choices]) == engine.output_text(10)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 3}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 3, "store": False}),
+])
+async def test_every_generation_route_is_in_flight_until_its_kept_stream_ends(
+    serve: Serve, path: str, body: dict[str, object]
+) -> None:
+    """A drain waits for each route's requests, and a kept stream gives back the one slot it took."""
+    async with serve(stream_retention_s=30.0) as client:
+        admission = client._transport.app.state.admission  # type: ignore[attr-defined]
+        acquire, num_acquired = admission.acquire, []
+
+        def counted_acquire() -> None:
+            num_acquired.append(1)
+            acquire()
+
+        admission.acquire = counted_acquire
+        sent = {"model": "fake", "stream": True, **body}
+        first = await client.post(path, json=sent, headers={"x-request-id": f"kept{path}"})
+        assert first.status_code == 200, first.text
+        await until(lambda: admission.num_in_flight == 0)
+        resumed = await client.post(path, json=sent, headers={"x-request-id": f"kept{path}"})
+        assert resumed.text == first.text
+        assert len(num_acquired) == 2 and admission.num_in_flight == 0
