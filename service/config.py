@@ -132,7 +132,7 @@ class GatewayConfig:
     )
     max_batch_lines: int | None = setting(
         None, "most Batch API lines in the engines at once; fewer leave interactive requests faster steps "
-        "(default: half of --max-num-seqs, times the engines)", check=at_least(1), group="operations", metavar="N",
+        "(default: 4 per engine, at most half of --max-num-seqs)", check=at_least(1), group="operations", metavar="N",
     )
 
     def __post_init__(self) -> None:

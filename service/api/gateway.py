@@ -24,6 +24,12 @@ from service.openai.prepare import Preparer
 from service.openai.response_store import open_store, store_path
 
 
+# NOTE: a step of many sequences takes longer than a step of one on a CPU, and an interactive request
+# shares the batch's steps: with 4 lines an interactive time to first token stayed within 1.5x of an idle
+# server's, with 8 it did not (benchmarks/batch_ttft.py; figures in the README's Batch API section).
+DEFAULT_BATCH_LINES_PER_ENGINE = 4
+
+
 class Gateway:
     """The app `zeroserve serve` runs: 503 "loading" until `serve_with` hands it a ready engine client."""
 
@@ -84,11 +90,12 @@ class Gateway:
 
 
 def _max_batch_lines(config: GatewayConfig) -> int:
-    """Batch lines in the engines at once: --max-batch-lines, by default half their seats, so interactive
-    requests always find one."""
+    """Batch lines in the engines at once: --max-batch-lines, by default DEFAULT_BATCH_LINES_PER_ENGINE
+    per engine (never more than half their seats, so interactive requests always find one)."""
     if config.max_batch_lines is not None:
         return config.max_batch_lines
-    return max(1, config.engine.max_num_seqs * max(config.data_parallel_size, 1) // 2)
+    num_engines = max(config.data_parallel_size, 1)
+    return max(1, min(DEFAULT_BATCH_LINES_PER_ENGINE, config.engine.max_num_seqs // 2) * num_engines)
 
 
 def _parser(name: str) -> str | None:
