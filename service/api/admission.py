@@ -23,7 +23,7 @@ GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/re
 # loading, and open without an API key, since they show nothing until given it.
 PAGE_PATHS = frozenset({"/", "/dashboard"})
 PAGE_PREFIXES = ("/static/",)
-ALWAYS_OPEN_PATHS = frozenset({"/health", "/version"}) | PAGE_PATHS
+ALWAYS_OPEN_PATHS = frozenset({"/health", "/livez", "/version"}) | PAGE_PATHS
 OPEN_WHILE_DRAINING_PATHS = ALWAYS_OPEN_PATHS | {"/metrics"}
 RETRY_AFTER_S = 1
 

@@ -23,6 +23,7 @@ from service.api.completions import create_completion
 from service.api.disconnect import ClientDisconnected
 from service.api.errors import error_response
 from service.api.files import file_routes
+from service.api.health import live
 from service.api.messages import count_message_tokens, create_message
 from service.api.metrics_route import metrics
 from service.api.openapi import openapi
@@ -147,7 +148,7 @@ def create_app(
     middleware = [Middleware(AdmissionMiddleware, admission=admission)]
     if api_keys:
         # NOTE: everything the pages read (the settings, the dashboard's stream) asks for the key.
-        open_paths = {"/health", "/openapi.json", *PAGE_PATHS} | (set() if is_metrics_auth else {"/metrics"})
+        open_paths = {"/health", "/livez", "/openapi.json", *PAGE_PATHS} | (set() if is_metrics_auth else {"/metrics"})
         middleware.insert(0, Middleware(
             APIKeyMiddleware, api_keys=api_keys, open_paths=open_paths, open_prefixes=PAGE_PREFIXES
         ))
@@ -157,6 +158,7 @@ def create_app(
         middleware=middleware,
         routes=[
             Route("/health", health, methods=["GET"]),
+            Route("/livez", live, methods=["GET"]),
             Route("/version", version, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),

@@ -31,7 +31,8 @@ BODY_ROUTES: tuple[tuple[str, type[BaseModel], str], ...] = (
 )
 # (path, what it returns): the routes read with GET.
 GET_ROUTES: tuple[tuple[str, str], ...] = (
-    ("/health", "200 while an engine answers, else 503 with the reason."),
+    ("/health", "200 while an engine answers, else 503 with the reason (readiness)."),
+    ("/livez", "200 while the gateway process runs, engines or not (liveness)."),
     ("/version", "The package version, the engine's CPU and what runs each piece of a step."),
     ("/v1/models", "The served model and its aliases."),
     ("/metrics", "Prometheus metrics (text)."),
