@@ -29,3 +29,8 @@ def extend_block_hashes(
         start = index * block_size
         parent = hash_block(parent, token_ids[start : start + block_size], extra_keys)
         block_hashes.append(parent)
+
+
+def external_block_hash(block_hash: bytes) -> int:
+    """A block's hash as KV events carry it: the digest's last 8 bytes, big-endian (vLLM's integer form)."""
+    return int.from_bytes(block_hash[-8:], "big")

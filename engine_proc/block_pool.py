@@ -35,6 +35,8 @@ class BlockPool:
             (block.block_id, block) for block in self.blocks
         )
         self._cached_blocks: dict[bytes, KVCacheBlock] = {}
+        # NOTE: the hashes evicted since the KV cache manager last took them; None: not kept (no KV events).
+        self.evicted_hashes: list[bytes] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -47,6 +49,10 @@ class BlockPool:
     @property
     def num_cached_blocks(self) -> int:
         return len(self._cached_blocks)
+
+    @property
+    def cached_block_hashes(self) -> set[bytes]:
+        return set(self._cached_blocks)
 
     def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
         return self._cached_blocks.get(block_hash)
@@ -70,11 +76,13 @@ class BlockPool:
             blocks.append(block)
         return blocks
 
-    def cache_block(self, block: KVCacheBlock, block_hash: bytes) -> None:
-        """Indexes a full block; a duplicate of an already cached block stays unindexed."""
+    def cache_block(self, block: KVCacheBlock, block_hash: bytes) -> bool:
+        """Indexes a full block (True); a duplicate of an already cached block stays unindexed (False)."""
         if block.block_hash is None and block_hash not in self._cached_blocks:
             block.block_hash = block_hash
             self._cached_blocks[block_hash] = block
+            return True
+        return False
 
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Drops a reference; blocks nobody uses join the free queue's tail, in the given order."""
@@ -92,4 +100,6 @@ class BlockPool:
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is not None:
             del self._cached_blocks[block.block_hash]
+            if self.evicted_hashes is not None:
+                self.evicted_hashes.append(block.block_hash)
             block.block_hash = None

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine_proc.kv_cache_manager import KVCacheManager
+from engine_proc.kv_events import KVEventPublisher
 from engine_proc.model_runner import ModelRunner, ModelRunnerOutput
 from engine_proc.ngram_proposer import NgramProposer
 from engine_proc.request import Request
@@ -43,9 +44,13 @@ class EngineCore:
                 f"max_model_len {self.max_model_len} exceeds the KV cache's {num_cache_tokens} "
                 "tokens: raise the KV cache memory or lower max_model_len"
             )
+        kv_events = config.kv_events
+        self.kv_event_publisher = KVEventPublisher(kv_events, engine_index) if kv_events.is_publishing else None
         self.scheduler = Scheduler(
             SchedulerConfig.of(config, self.max_model_len),
-            KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching),
+            KVCacheManager(
+                num_blocks, config.block_size, config.enable_prefix_caching, self.kv_event_publisher is not None
+            ),
             *_drafting(config),
         )
         self._rejected: list[EngineCoreOutput] = []
@@ -194,7 +199,14 @@ class EngineCore:
             output.new_logprobs = runner_output.logprobs.get(output.request_id)
             output.prompt_logprobs = runner_output.prompt_logprobs.get(output.request_id)
         self.suspect_request_ids = []
+        self._publish_kv_events()
         return self.idle_outputs(outputs)
+
+    def _publish_kv_events(self) -> None:
+        """What the step (or a reset) did to the prefix cache, to the routers that follow it."""
+        if self.kv_event_publisher is not None:
+            if events := self.scheduler.kv_cache_manager.take_kv_events():
+                self.kv_event_publisher.publish(events, max(self.engine_index, 0))
 
     def idle_outputs(self, outputs: list[EngineCoreOutput] | None = None) -> EngineCoreOutputs:
         """`outputs` (none: what an engine left idle by aborts reports) and the scheduler's stats."""
@@ -215,6 +227,7 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         """Forgets all cached prefixes (e.g. after new weights); running requests are unaffected."""
         self.scheduler.kv_cache_manager.reset_prefix_cache()
+        self._publish_kv_events()
         return True
 
     def get_stats(self) -> SchedulerStats:
@@ -241,6 +254,7 @@ class EngineCore:
             raise ValueError(f"cannot sleep with {num} requests in flight; let them finish or abort them")
         # NOTE: the cached blocks' contents are about to go.
         self.scheduler.kv_cache_manager.reset_prefix_cache()
+        self._publish_kv_events()
         self.model_runner.sleep(level)
         logger.info("engine %d asleep (level %d)", self.engine_index, level)
         return True
@@ -259,6 +273,8 @@ class EngineCore:
         self.model_runner.sleep(2)
         if self._structured_output is not None:
             self._structured_output.shutdown()
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.close()
 
 
 def _drafting(config: EngineConfig) -> tuple[NgramProposer | None, int | None]:

@@ -13,14 +13,18 @@ them out again, least recently freed first.
 
 Plain Python, no torch: the scheduler asks `get_computed_blocks` for a new request's cached
 prefix, then `can_allocate` / `allocate`, and `free`s finished requests' blocks at once.
+
+With KV events on, every change to the set of cached hashes is recorded as it happens (blocks
+stored, blocks evicted, all cleared) for the engine to publish after the step (engine_proc/kv_events.py).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from engine_proc.block_hash import extend_block_hashes
+from engine_proc.block_hash import extend_block_hashes, external_block_hash
 from engine_proc.block_pool import BlockPool, KVCacheBlock
+from engine_proc.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from engine_proc.request import Request
 from proto.engine_config import EngineConfig
 
@@ -39,11 +43,16 @@ class KVCacheManager:
     """Hands out fixed-size cache blocks to requests, reusing cached prefixes."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = EngineConfig.enable_prefix_caching
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = EngineConfig.enable_prefix_caching,
+        enable_kv_cache_events: bool = False,
     ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.block_pool = BlockPool(num_blocks)
+        # NOTE: None when KV events are off, so nothing accumulates that nobody takes.
+        self._kv_events: list[KVCacheEvent] | None = [] if enable_kv_cache_events else None
+        if enable_kv_cache_events:
+            self.block_pool.evicted_hashes = []
         # request id → how many of its blocks are indexed in the prefix cache.
         self._num_hashed_blocks: dict[str, int] = {}
         self.num_prefix_queries = 0
@@ -121,6 +130,7 @@ class KVCacheManager:
         if num_new_blocks > 0:
             new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
             request.block_ids.extend(block.block_id for block in new_blocks)
+            self._record_evictions()
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, num_tokens // self.block_size)
 
@@ -133,6 +143,21 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> None:
         self.block_pool.reset_prefix_cache()
+        if self._kv_events is not None:
+            self._kv_events.append(AllBlocksCleared())
+
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        """The KV events recorded since the last call, oldest first (none when events are off)."""
+        if not self._kv_events:
+            return []
+        events, self._kv_events = self._kv_events, []
+        return events
+
+    def _record_evictions(self) -> None:
+        evicted = self.block_pool.evicted_hashes
+        if self._kv_events is not None and evicted:
+            self._kv_events.append(BlockRemoved([external_block_hash(block_hash) for block_hash in evicted]))
+            evicted.clear()
 
     def _cache_full_blocks(self, request: Request, num_full_blocks: int) -> None:
         num_hashed = self._num_hashed_blocks.get(request.request_id, 0)
@@ -141,6 +166,29 @@ class KVCacheManager:
         extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
         num_full_blocks = min(num_full_blocks, len(request.block_hashes))
         blocks = self.block_pool.blocks
-        for index in range(num_hashed, num_full_blocks):
-            self.block_pool.cache_block(blocks[request.block_ids[index]], request.block_hashes[index])
+        stored_indexes = [
+            index for index in range(num_hashed, num_full_blocks)
+            if self.block_pool.cache_block(blocks[request.block_ids[index]], request.block_hashes[index])
+        ]
         self._num_hashed_blocks[request.request_id] = num_full_blocks
+        if self._kv_events is not None and stored_indexes:
+            self._record_stored(request, stored_indexes)
+
+    def _record_stored(self, request: Request, indexes: list[int]) -> None:
+        """One BlockStored per run of consecutive newly cached blocks (a duplicate block ends a run)."""
+        assert self._kv_events is not None
+        runs: list[list[int]] = []
+        for index in indexes:
+            if runs and runs[-1][-1] == index - 1:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        hashes, size = request.block_hashes, self.block_size
+        for run in runs:
+            first, end = run[0], run[-1] + 1
+            self._kv_events.append(BlockStored(
+                block_hashes=[external_block_hash(block_hash) for block_hash in hashes[first:end]],
+                parent_block_hash=external_block_hash(hashes[first - 1]) if first > 0 else None,
+                token_ids=list(request.all_token_ids[first * size : end * size]),
+                block_size=size,
+            ))

@@ -102,7 +102,49 @@ class StructuredOutputsConfig:
         return StructuredOutputsConfig(**_known_keys(StructuredOutputsConfig, _json_object(text)))
 
 
-def _checks_json_of(config_class: type[SpeculativeConfig] | type[StructuredOutputsConfig]) -> Callable[[str], None]:
+KV_EVENT_PUBLISHERS = ("null", "zmq")
+
+
+@dataclass(frozen=True)
+class KVEventsConfig:
+    """KV cache events for prefix-aware routers, vLLM's `--kv-events-config` keys (engine_proc/kv_events.py)."""
+
+    enable_kv_cache_events: bool = False
+    # NOTE: zmq by default, as vLLM resolves an unset publisher once events are enabled.
+    publisher: str = "zmq"
+    endpoint: str = "tcp://*:5557"  # a `*` host (or ipc://) binds, another host connects
+    replay_endpoint: str | None = None  # a ROUTER socket that resends batches from a sequence number
+    buffer_steps: int = 10_000  # batches kept for replay
+    hwm: int = 100_000
+    max_queue_size: int = 100_000  # batches waiting for the publisher thread; more are dropped
+    topic: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enable_kv_cache_events, bool):
+            raise ValueError(f"enable_kv_cache_events must be true or false, got {self.enable_kv_cache_events!r}")
+        if self.publisher not in KV_EVENT_PUBLISHERS:
+            raise ValueError(f"publisher {self.publisher!r} is not supported; supported: {', '.join(KV_EVENT_PUBLISHERS)}")
+        for name in ("endpoint", "replay_endpoint", "topic"):
+            value = getattr(self, name)
+            if not isinstance(value, str) and not (value is None and name == "replay_endpoint"):
+                raise ValueError(f"{name} must be a string, got {value!r}")
+        for name in ("buffer_steps", "hwm", "max_queue_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    @property
+    def is_publishing(self) -> bool:
+        return self.enable_kv_cache_events and self.publisher == "zmq"
+
+    @staticmethod
+    def from_json(text: str) -> KVEventsConfig:
+        return KVEventsConfig(**_known_keys(KVEventsConfig, _json_object(text)))
+
+
+def _checks_json_of(
+    config_class: type[SpeculativeConfig] | type[StructuredOutputsConfig] | type[KVEventsConfig],
+) -> Callable[[str], None]:
     """The check of a setting that holds `config_class` as JSON (empty: not set)."""
 
     def check(text: str) -> None:
@@ -145,6 +187,13 @@ class EngineConfig:
         'gets a 400, e.g. \'{"backend": "guidance", "compile_timeout_s": 10}\' (backends: xgrammar, '
         'guidance (llguidance); default: xgrammar, 10 s)',
         check=_checks_json_of(StructuredOutputsConfig), is_json=True,
+    )
+    kv_events_config: str = setting(
+        "", "KV cache events for prefix-aware routers (llm-d, Dynamo, AIBrix) in vLLM's wire format, vLLM's keys: "
+        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+        '"replay_endpoint": "tcp://*:5558", "topic": "kv-events"}\'; others: buffer_steps, hwm, max_queue_size; '
+        "engine N adds N to the ports (default: off)",
+        check=_checks_json_of(KVEventsConfig), is_json=True,
     )
     device: str = setting("auto", "torch device of the engine: auto (CUDA when present), cpu, cuda, cuda:N")
     block_size: int = setting(16, "tokens per KV cache block", check=at_least(1))
@@ -189,6 +238,10 @@ class EngineConfig:
         if not self.structured_outputs_config:
             return StructuredOutputsConfig()
         return StructuredOutputsConfig.from_json(self.structured_outputs_config)
+
+    @property
+    def kv_events(self) -> KVEventsConfig:
+        return KVEventsConfig.from_json(self.kv_events_config) if self.kv_events_config else KVEventsConfig()
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

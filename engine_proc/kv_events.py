@@ -1,0 +1,181 @@
+"""KV cache events in vLLM's wire format, published over ZeroMQ for prefix-aware routers.
+
+Routers that score pods by the prefixes they hold (llm-d's KV-cache indexer, Dynamo, AIBrix)
+subscribe to each engine and keep its set of cached blocks from three events:
+
+    BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name)
+    BlockRemoved(block_hashes, medium)          AllBlocksCleared()
+
+The wire is vLLM's (`vllm/distributed/kv_events.py`, msgspec structs with `array_like=True`,
+`tag=True`, `omit_defaults=True`): a batch is the msgpack array `[ts, [event, ...],
+data_parallel_rank]`, an event the array `[tag, *fields]`, e.g. `["BlockRemoved", [h1, h2],
+"GPU"]`. The PUB socket sends each batch as three frames `(topic, seq, payload)`, `seq` an
+8-byte big-endian counter from 0; the optional ROUTER replay socket answers a request whose
+last frame is a start `seq` with `(seq, payload)` for every batch it still keeps from there on,
+then `(-1, b"")`. Engine N tags its batches `data_parallel_rank=N` and, like vLLM, adds N to
+the endpoints' ports (ipc:// and inproc:// get `_dpN`).
+
+Block hashes an indexer can recompute from token ids (engine_proc/block_hash.py):
+`digest_0 = sha256(sha256(b"zeroserve-prefix-cache-v1") + int64_le(tokens of block 0))`,
+`digest_i = sha256(digest_{i-1} + int64_le(tokens of block i))`, and the hash on the wire is
+the last 8 bytes of the digest as a big-endian unsigned integer (vLLM's integer form). The
+first block of a request has `parent_block_hash` None, as in vLLM. "GPU" is vLLM's name for
+the engine's own cache tier, kept on the CPU too so routers weigh it as the primary tier.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import ormsgpack
+import zmq
+
+from proto.engine_config import KVEventsConfig
+
+logger = logging.getLogger(__name__)
+
+MEDIUM = "GPU"
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+_POLL_S = 0.05
+_CLOSE_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """Consecutive full blocks of one request entered the prefix cache."""
+
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+
+    def to_wire(self) -> list[Any]:
+        # NOTE: lora_id, medium and lora_name have no default in vLLM's struct, so they are always sent.
+        return ["BlockStored", self.block_hashes, self.parent_block_hash, self.token_ids, self.block_size,
+                None, MEDIUM, None]
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """Cached blocks were evicted (handed out for new tokens)."""
+
+    block_hashes: list[int]
+
+    def to_wire(self) -> list[Any]:
+        return ["BlockRemoved", self.block_hashes, MEDIUM]
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """The prefix cache was reset: no block is cached any more."""
+
+    def to_wire(self) -> list[Any]:
+        return ["AllBlocksCleared"]
+
+
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+def encode_batch(events: list[KVCacheEvent], timestamp: float, data_parallel_rank: int) -> bytes:
+    """One batch as vLLM's `KVEventBatch` is laid out in msgpack."""
+    return ormsgpack.packb([timestamp, [event.to_wire() for event in events], data_parallel_rank])
+
+
+def offset_endpoint(endpoint: str, engine_index: int) -> str:
+    """Engine N's endpoint: N added to a tcp port, `_dpN` after an ipc or inproc path (vLLM's rule)."""
+    if engine_index <= 0:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{engine_index}"
+    host, _, port = endpoint.rpartition(":")
+    if not endpoint.startswith("tcp://") or not port.isdigit():
+        raise ValueError(f"KV events endpoint {endpoint!r} is not tcp://host:port, ipc:// or inproc://")
+    return f"{host}:{int(port) + engine_index}"
+
+
+def _binds(endpoint: str) -> bool:
+    """vLLM's rule: a wildcard host or a local path binds; a named host is a collector to connect to."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+class KVEventPublisher:
+    """Publishes KV event batches from a thread of its own, keeping the last ones for replay."""
+
+    def __init__(self, config: KVEventsConfig, engine_index: int) -> None:
+        self.endpoint = offset_endpoint(config.endpoint, max(engine_index, 0))
+        self.replay_endpoint = (
+            None if config.replay_endpoint is None else offset_endpoint(config.replay_endpoint, max(engine_index, 0))
+        )
+        self._topic = config.topic.encode()
+        self._queue: queue.Queue[tuple[int, bytes] | None] = queue.Queue(maxsize=config.max_queue_size)
+        self._replay_buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self.num_batches = 0
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        # NOTE: bound here so a taken port fails the engine's start; only the thread uses them after.
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.set_hwm(config.hwm)
+        (self._pub.bind if _binds(self.endpoint) else self._pub.connect)(self.endpoint)
+        self._replay: zmq.Socket[Any] | None = None
+        if self.replay_endpoint is not None:
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.bind(self.replay_endpoint)
+        self._thread = threading.Thread(target=self._run, name="kv-events-output", daemon=True)
+        self._thread.start()
+        logger.info("publishing KV cache events on %s (replay: %s)", self.endpoint, self.replay_endpoint)
+
+    def publish(self, events: list[KVCacheEvent], data_parallel_rank: int) -> None:
+        """Hands a batch to the thread; never blocks the busy loop (a full queue drops it, leaving a gap in seq)."""
+        seq, self.num_batches = self.num_batches, self.num_batches + 1
+        payload = encode_batch(events, time.time(), data_parallel_rank)
+        try:
+            self._queue.put_nowait((seq, payload))
+        except queue.Full:
+            logger.error("KV events batch %d dropped: %d batches wait to be sent", seq, self._queue.qsize())
+
+    def close(self) -> None:
+        """Sends what is queued, then closes the sockets."""
+        self._queue.put(None)
+        self._thread.join(_CLOSE_TIMEOUT_S)
+        self._ctx.destroy(linger=int(_CLOSE_TIMEOUT_S * 1000))
+
+    def _run(self) -> None:
+        is_running = True
+        while is_running:
+            try:
+                is_running = self._send(self._queue.get(timeout=_POLL_S))
+            except queue.Empty:
+                pass
+            if self._replay is not None and self._replay.poll(0):
+                # NOTE: first the batches published before the request came, so the replay has them.
+                while is_running and not self._queue.empty():
+                    is_running = self._send(self._queue.get_nowait())
+                self._answer_replay()
+
+    def _send(self, item: tuple[int, bytes] | None) -> bool:
+        """Publishes one batch and keeps it for replay; False at the end of the queue (close)."""
+        if item is None:
+            return False
+        seq, payload = item
+        self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+        self._replay_buffer.append(item)
+        return True
+
+    def _answer_replay(self) -> None:
+        assert self._replay is not None
+        frames = self._replay.recv_multipart()
+        # NOTE: [identity, b"", start seq] from a REQ socket (vLLM's), [identity, start seq] from a DEALER.
+        identity, envelope, start_bytes = frames[0], frames[1:-1], frames[-1]
+        if len(start_bytes) != 8:
+            logger.warning("ignoring a KV events replay request without an 8-byte start seq")
+            return
+        start_seq = int.from_bytes(start_bytes, "big")
+        for seq, payload in list(self._replay_buffer):
+            if seq >= start_seq:
+                self._replay.send_multipart((identity, *envelope, seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((identity, *envelope, END_SEQ, b""))

@@ -1,0 +1,226 @@
+"""KV cache events as a router sees them: subscribed with pyzmq, decoded with msgpack, replayed to the
+engine's exact set of cached blocks across evictions and a reset, told apart per engine."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from engine_proc.block_hash import external_block_hash
+from engine_proc.core import EngineCore
+from engine_proc.kv_cache_manager import KVCacheManager
+from engine_proc.kv_events import KVEventPublisher, encode_batch, offset_endpoint
+from engine_proc.request import Request
+from proto.engine_config import EngineConfig, KVEventsConfig
+from proto.engine_input import EngineCoreRequest, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[2]
+RECV_TIMEOUT_MS = 10_000
+REQUEST_NUMBERS = itertools.count()
+# NOTE: 12 blocks of 16 tokens (as in test_core.py): the workload below must evict.
+TWELVE_BLOCKS_GIB = 12 * (2 * 2 * 16 * 2 * 16 * 4) / 2**30
+
+
+def apply_batch(cached: set[int], batch: list[Any]) -> None:
+    """A router's bookkeeping, strict: a block is stored only when absent and removed only when present."""
+    _, events, _ = batch
+    for tag, *fields in events:
+        if tag == "BlockStored":
+            block_hashes, _parent, token_ids, block_size, lora_id, medium, lora_name = fields
+            assert len(token_ids) == len(block_hashes) * block_size and medium == "GPU"
+            assert lora_id is None and lora_name is None
+            assert not cached & set(block_hashes), "a block stored twice"
+            cached.update(block_hashes)
+        elif tag == "BlockRemoved":
+            block_hashes, medium = fields
+            assert set(block_hashes) <= cached, "a block removed that was never stored"
+            cached.difference_update(block_hashes)
+        else:
+            assert (tag, fields) == ("AllBlocksCleared", [])
+            cached.clear()
+
+
+def cached_hashes(manager: KVCacheManager) -> set[int]:
+    return {external_block_hash(block_hash) for block_hash in manager.block_pool.cached_block_hashes}
+
+
+def replay(ctx: zmq.Context[Any], endpoint: str, start_seq: int) -> dict[int, bytes]:
+    """The batches from `start_seq` on that the publisher still keeps, asked for as vLLM's subscriber does."""
+    socket = ctx.socket(zmq.DEALER)
+    socket.connect(endpoint)
+    socket.send_multipart((b"", start_seq.to_bytes(8, "big")))
+    batches = {}
+    while True:
+        assert socket.poll(RECV_TIMEOUT_MS), "no answer from the replay socket"
+        _, seq_bytes, payload = socket.recv_multipart()
+        seq = int.from_bytes(seq_bytes, "big", signed=True)
+        if seq == -1:
+            break
+        batches[seq] = payload
+    socket.close(linger=0)
+    return batches
+
+
+def receive_by_engine(sub: zmq.Socket[Any], num_batches_of: dict[int, int]) -> dict[int, dict[int, bytes]]:
+    """Batches on one SUB socket by engine (data_parallel_rank) and seq, up to each engine's last one
+    (earlier ones may predate the subscription)."""
+    by_engine: dict[int, dict[int, bytes]] = {engine_index: {} for engine_index in num_batches_of}
+    while any(num - 1 not in by_engine[engine_index] for engine_index, num in num_batches_of.items()):
+        assert sub.poll(RECV_TIMEOUT_MS), "an engine's last batch never came"
+        _, seq_bytes, payload = sub.recv_multipart()
+        by_engine[msgpack.unpackb(payload)[2]][int.from_bytes(seq_bytes, "big")] = payload
+    return by_engine
+
+
+def generate(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> None:
+    """Greedy requests, all submitted at once, run to the end."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for prompt in prompts:
+        core.add_request(EngineCoreRequest(f"r{next(REQUEST_NUMBERS)}", prompt, params))
+    while core.has_work:
+        core.step()
+
+
+def make_request(request_id: str, token_ids: list[int]) -> Request:
+    return Request(EngineCoreRequest(request_id, token_ids, SamplingParams()), ())
+
+
+def test_manager_events_replay_to_its_cached_blocks_across_evictions_and_a_reset() -> None:
+    manager = KVCacheManager(num_blocks=6, block_size=4, enable_kv_cache_events=True)
+    cached: set[int] = set()
+
+    def admit_and_free(request_id: str, token_ids: list[int]) -> None:
+        request = make_request(request_id, token_ids)
+        prefix = manager.get_computed_blocks(request)
+        manager.allocate(request, request.num_tokens - prefix.num_tokens, prefix)
+        manager.free(request)
+        apply_batch(cached, msgpack.unpackb(encode_batch(manager.take_kv_events(), 0.0, 0)))
+        assert cached == cached_hashes(manager)
+
+    shared = list(range(8))
+    admit_and_free("a", [*shared, 20, 21, 22, 23, 24])
+    admit_and_free("b", [*shared, 30, 31, 32, 33])  # shares two blocks, stores one
+    admit_and_free("c", list(range(100, 120)))  # five blocks of six: evicts
+    admit_and_free("d", [*shared, 40])
+    manager.reset_prefix_cache()
+    apply_batch(cached, msgpack.unpackb(encode_batch(manager.take_kv_events(), 0.0, 0)))
+    assert cached == cached_hashes(manager) == set()
+    admit_and_free("e", [*shared, 50, 51, 52, 53])
+    assert len(cached) == 3
+
+
+def test_a_stored_blocks_hash_is_recomputed_from_its_token_ids_as_documented() -> None:
+    manager = KVCacheManager(num_blocks=8, block_size=4, enable_kv_cache_events=True)
+    request = make_request("a", list(range(1000, 1013)))
+    manager.allocate(request, request.num_tokens)
+    [stored] = manager.take_kv_events()
+    _, block_hashes, parent, token_ids, block_size, *_ = msgpack.unpackb(encode_batch([stored], 0.0, 0))[1][0]
+    digest = hashlib.sha256(b"zeroserve-prefix-cache-v1").digest()
+    recomputed = []
+    for start in range(0, len(token_ids), block_size):
+        block = token_ids[start : start + block_size]
+        digest = hashlib.sha256(digest + b"".join(t.to_bytes(8, "little", signed=True) for t in block)).digest()
+        recomputed.append(int.from_bytes(digest[-8:], "big"))
+    assert parent is None and block_hashes == recomputed and len(recomputed) == 3
+
+
+def test_events_are_off_unless_enabled() -> None:
+    manager = KVCacheManager(num_blocks=4, block_size=4)
+    manager.allocate(make_request("a", list(range(12))), 12)
+    manager.reset_prefix_cache()
+    assert manager.take_kv_events() == [] and manager.block_pool.evicted_hashes is None
+    assert not EngineConfig().kv_events.is_publishing
+    assert not KVEventsConfig(enable_kv_cache_events=True, publisher="null").is_publishing
+
+
+@pytest.mark.parametrize(
+    "text", ['{"enable_kv_cache_events": 1}', '{"publisher": "kafka"}', '{"hwm": 0}', '{"endpont": "x"}', "[]"]
+)
+def test_a_bad_kv_events_config_is_refused_naming_the_key(text: str) -> None:
+    with pytest.raises(ValueError, match="kv_events_config: .*(enable_kv_cache_events|kafka|hwm|endpont|object)"):
+        EngineConfig(kv_events_config=text)
+
+
+def test_engine_n_offsets_the_endpoint_as_vllm_does() -> None:
+    assert offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
+    assert offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
+    assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+    with pytest.raises(ValueError, match="tcp://host:port"):
+        offset_endpoint("tcp://*", 1)
+
+
+def test_a_late_subscriber_gets_the_batches_it_missed_from_the_replay_socket(tmp_path: Path) -> None:
+    config = KVEventsConfig(
+        enable_kv_cache_events=True, endpoint=f"ipc://{tmp_path}/kv", replay_endpoint=f"ipc://{tmp_path}/replay",
+        buffer_steps=3,
+    )
+    manager = KVCacheManager(num_blocks=8, block_size=4, enable_kv_cache_events=True)
+    publisher = KVEventPublisher(config, engine_index=0)
+    for i in range(5):
+        manager.allocate(make_request(str(i), [i] * 4), 4)
+        publisher.publish(manager.take_kv_events(), 0)
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        batches = replay(ctx, config.replay_endpoint or "", start_seq=1)
+        assert sorted(batches) == [2, 3, 4]  # the last buffer_steps batches
+        stored = [msgpack.unpackb(batches[seq])[1][0][1] for seq in (2, 3, 4)]
+        assert stored == [[external_block_hash(manager.block_pool.blocks[i].block_hash or b"")] for i in (2, 3, 4)]
+    finally:
+        publisher.close()
+        ctx.destroy(linger=0)
+
+
+def test_two_engines_events_rebuild_each_engines_cached_blocks(tiny_model_dir: Path, tmp_path: Path) -> None:
+    kv_events = {
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{tmp_path}/kv",
+        "replay_endpoint": f"ipc://{tmp_path}/replay", "topic": "kv-events",
+    }
+    config = EngineConfig(
+        model_path=str(tiny_model_dir), kv_cache_memory_gib=TWELVE_BLOCKS_GIB, max_model_len=128,
+        max_num_batched_tokens=32, kv_events_config=json.dumps(kv_events),
+    )
+    cores = [EngineCore(config, engine_index) for engine_index in (0, 1)]
+    ctx: zmq.Context[Any] = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+    for engine_index in (0, 1):
+        sub.connect(offset_endpoint(kv_events["endpoint"], engine_index))
+    try:
+        system = list(range(200, 240))  # two and a half blocks every chat shares
+        generate(cores[0], [system + [1, 2, 3], system + [4, 5], list(range(300, 360))], max_tokens=20)
+        generate(cores[0], [system + [6], list(range(400, 470)), system + [1, 2, 3]], max_tokens=20)
+        cores[0].reset_prefix_cache()
+        generate(cores[0], [system + [7, 8], list(range(500, 530))], max_tokens=10)
+        generate(cores[1], [list(range(600, 650))], max_tokens=5)
+        stats = cores[0].get_stats()
+        assert stats.num_prefix_cache_hits > 0
+
+        publishers = [core.kv_event_publisher for core in cores]
+        assert publishers[0] is not None and publishers[1] is not None
+        received = receive_by_engine(sub, {i: publisher.num_batches for i, publisher in enumerate(publishers)})
+        for core in cores:
+            assert core.kv_event_publisher is not None
+            replay_endpoint = offset_endpoint(kv_events["replay_endpoint"], core.engine_index)
+            batches = {**replay(ctx, replay_endpoint, 0), **received[core.engine_index]}
+            assert sorted(batches) == list(range(core.kv_event_publisher.num_batches))
+            cached: set[int] = set()
+            tags = []
+            for seq in sorted(batches):
+                batch = msgpack.unpackb(batches[seq])
+                assert batch[2] == core.engine_index
+                tags += [event[0] for event in batch[1]]
+                apply_batch(cached, batch)
+            assert cached == cached_hashes(core.scheduler.kv_cache_manager) and cached
+            if core.engine_index == 0:
+                assert {"BlockStored", "BlockRemoved", "AllBlocksCleared"} <= set(tags)
+    finally:
+        for core in cores:
+            core.shutdown()
+        ctx.destroy(linger=0)
