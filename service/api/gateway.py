@@ -18,7 +18,9 @@ from service.frontend.async_llm import AsyncLLM
 from service.model_files.tokenizer import Tokenizer
 from service.observability.dashboard import RecentRequests
 from service.observability.metrics import PrometheusStatLogger, cache_info
+from service.observability.picker_metrics import PickerMetrics
 from service.observability.request_log import RequestLogger
+from service.observability.stat_loggers import StatLogger
 from service.openai.batch_store import BatchStore
 from service.openai.prepare import Preparer
 from service.openai.response_store import open_store, store_path
@@ -61,14 +63,18 @@ class Gateway:
         from now on; its sampling defaults are the model's under --override-generation-config."""
         config = self.config
         names = list(config.served_model_names or (model_name,))
+        engine_indexes = range(max(config.data_parallel_size, 1))
         metrics = PrometheusStatLogger(
-            names[0], range(max(config.data_parallel_size, 1)), config.api_server_index, ready.max_model_len,
+            names[0], engine_indexes, config.api_server_index, ready.max_model_len,
             cache_info(ready, config.engine.enable_prefix_caching),
         )
         self.admission.on_rejection = metrics.record_admission_rejection
         recent_requests = RecentRequests()
+        stat_loggers: list[StatLogger] = [
+            metrics, PickerMetrics(metrics, engine_indexes), RequestLogger(), recent_requests
+        ]
         llm = AsyncLLM(
-            engine_client, tokenizer, ready, stat_loggers=[metrics, RequestLogger(), recent_requests],
+            engine_client, tokenizer, ready, stat_loggers=stat_loggers,
             stats_log_interval_s=stats_log_interval_s,
         )
         generation_defaults = {**(model_generation_defaults or {}), **dict(config.generation_config)}

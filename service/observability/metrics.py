@@ -1,7 +1,8 @@
 """Prometheus metrics: vLLM v1's families (same names under the `zeroserve:` prefix, same types,
 labels and buckets), kept per engine by a stat logger. Every family declared here has series;
 those of features zeroserve has not (LoRA, KV transfer, multimodal caches, watermarking, NaN
-checks, block residency sampling) are left out rather than declared empty."""
+checks, block residency sampling) are left out rather than declared empty. Beside them, the figures
+the inference gateway's endpoint picker reads, under vLLM's own names, are picker_metrics.py's."""
 
 from __future__ import annotations
 
@@ -212,11 +213,14 @@ class PrometheusStatLogger:
         self.cache_info = dict(cache_info or {})
         self.registry = CollectorRegistry()
         if api_server_index is None:
-            self._families = _Families(self.registry, max_model_len, tuple(self.cache_info))
+            # NOTE: where families are declared: this registry, or (None) prometheus_client's files,
+            # which the MultiProcessCollector reads back; other loggers' families go there too.
+            self.families_registry: CollectorRegistry | None = self.registry
         else:
             # NOTE: raises when PROMETHEUS_MULTIPROC_DIR is unset.
             MultiProcessCollector(self.registry)  # type: ignore[no-untyped-call]
-            self._families = _Families(None, max_model_len, tuple(self.cache_info))
+            self.families_registry = None
+        self._families = _Families(self.families_registry, max_model_len, tuple(self.cache_info))
         self.counts_engine_totals = api_server_index in (None, 0)
         self._engines: dict[int, _EngineMetrics] = {}
         self._admission_rejections = {

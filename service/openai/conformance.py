@@ -290,7 +290,10 @@ METRICS: dict[str, Row] = {
     "vllm:mm_cache_hits": not_applicable(_NO_SERIES + _MULTIMODAL),
     "vllm:corrupted_requests": not_applicable(_NO_SERIES + "logits are not checked for NaNs (vLLM: only with VLLM_COMPUTE_NANS_IN_LOGITS)"),
     "vllm:watermark_requests": not_applicable(_NO_SERIES + "output watermarking is not supported"),
-    "vllm:lora_requests_info": not_applicable(_NO_SERIES + "LoRA adapters are not served"),
+    "vllm:lora_requests_info": not_applicable(
+        _NO_SERIES + "LoRA adapters are not served; for the inference gateway's endpoint picker, "
+        "vllm:lora_requests_info says so (max_lora 0)"
+    ),
     "vllm:kv_block_lifetime_seconds": not_applicable(_NO_SERIES + "KV block residency is not sampled (vLLM: --kv-cache-metrics)"),
     "vllm:kv_block_idle_before_evict_seconds": not_applicable(_NO_SERIES + "KV block residency is not sampled (vLLM: --kv-cache-metrics)"),
     "vllm:kv_block_reuse_gap_seconds": not_applicable(_NO_SERIES + "KV block residency is not sampled (vLLM: --kv-cache-metrics)"),
