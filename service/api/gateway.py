@@ -25,7 +25,6 @@ from service.openai.batch_store import BatchStore
 from service.openai.prepare import Preparer
 from service.openai.response_store import open_store, store_path
 
-
 # NOTE: a step of many sequences takes longer than a step of one on a CPU, and an interactive request
 # shares the batch's steps: with 4 lines an interactive time to first token stayed within 1.5x of an idle
 # server's, with 8 it did not (benchmarks/batch_ttft.py; figures in the README's Batch API section).
