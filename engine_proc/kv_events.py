@@ -6,14 +6,17 @@ subscribe to each engine and keep its set of cached blocks from three events:
     BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name)
     BlockRemoved(block_hashes, medium)          AllBlocksCleared()
 
-The wire is vLLM's (`vllm/distributed/kv_events.py`, msgspec structs with `array_like=True`,
-`tag=True`, `omit_defaults=True`): a batch is the msgpack array `[ts, [event, ...],
-data_parallel_rank]`, an event the array `[tag, *fields]`, e.g. `["BlockRemoved", [h1, h2],
-"GPU"]`. The PUB socket sends each batch as three frames `(topic, seq, payload)`, `seq` an
-8-byte big-endian counter from 0; the optional ROUTER replay socket answers a request whose
-last frame is a start `seq` with `(seq, payload)` for every batch it still keeps from there on,
-then `(-1, b"")`. Engine N tags its batches `data_parallel_rank=N` and, like vLLM, adds N to
-the endpoints' ports (ipc:// and inproc:// get `_dpN`).
+The wire is vLLM's (`vllm/distributed/kv_events.py`, msgspec structs, `tag=True`,
+`omit_defaults=True`): a batch is the msgpack array `[ts, [event, ...], data_parallel_rank]`;
+an event is the array `[tag, *fields]`, e.g. `["BlockRemoved", [h1, h2], "GPU"]`, as vLLM sent
+it until its structs dropped `array_like=True` (vllm-project/vllm#42892, mid-2026), or with
+`"event_format": "map"` the map `{"type": tag, field: value, ...}` newer vLLM sends (llm-d's
+indexer reads both; older AIBrix, Dynamo and kthena subscribers read only arrays). The PUB
+socket sends each batch as three frames `(topic, seq, payload)`, `seq` an 8-byte big-endian
+counter from 0; the optional ROUTER replay socket answers a request whose last frame is a start
+`seq` with `(seq, payload)` for every batch it still keeps from there on, then `(-1, b"")`.
+Engine N tags its batches `data_parallel_rank=N` and, like vLLM, adds N to the endpoints'
+ports (ipc:// and inproc:// get `_dpN`).
 
 Block hashes an indexer can recompute from token ids (engine_proc/block_hash.py):
 `digest_0 = sha256(sha256(b"zeroserve-prefix-cache-v1") + int64_le(tokens of block 0))`,
@@ -55,10 +58,13 @@ class BlockStored:
     token_ids: list[int]
     block_size: int
 
-    def to_wire(self) -> list[Any]:
+    def fields(self) -> list[tuple[str, Any]]:
         # NOTE: lora_id, medium and lora_name have no default in vLLM's struct, so they are always sent.
-        return ["BlockStored", self.block_hashes, self.parent_block_hash, self.token_ids, self.block_size,
-                None, MEDIUM, None]
+        return [
+            ("block_hashes", self.block_hashes), ("parent_block_hash", self.parent_block_hash),
+            ("token_ids", self.token_ids), ("block_size", self.block_size), ("lora_id", None), ("medium", MEDIUM),
+            ("lora_name", None),
+        ]
 
 
 @dataclass(frozen=True)
@@ -67,24 +73,28 @@ class BlockRemoved:
 
     block_hashes: list[int]
 
-    def to_wire(self) -> list[Any]:
-        return ["BlockRemoved", self.block_hashes, MEDIUM]
+    def fields(self) -> list[tuple[str, Any]]:
+        return [("block_hashes", self.block_hashes), ("medium", MEDIUM)]
 
 
 @dataclass(frozen=True)
 class AllBlocksCleared:
     """The prefix cache was reset: no block is cached any more."""
 
-    def to_wire(self) -> list[Any]:
-        return ["AllBlocksCleared"]
+    def fields(self) -> list[tuple[str, Any]]:
+        return []
 
 
 KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
-def encode_batch(events: list[KVCacheEvent], timestamp: float, data_parallel_rank: int) -> bytes:
-    """One batch as vLLM's `KVEventBatch` is laid out in msgpack."""
-    return ormsgpack.packb([timestamp, [event.to_wire() for event in events], data_parallel_rank])
+def encode_batch(events: list[KVCacheEvent], timestamp: float, data_parallel_rank: int, event_format: str) -> bytes:
+    """One batch as vLLM's `KVEventBatch` is laid out in msgpack, its events as arrays or maps."""
+    if event_format == "map":
+        wire: list[Any] = [{"type": type(event).__name__, **dict(event.fields())} for event in events]
+    else:
+        wire = [[type(event).__name__, *(value for _, value in event.fields())] for event in events]
+    return ormsgpack.packb([timestamp, wire, data_parallel_rank])
 
 
 def offset_endpoint(endpoint: str, engine_index: int) -> str:
@@ -113,6 +123,7 @@ class KVEventPublisher:
             None if config.replay_endpoint is None else offset_endpoint(config.replay_endpoint, max(engine_index, 0))
         )
         self._topic = config.topic.encode()
+        self._event_format = config.event_format
         self._queue: queue.Queue[tuple[int, bytes] | None] = queue.Queue(maxsize=config.max_queue_size)
         self._replay_buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self.num_batches = 0
@@ -132,7 +143,7 @@ class KVEventPublisher:
     def publish(self, events: list[KVCacheEvent], data_parallel_rank: int) -> None:
         """Hands a batch to the thread; never blocks the busy loop (a full queue drops it, leaving a gap in seq)."""
         seq, self.num_batches = self.num_batches, self.num_batches + 1
-        payload = encode_batch(events, time.time(), data_parallel_rank)
+        payload = encode_batch(events, time.time(), data_parallel_rank, self._event_format)
         try:
             self._queue.put_nowait((seq, payload))
         except queue.Full:

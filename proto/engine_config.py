@@ -103,6 +103,7 @@ class StructuredOutputsConfig:
 
 
 KV_EVENT_PUBLISHERS = ("null", "zmq")
+KV_EVENT_FORMATS = ("array", "map")
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,13 @@ class KVEventsConfig:
     hwm: int = 100_000
     max_queue_size: int = 100_000  # batches waiting for the publisher thread; more are dropped
     topic: str = ""
+    # NOTE: not a vLLM key: vLLM sent each event as an array until mid-2026 and as a map since
+    # (vllm-project/vllm#42892); most routers still read only arrays.
+    event_format: str = "array"
 
     def __post_init__(self) -> None:
+        if self.event_format not in KV_EVENT_FORMATS:
+            raise ValueError(f"event_format {self.event_format!r} is not supported; supported: {', '.join(KV_EVENT_FORMATS)}")
         if not isinstance(self.enable_kv_cache_events, bool):
             raise ValueError(f"enable_kv_cache_events must be true or false, got {self.enable_kv_cache_events!r}")
         if self.publisher not in KV_EVENT_PUBLISHERS:
@@ -191,7 +197,8 @@ class EngineConfig:
     kv_events_config: str = setting(
         "", "KV cache events for prefix-aware routers (llm-d, Dynamo, AIBrix) in vLLM's wire format, vLLM's keys: "
         '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
-        '"replay_endpoint": "tcp://*:5558", "topic": "kv-events"}\'; others: buffer_steps, hwm, max_queue_size; '
+        '"replay_endpoint": "tcp://*:5558", "topic": "kv-events"}\'; others: buffer_steps, hwm, max_queue_size, '
+        'event_format ("array", vLLM\'s layout before mid-2026 and most routers\', or "map", newer vLLM\'s); '
         "engine N adds N to the ports (default: off)",
         check=_checks_json_of(KVEventsConfig), is_json=True,
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 import zmq
 
@@ -101,7 +102,7 @@ def test_manager_events_replay_to_its_cached_blocks_across_evictions_and_a_reset
         prefix = manager.get_computed_blocks(request)
         manager.allocate(request, request.num_tokens - prefix.num_tokens, prefix)
         manager.free(request)
-        apply_batch(cached, msgpack.unpackb(encode_batch(manager.take_kv_events(), 0.0, 0)))
+        apply_batch(cached, msgpack.unpackb(encode_batch(manager.take_kv_events(), 0.0, 0, "array")))
         assert cached == cached_hashes(manager)
 
     shared = list(range(8))
@@ -110,7 +111,7 @@ def test_manager_events_replay_to_its_cached_blocks_across_evictions_and_a_reset
     admit_and_free("c", list(range(100, 120)))  # five blocks of six: evicts
     admit_and_free("d", [*shared, 40])
     manager.reset_prefix_cache()
-    apply_batch(cached, msgpack.unpackb(encode_batch(manager.take_kv_events(), 0.0, 0)))
+    apply_batch(cached, msgpack.unpackb(encode_batch(manager.take_kv_events(), 0.0, 0, "array")))
     assert cached == cached_hashes(manager) == set()
     admit_and_free("e", [*shared, 50, 51, 52, 53])
     assert len(cached) == 3
@@ -121,7 +122,7 @@ def test_a_stored_blocks_hash_is_recomputed_from_its_token_ids_as_documented() -
     request = make_request("a", list(range(1000, 1013)))
     manager.allocate(request, request.num_tokens)
     [stored] = manager.take_kv_events()
-    _, block_hashes, parent, token_ids, block_size, *_ = msgpack.unpackb(encode_batch([stored], 0.0, 0))[1][0]
+    _, block_hashes, parent, token_ids, block_size, *_ = msgpack.unpackb(encode_batch([stored], 0.0, 0, "array"))[1][0]
     digest = hashlib.sha256(b"zeroserve-prefix-cache-v1").digest()
     recomputed = []
     for start in range(0, len(token_ids), block_size):
@@ -129,6 +130,61 @@ def test_a_stored_blocks_hash_is_recomputed_from_its_token_ids_as_documented() -
         digest = hashlib.sha256(digest + b"".join(t.to_bytes(8, "little", signed=True) for t in block)).digest()
         recomputed.append(int.from_bytes(digest[-8:], "big"))
     assert parent is None and block_hashes == recomputed and len(recomputed) == 3
+
+
+# NOTE: vLLM's event structs as its subscribers declare them, in both of vLLM's layouts: events as
+# tagged arrays (`array_like=True`, vLLM until mid-2026) or tagged maps (since vllm-project/vllm#42892).
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+def vllm_event_types(array_like: bool) -> Any:
+    """vLLM's BlockStored | BlockRemoved | AllBlocksCleared, in one layout."""
+
+    class KVCacheEvent(msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False, tag=True):
+        pass
+
+    class BlockStored(KVCacheEvent):
+        block_hashes: list[int | bytes]
+        parent_block_hash: int | bytes | None
+        token_ids: list[int]
+        block_size: int
+        lora_id: int | None
+        medium: str | None
+        lora_name: str | None
+        extra_keys: list[Any] | None = None
+        group_idx: int | None = None
+
+    class BlockRemoved(KVCacheEvent):
+        block_hashes: list[int | bytes]
+        medium: str | None
+        group_idx: int | None = None
+
+    class AllBlocksCleared(KVCacheEvent):
+        pass
+
+    return BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@pytest.mark.parametrize("event_format", ["array", "map"])
+def test_vllms_own_msgspec_structs_decode_the_events(event_format: str) -> None:
+    manager = KVCacheManager(num_blocks=3, block_size=4, enable_kv_cache_events=True)
+    first = make_request("a", list(range(12)))
+    manager.allocate(first, 12)
+    manager.free(first)
+    manager.allocate(make_request("b", list(range(50, 54))), 4)  # evicts a's last block (freed first)
+    manager.reset_prefix_cache()
+    payload = encode_batch(manager.take_kv_events(), 1.5, 3, event_format)
+    batch = msgspec.msgpack.decode(payload, type=EventBatch)
+    events_type = vllm_event_types(array_like=event_format == "array")
+    events = [msgspec.convert(event, events_type) for event in batch.events]
+    assert (batch.ts, batch.data_parallel_rank) == (1.5, 3)
+    assert [type(event).__name__ for event in events] == ["BlockStored", "BlockRemoved", "BlockStored", "AllBlocksCleared"]
+    stored, removed = events[0], events[1]
+    assert stored.token_ids == list(range(12)) and stored.block_size == 4 and stored.medium == "GPU"
+    assert removed.block_hashes == stored.block_hashes[-1:]
 
 
 def test_events_are_off_unless_enabled() -> None:
