@@ -31,14 +31,16 @@ def compose_commands() -> list[list[str]]:
 
 
 def k8s_documents() -> list[dict[str, Any]]:
-    return [doc for path in sorted((DEPLOY / "k8s").glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())]
+    paths = sorted(p for p in (DEPLOY / "k8s").rglob("*.yaml") if p.name != "kustomization.yaml")
+    return [doc for path in paths for doc in yaml.safe_load_all(path.read_text())]
 
 
 def k8s_commands() -> list[list[str]]:
     commands = []
     for doc in k8s_documents():
         if doc["kind"] == "Deployment":
-            commands += [container["args"] for container in doc["spec"]["template"]["spec"]["containers"]]
+            containers = doc["spec"]["template"]["spec"]["containers"]
+            commands += [c["args"] for c in containers if c["image"].startswith("zeroserve:")]
     return commands
 
 
@@ -64,17 +66,34 @@ def test_compose_runs_a_gateway_and_two_engines_with_curve_secrets() -> None:
             assert secret in compose["secrets"]
 
 
-def test_k8s_gateway_has_probes_on_health_and_engines_scale() -> None:
+def test_k8s_http_servers_are_live_on_livez_and_ready_on_health() -> None:
     docs = {(d["kind"], d["metadata"]["name"]): d for d in k8s_documents()}
-    gateway = docs["Deployment", "zeroserve-gateway"]["spec"]["template"]["spec"]["containers"][0]
-    assert gateway["readinessProbe"]["httpGet"]["path"] == "/health"
-    assert gateway["livenessProbe"]["httpGet"]["path"] == "/health"
-    assert gateway["resources"]["requests"]
-    service_ports = {p["port"] for p in docs["Service", "zeroserve-gateway"]["spec"]["ports"]}
-    assert service_ports == {8000, 5555, 5556}
-    engines = docs["Deployment", "zeroserve-engine"]
-    assert engines["spec"]["replicas"] >= 2
-    assert engines["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    for name in ("zeroserve-gateway", "zeroserve-pool"):
+        server = docs["Deployment", name]["spec"]["template"]["spec"]["containers"][0]
+        assert server["livenessProbe"]["httpGet"]["path"] == "/livez"
+        assert server["startupProbe"]["httpGet"]["path"] == "/livez"
+        assert server["readinessProbe"]["httpGet"]["path"] == "/health"
+        assert server["resources"]["requests"]
+
+
+def test_k8s_engines_reach_a_gateway_that_is_not_ready_yet() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in k8s_documents()}
+    assert {p["port"] for p in docs["Service", "zeroserve-gateway"]["spec"]["ports"]} == {8000}
+    link = docs["Service", "zeroserve-engine-link"]["spec"]
+    assert link["publishNotReadyAddresses"] is True
+    assert {p["port"] for p in link["ports"]} == {5555, 5556}
+    engine = docs["Deployment", "zeroserve-engine"]["spec"]["template"]["spec"]["containers"][0]
+    assert "--gateway=tcp://zeroserve-engine-link:5555" in engine["args"]
+
+
+def test_k8s_engines_and_pool_servers_scale_with_a_disruption_budget() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in k8s_documents()}
+    for name in ("zeroserve-engine", "zeroserve-pool"):
+        deployment = docs["Deployment", name]
+        assert deployment["spec"]["replicas"] >= 2
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+        budget = docs["PodDisruptionBudget", name]["spec"]
+        assert budget["selector"] == deployment["spec"]["selector"] and budget["maxUnavailable"] == 1
 
 
 def test_a_renamed_flag_would_fail() -> None:
