@@ -6,6 +6,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
+import select
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ from engine_proc.kv_events import KVEventPublisher, encode_batch, offset_endpoin
 from engine_proc.request import Request
 from proto.engine_config import EngineConfig, KVEventsConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
+from tests.server_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RECV_TIMEOUT_MS = 10_000
@@ -280,3 +285,32 @@ def test_two_engines_events_rebuild_each_engines_cached_blocks(tiny_model_dir: P
         for core in cores:
             core.shutdown()
         ctx.destroy(linger=0)
+
+
+def readme_subscriber() -> str:
+    """The README's subscriber snippet, as printed."""
+    blocks = re.findall(r"^```\w*\n(.*?)^```$", (ROOT / "README.md").read_text(), re.MULTILINE | re.DOTALL)
+    [snippet] = [block for block in blocks if "zmq.SUBSCRIBE" in block]
+    return str(snippet)
+
+
+def test_the_readmes_subscriber_counts_an_engines_cached_blocks(tiny_model_dir: Path) -> None:
+    port = free_port()
+    kv_events = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "topic": "kv-events"}
+    core = EngineCore(EngineConfig(
+        model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05, kv_events_config=json.dumps(kv_events),
+    ))
+    script = readme_subscriber().replace(":5557", f":{port}")
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as subscriber:
+        try:
+            assert subscriber.stdout is not None
+            # NOTE: a subscriber misses what is sent before it joins: requests go on until it prints.
+            for prompt_number in range(60):
+                generate(core, [[prompt_number] * 40], max_tokens=1)
+                if select.select([subscriber.stdout], [], [], 0.5)[0]:
+                    break
+            line = subscriber.stdout.readline()
+            assert re.fullmatch(r"engine 0, batch \d+: [1-9]\d* blocks cached\n", line), line
+        finally:
+            subscriber.kill()
+            core.shutdown()
