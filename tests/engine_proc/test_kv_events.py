@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgpack
 import msgspec
 import pytest
@@ -25,7 +26,7 @@ from engine_proc.kv_events import KVEventPublisher, encode_batch, offset_endpoin
 from engine_proc.request import Request
 from proto.engine_config import EngineConfig, KVEventsConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
-from tests.server_process import free_port
+from tests.server_process import free_port, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 RECV_TIMEOUT_MS = 10_000
@@ -314,3 +315,29 @@ def test_the_readmes_subscriber_counts_an_engines_cached_blocks(tiny_model_dir: 
         finally:
             subscriber.kill()
             core.shutdown()
+
+
+def test_zeroserve_serves_each_engines_events_on_its_own_endpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    kv_events = {
+        "enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/kv",
+        "replay_endpoint": f"ipc://{tmp_path}/replay", "topic": "kv-events",
+    }
+    ctx: zmq.Context[Any] = zmq.Context()
+    args = ("--served-model-name", "tiny", "--data-parallel-size", "2", "--kv-events-config", json.dumps(kv_events))
+    try:
+        with running_server(tiny_model_dir, *args) as server:
+            for engine_index in (0, 1):
+                body = {"model": "tiny", "prompt": "the same long prefix " * 20, "max_tokens": 2,
+                        "data_parallel_rank": engine_index}
+                response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+                assert response.status_code == 200, response.text
+            for engine_index in (0, 1):
+                replay_endpoint = offset_endpoint(kv_events["replay_endpoint"], engine_index)
+                batches = [msgpack.unpackb(payload) for payload in replay(ctx, replay_endpoint, 0).values()]
+                assert batches and {batch[2] for batch in batches} == {engine_index}
+                cached: set[int] = set()
+                for batch in batches:
+                    apply_batch(cached, batch)
+                assert cached
+    finally:
+        ctx.destroy(linger=0)
