@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import ormsgpack
 import zmq
@@ -97,6 +97,15 @@ def encode_batch(events: list[KVCacheEvent], timestamp: float, data_parallel_ran
     return ormsgpack.packb([timestamp, wire, data_parallel_rank])
 
 
+class _Batch(NamedTuple):
+    """A step's events waiting for the publisher thread."""
+
+    seq: int
+    events: list[KVCacheEvent]
+    timestamp: float
+    data_parallel_rank: int
+
+
 def offset_endpoint(endpoint: str, engine_index: int) -> str:
     """Engine N's endpoint: N added to a tcp port, `_dpN` after an ipc or inproc path (vLLM's rule)."""
     if engine_index <= 0:
@@ -124,18 +133,22 @@ class KVEventPublisher:
         )
         self._topic = config.topic.encode()
         self._event_format = config.event_format
-        self._queue: queue.Queue[tuple[int, bytes] | None] = queue.Queue(maxsize=config.max_queue_size)
+        self._queue: queue.Queue[_Batch | None] = queue.Queue(maxsize=config.max_queue_size)
         self._replay_buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self.num_batches = 0
         self._ctx: zmq.Context[Any] = zmq.Context()
         # NOTE: bound here so a taken port fails the engine's start; only the thread uses them after.
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(config.hwm)
-        (self._pub.bind if _binds(self.endpoint) else self._pub.connect)(self.endpoint)
         self._replay: zmq.Socket[Any] | None = None
-        if self.replay_endpoint is not None:
-            self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.bind(self.replay_endpoint)
+        try:
+            (self._pub.bind if _binds(self.endpoint) else self._pub.connect)(self.endpoint)
+            if self.replay_endpoint is not None:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.bind(self.replay_endpoint)
+        except zmq.ZMQError as exc:
+            self._ctx.destroy(linger=0)
+            raise ValueError(f"--kv-events-config: cannot open {self.endpoint} / {self.replay_endpoint}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="kv-events-output", daemon=True)
         self._thread.start()
         logger.info("publishing KV cache events on %s (replay: %s)", self.endpoint, self.replay_endpoint)
@@ -143,15 +156,17 @@ class KVEventPublisher:
     def publish(self, events: list[KVCacheEvent], data_parallel_rank: int) -> None:
         """Hands a batch to the thread; never blocks the busy loop (a full queue drops it, leaving a gap in seq)."""
         seq, self.num_batches = self.num_batches, self.num_batches + 1
-        payload = encode_batch(events, time.time(), data_parallel_rank, self._event_format)
         try:
-            self._queue.put_nowait((seq, payload))
+            self._queue.put_nowait(_Batch(seq, events, time.time(), data_parallel_rank))
         except queue.Full:
             logger.error("KV events batch %d dropped: %d batches wait to be sent", seq, self._queue.qsize())
 
     def close(self) -> None:
         """Sends what is queued, then closes the sockets."""
-        self._queue.put(None)
+        try:
+            self._queue.put(None, timeout=_CLOSE_TIMEOUT_S)
+        except queue.Full:
+            logger.warning("KV events: %d batches still queued at close are not sent", self._queue.qsize())
         self._thread.join(_CLOSE_TIMEOUT_S)
         self._ctx.destroy(linger=int(_CLOSE_TIMEOUT_S * 1000))
 
@@ -168,13 +183,14 @@ class KVEventPublisher:
                     is_running = self._send(self._queue.get_nowait())
                 self._answer_replay()
 
-    def _send(self, item: tuple[int, bytes] | None) -> bool:
-        """Publishes one batch and keeps it for replay; False at the end of the queue (close)."""
-        if item is None:
+    def _send(self, batch: _Batch | None) -> bool:
+        """Encodes and publishes one batch and keeps it for replay; False at the end of the queue (close)."""
+        if batch is None:
             return False
-        seq, payload = item
+        seq = batch.seq
+        payload = encode_batch(batch.events, batch.timestamp, batch.data_parallel_rank, self._event_format)
         self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
-        self._replay_buffer.append(item)
+        self._replay_buffer.append((seq, payload))
         return True
 
     def _answer_replay(self) -> None:
@@ -186,7 +202,7 @@ class KVEventPublisher:
             logger.warning("ignoring a KV events replay request without an 8-byte start seq")
             return
         start_seq = int.from_bytes(start_bytes, "big")
-        for seq, payload in list(self._replay_buffer):
+        for seq, payload in self._replay_buffer:
             if seq >= start_seq:
                 self._replay.send_multipart((identity, *envelope, seq.to_bytes(8, "big"), payload))
         self._replay.send_multipart((identity, *envelope, END_SEQ, b""))

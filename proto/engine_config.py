@@ -134,6 +134,8 @@ class KVEventsConfig:
             value = getattr(self, name)
             if not isinstance(value, str) and not (value is None and name == "replay_endpoint"):
                 raise ValueError(f"{name} must be a string, got {value!r}")
+            if name != "topic" and value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError(f"{name} must be a tcp://, ipc:// or inproc:// address, got {value!r}")
         for name in ("buffer_steps", "hwm", "max_queue_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -203,10 +203,14 @@ def test_events_are_off_unless_enabled() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ['{"enable_kv_cache_events": 1}', '{"publisher": "kafka"}', '{"hwm": 0}', '{"endpont": "x"}', "[]"]
+    "text", [
+        '{"enable_kv_cache_events": 1}', '{"publisher": "kafka"}', '{"hwm": 0}', '{"endpont": "x"}', "[]",
+        '{"endpoint": "localhost:5557"}', '{"event_format": "json"}',
+    ],
 )
 def test_a_bad_kv_events_config_is_refused_naming_the_key(text: str) -> None:
-    with pytest.raises(ValueError, match="kv_events_config: .*(enable_kv_cache_events|kafka|hwm|endpont|object)"):
+    pattern = "kv_events_config: .*(enable_kv_cache_events|kafka|hwm|endpont|object|endpoint|event_format)"
+    with pytest.raises(ValueError, match=pattern):
         EngineConfig(kv_events_config=text)
 
 
@@ -216,6 +220,16 @@ def test_engine_n_offsets_the_endpoint_as_vllm_does() -> None:
     assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
     with pytest.raises(ValueError, match="tcp://host:port"):
         offset_endpoint("tcp://*", 1)
+
+
+def test_an_endpoint_another_engine_holds_fails_the_start_naming_the_setting() -> None:
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{free_port()}")
+    first = KVEventPublisher(config, engine_index=0)
+    try:
+        with pytest.raises(ValueError, match="--kv-events-config: cannot open tcp://"):
+            KVEventPublisher(config, engine_index=0)
+    finally:
+        first.close()
 
 
 def test_a_late_subscriber_gets_the_batches_it_missed_from_the_replay_socket(tmp_path: Path) -> None:
