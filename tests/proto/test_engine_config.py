@@ -27,6 +27,7 @@ OTHER_VALUES: dict[str, Any] = {
     "hf_overrides": '{"num_hidden_layers": 1}',
     "speculative_config": '{"method": "ngram", "num_speculative_tokens": 2}',
     "structured_outputs_config": '{"backend": "xgrammar", "compile_timeout_s": 2.5}',
+    "kv_events_config": '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}',
     "device": "cpu",
     "block_size": 32,
     "kv_cache_memory_gib": 0.5,
