@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from service.api.batch_worker import BatchWorker, numbered_lines
-from service.api.errors import parse_body
+from service.api.errors import page_limit, parse_body
 from service.api.files import not_found, store_of
 from service.openai.batch_store import now
 from service.openai.errors import APIError
@@ -71,10 +71,7 @@ async def get_batch(request: Request) -> Response:
 
 async def list_batches(request: Request) -> Response:
     after = request.query_params.get("after")
-    limit_text = request.query_params.get("limit", "20")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
-        raise APIError(f"'limit' must be an integer from 1 to 100, got {limit_text!r}.", param="limit")
-    batches, has_more = await asyncio.to_thread(store_of(request).batches, after, int(limit_text))
+    batches, has_more = await asyncio.to_thread(store_of(request).batches, after, page_limit(request))
     return JSONResponse({
         "object": "list", "data": batches, "first_id": batches[0]["id"] if batches else None,
         "last_id": batches[-1]["id"] if batches else None, "has_more": has_more,

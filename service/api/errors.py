@@ -57,3 +57,14 @@ async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(f"The request body is not valid JSON: {exc}") from exc
     return validate_body(body, model)
+
+
+MAX_PAGE_LIMIT = 100
+
+
+def page_limit(request: Request, default: int = 20) -> int:
+    """A list route's `limit` query parameter, 1 to MAX_PAGE_LIMIT (a 400 naming it otherwise)."""
+    text = request.query_params.get("limit", str(default))
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE_LIMIT:
+        raise APIError(f"'limit' must be an integer from 1 to {MAX_PAGE_LIMIT}, got {text!r}.", param="limit")
+    return int(text)

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from service.api.admission import Admission
 from service.api.disconnect import unless_disconnected
-from service.api.errors import parse_body
+from service.api.errors import page_limit, parse_body
 from service.api.server_state import ServerState
 from service.api.sse import sse_response
 from service.frontend.outputs import collect
@@ -36,7 +36,6 @@ from service.openai.responses_request import ResponsesRequest, responses_params
 logger = logging.getLogger(__name__)
 
 Keep = Callable[[dict[str, Any]], Awaitable[None]]
-_MAX_PAGE = 100
 
 
 async def create_response(request: Request) -> Response:
@@ -109,13 +108,11 @@ async def list_input_items(request: Request) -> Response:
     responses' first), in OpenAI's list shape: `limit` (1 to 100, 20), `order` (desc or asc), `after`."""
     stored = await _stored(request)
     query = request.query_params
-    limit_text = query.get("limit", "20")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= _MAX_PAGE:
-        raise APIError(f"'limit' must be an integer from 1 to {_MAX_PAGE}, got {limit_text!r}.", param="limit")
+    limit = page_limit(request)
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise APIError(f"'order' must be 'asc' or 'desc', got {order!r}.", param="order")
-    return JSONResponse(items_page(stored.input_items, int(limit_text), order, query.get("after")))
+    return JSONResponse(items_page(stored.input_items, limit, order, query.get("after")))
 
 
 async def cancel_response(request: Request) -> Response:
