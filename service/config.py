@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +30,18 @@ def _check_generation_keys(pairs: Sequence[tuple[str, float]]) -> None:
         raise ValueError(f"unknown keys {sorted(unknown)}")
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+               "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+def _bytes_of(text: str) -> int:
+    """Bytes of a size as people write it: 12GiB, 12G (GiB), 500MB, 1.5gib, or a plain number of bytes."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if match is None or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"must be a size such as 16GiB, 512MiB or a number of bytes, got {text!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
 def _check_api_keys(keys: Sequence[str]) -> None:
     if any(not key or key != key.strip() or "," in key for key in keys):
         raise ValueError("keys must be non-empty, without commas or surrounding spaces")
@@ -39,6 +52,8 @@ class GatewayConfig:
     """What `zeroserve serve` was asked to do."""
 
     model: str
+    # NOTE: every model named on the command line (`zeroserve serve A B`); `model` is the first.
+    models: tuple[str, ...] = ()
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(8000, "port to listen on", check=in_range(0, 65535))
     served_model_names: tuple[str, ...] = setting(
@@ -135,8 +150,40 @@ class GatewayConfig:
         "(default: 4 per engine, at most half of --max-num-seqs)", check=at_least(1), group="operations", metavar="N",
     )
 
+    models_dir: str = setting(
+        "", "serve every .gguf file and Hugging Face folder in this folder (and the models named), each under "
+        "its file's or folder's name, loaded when a request first names it (default: none)", group="models",
+        metavar="DIR",
+    )
+    models_config: str = setting(
+        "", "a TOML or YAML file of per-model settings: each model's engine and parser settings, its path and its "
+        "aliases (see the README's Many models section) (default: none)", group="models", metavar="PATH",
+    )
+    max_loaded_models: int | None = setting(
+        None, "most models loaded at once; a request for another unloads the least recently used idle one "
+        "(default: no limit but --memory-budget)", check=at_least(1), group="models", metavar="N",
+    )
+    memory_budget: int | None = setting(
+        None, "most memory the loaded models' engines hold together, as each engine reports it (its peak resident "
+        "memory on the CPU, device memory on a GPU), e.g. 16GiB; the least recently used idle model is unloaded "
+        "to make room (default: no limit)", parse=_bytes_of, check=positive, group="models", metavar="SIZE",
+    )
+    idle_unload_s: float | None = setting(
+        None, "unload a model no request has used for this long (default: never)", flag="--idle-unload",
+        check=positive, group="models", metavar="SECONDS",
+    )
+
     def __post_init__(self) -> None:
         check_settings(self)
+        if self.is_multi_model and (
+            self.api_server_count > 1 or self.data_parallel_size < 1 or self.link.engine_address is not None
+            or self.served_model_names
+        ):
+            raise ValueError(
+                "several models (more than one MODEL, --models-dir or --models-config) are served by one gateway "
+                "process with engines it starts: not with --api-server-count > 1, --data-parallel-size 0, "
+                "--engine-address or --served-model-name (name models by aliases in --models-config)"
+            )
         if self.data_parallel_size == 0 and self.link.engine_address is None:
             raise ValueError("--data-parallel-size must be >= 1 (or 0 with --engine-address), got 0")
         if self.api_server_count > 1 and (
@@ -146,6 +193,11 @@ class GatewayConfig:
                 "--api-server-count > 1 shares the gateway's own engines (--data-parallel-size >= 1); "
                 "it does not take --engine-address or CURVE keys"
             )
+
+    @property
+    def is_multi_model(self) -> bool:
+        """Whether this gateway serves several models, each loaded on demand (service/models/)."""
+        return len(self.models) > 1 or bool(self.models_dir) or bool(self.models_config)
 
     @property
     def max_num_in_flight(self) -> int:

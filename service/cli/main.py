@@ -14,8 +14,9 @@ from service.cli.engine import add_engine_parser, add_keys_parser, run_engine, r
 from service.cli.generate import add_generate_parser, run_generate
 from service.client.curve import LinkSettings
 from service.config import GatewayConfig
-from service.flags.engine_flags import add_engine_args, add_model_arg, engine_config_from
+from service.flags.engine_flags import add_engine_args, add_models_arg, engine_config_from
 from service.flags.setting_flags import add_setting_flags, setting_values
+from service.model_files.model_registry import DEFAULT_MODEL
 from service.observability.logging_setup import configure_logging
 
 
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zeroserve", description="An OpenAI-compatible LLM server.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over the OpenAI HTTP API")
-    add_model_arg(serve)
+    add_models_arg(serve)
     add_setting_flags(serve, GatewayConfig, is_checked=False)
     add_engine_args(serve)
     add_setting_flags(serve, LinkSettings, is_checked=False)
@@ -103,8 +104,10 @@ def _subparser(parser: argparse.ArgumentParser, *path: str) -> argparse.Argument
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    models = tuple(args.models) or (() if args.models_dir or args.models_config else (DEFAULT_MODEL,))
     return GatewayConfig(
-        model=args.model,
+        model=models[0] if models else "",
+        models=models,
         engine=engine_config_from(args),
         link=LinkSettings(**setting_values(args, LinkSettings)),
         **setting_values(args, GatewayConfig),
