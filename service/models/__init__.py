@@ -1,0 +1,1 @@
+"""The models a multi-model gateway serves: their catalog, per-model settings and loading."""

@@ -1,0 +1,1 @@
+"""The model catalog of a multi-model gateway and its --models-config file."""
