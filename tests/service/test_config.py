@@ -25,7 +25,8 @@ OTHER_VALUES: dict[str, Any] = {
     "api_keys": ("k1", "k2"), "is_metrics_auth": True, "max_num_queued_requests": 0, "request_timeout_s": 2.5,
     "shutdown_timeout_s": 0.0, "sse_keepalive_s": 0.0, "max_header_bytes": 2048, "stream_retention_s": 60.0,
     "stream_retention_mib": 16, "responses_store": "off",
-    "max_batch_lines": 4,
+    "max_batch_lines": 4, "models_dir": "/models", "models_config": "/models/models.toml", "max_loaded_models": 2,
+    "memory_budget": 16 * 2**30, "idle_unload_s": 300.0,
 }
 OTHER_LINK_VALUES: dict[str, Any] = {
     "engine_address": "tcp://10.0.0.1:5555", "curve_secret_key": "gateway.key_secret",
@@ -47,15 +48,15 @@ def flag_argv(config_field: dataclasses.Field[Any], value: Any) -> list[str]:
         return [f"--no-{flag[2:]}"]
     if config_field.metadata["is_repeated"]:
         return [part for item in value for part in (flag, item)]
-    if config_field.metadata["parse"] is not None:
+    if config_field.metadata["parse"] is not None and isinstance(value, tuple):
         return [flag, json.dumps(dict(value))]
     return [flag, *map(str, value if isinstance(value, tuple) else (value,))]
 
 
 def test_every_field_is_a_setting_or_a_nest_of_them() -> None:
-    nests = {"model": str, "engine": EngineConfig, "link": LinkSettings}
+    nests = {"model": "str", "models": "tuple[str, ...]", "engine": EngineConfig.__name__, "link": LinkSettings.__name__}
     assert {f.name for f in dataclasses.fields(GatewayConfig)} - {f.name for f in DECLARED} == set(nests)
-    assert all(f.type == nests[f.name].__name__ for f in dataclasses.fields(GatewayConfig) if f.name in nests)
+    assert all(f.type == nests[f.name] for f in dataclasses.fields(GatewayConfig) if f.name in nests)
     assert DECLARED_LINK == list(dataclasses.fields(LinkSettings))
 
 
@@ -97,6 +98,9 @@ def test_each_link_flag_sets_its_setting(config_field: dataclasses.Field[Any]) -
      (["--override-generation-config", "[1]"], "--override-generation-config"),
      (["--api-key", " k"], "--api-key: keys must be non-empty"),
      (["--heartbeat-timeout", "0"], "--heartbeat-timeout: must be > 0"),
+     (["--memory-budget", "16 parsecs"], "--memory-budget: must be a size such as 16GiB"),
+     (["--memory-budget", "0GiB"], "--memory-budget: must be > 0"),
+     (["--max-loaded-models", "0"], "--max-loaded-models: must be >= 1"),
      (["--engine-address", "10.0.0.1:5555"], "--engine-address"),
      (["--curve-secret-key", "gateway.key_secret"], "--curve-secret-key and --curve-authorized-keys go together")],
 )
@@ -105,6 +109,15 @@ def test_a_value_out_of_range_exits_2_naming_the_flag(
 ) -> None:
     assert exit_status(["serve", *flags]) == 2
     assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("size", "num_bytes"),
+    [("16GiB", 16 * 2**30), ("16G", 16 * 2**30), ("512 MiB", 512 * 2**20), ("1.5gib", 3 * 2**29), ("12GB", 12 * 10**9),
+     ("4096", 4096)],
+)
+def test_memory_budget_takes_a_size_as_people_write_it(size: str, num_bytes: int) -> None:
+    assert config_from_args(build_parser().parse_args(["serve", "--memory-budget", size])).memory_budget == num_bytes
 
 
 def exit_status(argv: list[str]) -> int | str | None:
