@@ -11,6 +11,7 @@ from typing import Any
 
 from engine_proc.kv_cache_manager import KVCacheManager
 from engine_proc.kv_events import KVEventPublisher
+from engine_proc.memory_report import device_name, peak_memory_bytes, tensor_bytes
 from engine_proc.model_runner import ModelRunner, ModelRunnerOutput
 from engine_proc.ngram_proposer import NgramProposer
 from engine_proc.request import Request
@@ -76,6 +77,7 @@ class EngineCore:
         )
 
     def ready_message(self) -> EngineReady:
+        device, model = device_name(self.model_runner.device), self.model_runner.model
         return EngineReady(
             engine_index=self.engine_index,
             model_name=self.config.model_name,
@@ -89,6 +91,10 @@ class EngineCore:
             kernel_choices=self.model_runner.kernel_choices,
             structured_output_backend="guidance" if self.config.structured_outputs.backend == "guidance" else "xgrammar",
             instance_id=self.instance_id,
+            device=device,
+            memory_bytes=peak_memory_bytes(device),
+            weight_bytes=tensor_bytes([*model.parameters(), *model.buffers()]),
+            kv_cache_bytes=tensor_bytes(self.model_runner.attention.kv_caches),
         )
 
     def set_engine_index(self, engine_index: int) -> None:

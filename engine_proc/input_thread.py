@@ -12,6 +12,7 @@ from typing import Any
 
 import zmq
 
+from engine_proc.memory_report import peak_memory_bytes
 from proto.codec import MsgpackDecoder, MsgpackEncoder
 from proto.engine_input import EngineCoreRequest, RequestType, UtilityCall
 from proto.handshake import EngineAccept, EngineMessageType, EngineReady
@@ -48,6 +49,7 @@ class InputThread(threading.Thread):
         self.stop_event = threading.Event()
         self.drain_event = threading.Event()
         self.goodbye_event = threading.Event()
+        self.encoder = MsgpackEncoder()
         self.decoders: dict[RequestType, MsgpackDecoder[Any]] = {
             RequestType.ADD: MsgpackDecoder(EngineCoreRequest),
             RequestType.ABORT: MsgpackDecoder(list[str]),
@@ -64,11 +66,10 @@ class InputThread(threading.Thread):
             for address in self.addresses
         ]
         client_of = {sock: client_index for client_index, sock in enumerate(sockets)}
-        ready_frames = [EngineMessageType.READY.value, *MsgpackEncoder().encode(self.ready)]
         try:
             # The first message registers our identity with each ROUTER and says we are ready;
             # repeated, it is our heartbeat.
-            self._send_all(sockets, ready_frames)
+            self._send_all(sockets, self._ready_frames())
             last_beat, has_sent_drain = time.monotonic(), False
             poller = zmq.Poller()
             for sock in sockets:
@@ -78,7 +79,7 @@ class InputThread(threading.Thread):
                     type_frame, *frames = ready_sock.recv_multipart(copy=False)
                     self._handle(bytes(type_frame.buffer), frames, client_of[ready_sock])
                 if time.monotonic() - last_beat >= HEARTBEAT_INTERVAL_S:
-                    self._send_all(sockets, ready_frames)
+                    self._send_all(sockets, self._ready_frames())
                     last_beat = time.monotonic()
                 if self.drain_event.is_set() and not has_sent_drain:
                     self._send_all(sockets, [EngineMessageType.DRAINING.value])
@@ -93,6 +94,11 @@ class InputThread(threading.Thread):
         finally:
             for sock in sockets:
                 sock.close()
+
+    def _ready_frames(self) -> list[Any]:
+        """The ready message with the engine's peak memory measured now, so each heartbeat carries it."""
+        self.ready.memory_bytes = peak_memory_bytes(self.ready.device)
+        return [EngineMessageType.READY.value, *self.encoder.encode(self.ready)]
 
     @staticmethod
     def _send_all(sockets: list[zmq.Socket[Any]], frames: list[bytes]) -> None:

@@ -43,6 +43,14 @@ class EngineReady:
     # NOTE: one per engine process: a new process under a known identity is a replacement (the one
     # before it is gone with its requests), not that engine's heartbeat.
     instance_id: str = ""
+    # NOTE: what the engine holds, so a gateway can keep several engines within a memory budget.
+    device: str = "cpu"  # the torch device it runs on: "cpu", "cuda:0"
+    # NOTE: the most the engine process has held so far, re-measured for each heartbeat: its peak
+    # resident memory on the CPU; on a GPU the CUDA caching allocator's peak reserved memory (the
+    # process's host memory and CUDA's own context are not counted there).
+    memory_bytes: int = 0
+    weight_bytes: int = 0  # the model's parameters and buffers as loaded
+    kv_cache_bytes: int = 0  # the KV cache's tensors
 
     @property
     def num_kv_tokens(self) -> int:

@@ -1,0 +1,46 @@
+"""How much memory the engine holds: its peak so far, its weights' and its KV cache's tensors."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from collections.abc import Iterable
+
+import torch
+
+
+def peak_memory_bytes(device: str) -> int:
+    """The most this process has held so far: on a GPU `device`, what the CUDA caching allocator
+    reserved at its peak; on the CPU, the process's peak resident memory."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.max_memory_reserved(torch.device(device)))
+    peak = _status_bytes("VmHWM")
+    if peak is not None:
+        return peak
+    # NOTE: no /proc (macOS, BSD): ru_maxrss is in bytes on macOS, in KiB elsewhere.
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max_rss if sys.platform == "darwin" else max_rss * 1024
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """The bytes `tensors` hold (those on the meta device, freed or never loaded, hold none)."""
+    return sum(tensor.nbytes for tensor in tensors if not tensor.is_meta)
+
+
+def device_name(device: torch.device) -> str:
+    """`device` as the engine reports it: "cpu", or a CUDA device with its index ("cuda:0")."""
+    if device.type == "cuda" and device.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(device)
+
+
+def _status_bytes(field: str) -> int | None:
+    """A "<field>: <n> kB" line of /proc/self/status in bytes, or None where Linux's /proc is not."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
