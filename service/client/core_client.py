@@ -47,6 +47,11 @@ class EngineCoreClient:
         """Whether engine `rank` takes requests now (for a request's data_parallel_rank)."""
         return rank == 0
 
+    @property
+    def memory_bytes(self) -> int:
+        """The most memory the engines have held, as they last reported it (see EngineReady)."""
+        return self.ready.memory_bytes
+
     def shutdown(self) -> None:
         raise NotImplementedError
 

@@ -101,6 +101,11 @@ class MPClient(EngineCoreClient):
     def alive_engines(self) -> list[EngineState]:
         return [engine for engine in self.engines.values() if engine.is_alive]
 
+    @property
+    def memory_bytes(self) -> int:
+        """The memory the serving engines hold at most, as their latest heartbeats report it."""
+        return sum(engine.ready.memory_bytes for engine in self.alive_engines)
+
     # Handshake.
     def _handle_engine_message(self, frames: list[Any]) -> list[Any] | None:
         """An engine's READY (a registration or a heartbeat), DRAINING or GOODBYE; returns the
@@ -120,6 +125,7 @@ class MPClient(EngineCoreClient):
             if engine is not None and engine.is_alive:
                 if ready.instance_id == engine.ready.instance_id:
                     engine.last_seen = time.monotonic()
+                    engine.ready.memory_bytes = ready.memory_bytes
                     return None
                 # NOTE: its process was replaced (a restart elsewhere) before its silence was noticed.
                 self._replaced(engine.index)

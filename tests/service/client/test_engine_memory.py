@@ -1,0 +1,48 @@
+"""What a real engine reports of the memory it holds, and the gateway's client keeping it current."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from proto.engine_config import EngineConfig
+from proto.engine_input import EngineCoreRequest, SamplingParams
+from service.client.sync_mp_client import SyncMPClient
+
+KV_CACHE_MEMORY_GIB = 0.05
+_HEARTBEAT_WAIT_S = 30.0
+
+
+def resident_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_an_engine_reports_its_weights_kv_cache_and_peak_and_heartbeats_keep_the_peak_current(
+    tiny_model_dir: Path,
+) -> None:
+    config = EngineConfig(
+        model_path=str(tiny_model_dir), model_name="tiny", kv_cache_memory_gib=KV_CACHE_MEMORY_GIB,
+        max_model_len=1024, max_num_batched_tokens=1024, num_threads=1,
+    )
+    client = SyncMPClient(config)
+    try:
+        ready = client.engine.ready
+        assert ready.device == "cpu"
+        assert ready.memory_bytes > ready.weight_bytes + ready.kv_cache_bytes > ready.kv_cache_bytes > 0
+        bytes_per_block = ready.kv_cache_bytes // ready.num_kv_blocks
+        assert 0 <= int(KV_CACHE_MEMORY_GIB * 2**30) - ready.kv_cache_bytes < bytes_per_block
+
+        # NOTE: a long prompt's step (one, unchunked) makes the engine hold more than it did when it joined.
+        client.add_request(EngineCoreRequest("long", list(range(1, 1000)), SamplingParams(max_tokens=2)))
+        while not any(output.is_finished for output in client.get_output().outputs):
+            pass
+        resident = resident_bytes(client.engine_pid)
+        deadline = time.monotonic() + _HEARTBEAT_WAIT_S
+        while client.memory_bytes < resident and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert client.memory_bytes >= resident
+    finally:
+        client.shutdown()
