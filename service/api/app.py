@@ -26,6 +26,9 @@ from service.api.files import file_routes
 from service.api.health import live
 from service.api.messages import count_message_tokens, create_message
 from service.api.metrics_route import metrics
+from service.api.model_pool import ModelPool
+from service.api.model_routes import model_card, model_routes, pool_health, pool_model_cards
+from service.api.model_routing import ModelRoutingMiddleware
 from service.api.openapi import openapi
 from service.api.responses import cancel_response, create_response, delete_response, get_response, list_input_items
 from service.api.server_state import ServerState
@@ -44,10 +47,14 @@ HEALTH_PING_TIMEOUT_S = 5.0
 
 
 async def health(request: Request) -> Response:
-    """200 only when the engine answers a ping; 503 while loading, draining, or once it is dead."""
+    """200 only when the engine answers a ping (with several models: while some model can serve); 503
+    while loading, draining, or once it is dead."""
     admission: Admission = request.app.state.admission
     if admission.phase is not Phase.SERVING:
         return JSONResponse({"status": admission.phase.value}, status_code=503)
+    pool: ModelPool | None = getattr(request.app.state, "pool", None)
+    if pool is not None:
+        return await pool_health(pool)
     state: ServerState = request.app.state.server
     if state.engine_status != "ok":
         return JSONResponse({"status": state.engine_status}, status_code=503)
@@ -74,30 +81,14 @@ async def version(request: Request) -> Response:
     return JSONResponse(body)
 
 
-# vLLM's ModelPermission, as its /v1/models lists it.
-_MODEL_PERMISSION = {
-    "object": "model_permission", "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-    "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
-    "group": None, "is_blocking": False,
-}
-
-
 async def list_models(request: Request) -> Response:
+    pool: ModelPool | None = getattr(request.app.state, "pool", None)
+    if pool is not None:
+        return JSONResponse({"object": "list", "data": pool_model_cards(pool)})
     state: ServerState = request.app.state.server
     created = now()
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": "zeroserve",
-            "root": state.served_model_names[0],
-            "parent": None,
-            "max_model_len": state.llm.ready.max_model_len,
-            "permission": [_MODEL_PERMISSION | {"id": f"modelperm-{name}", "created": created}],
-        }
-        for name in state.served_model_names
-    ]
+    root, max_model_len = state.served_model_names[0], state.llm.ready.max_model_len
+    data = [model_card(name, root, max_model_len, created) for name in state.served_model_names]
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -145,12 +136,14 @@ def create_app(
     """The app; with `state` None it answers 503 "loading" until `attach` hands it one."""
     if admission is None:
         admission = Admission() if state is None else state.admission
-    middleware = [Middleware(AdmissionMiddleware, admission=admission)]
+    # NOTE: innermost, so a request waits for its model's load only once admitted.
+    middleware = [Middleware(AdmissionMiddleware, admission=admission), Middleware(ModelRoutingMiddleware)]
     if api_keys:
-        # NOTE: everything the pages read (the settings, the dashboard's stream) asks for the key.
+        # NOTE: everything the pages read (the settings, the dashboard's stream) asks for the key; loading and
+        # unloading models too.
         open_paths = {"/health", "/livez", "/openapi.json", *PAGE_PATHS} | (set() if is_metrics_auth else {"/metrics"})
         middleware.insert(0, Middleware(
-            APIKeyMiddleware, api_keys=api_keys, open_paths=open_paths, open_prefixes=PAGE_PREFIXES
+            APIKeyMiddleware, api_keys=api_keys, open_paths=open_paths, open_prefixes=(*PAGE_PREFIXES, "/health/")
         ))
     # NOTE: outermost, so the API key's and admission's refusals on /v1/messages are Anthropic's shape too.
     middleware.insert(0, Middleware(AnthropicErrorsMiddleware))
@@ -176,6 +169,7 @@ def create_app(
             Route("/v1/streams/{request_id:path}", delete_stream, methods=["DELETE"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
+            *model_routes(),
             *file_routes(),
             *batch_routes(),
             *web_routes(),
@@ -195,6 +189,13 @@ def create_app(
     if state is not None:
         attach(app, state)
     return app
+
+
+def attach_pool(app: Starlette) -> None:
+    """Serves the models of `app.state.pool` from now on (each loads when asked for), unless a drain has begun."""
+    admission: Admission = app.state.admission
+    if admission.phase is Phase.LOADING:
+        admission.phase = Phase.SERVING
 
 
 def attach(app: Starlette, state: ServerState) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from service.frontend.outputs import collect
@@ -42,9 +44,9 @@ class BatchWorker:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    def start(self, state: ServerState) -> None:
-        """Runs the batches with the routes' engine client and preparer from now on."""
-        self._task = asyncio.create_task(self._run(state), name="batch-worker")
+    def start(self, states: StateSource) -> None:
+        """Runs the batches from now on, each line on the state (engine client, preparer) of the model it names."""
+        self._task = asyncio.create_task(self._run(states), name="batch-worker")
 
     def wake(self) -> None:
         """A batch was created or cancelled: look now, not at the next poll."""
@@ -57,14 +59,14 @@ class BatchWorker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def _run(self, state: ServerState) -> None:
+    async def _run(self, states: StateSource) -> None:
         while True:
             batch = await asyncio.to_thread(self.store.next_unfinished)
             if batch is None:
                 await self._sleep(POLL_S)
                 continue
             try:
-                await self._run_batch(state, batch)
+                await self._run_batch(states, batch)
             except Exception:
                 # NOTE: the engine failed or is gone; its unanswered lines run again once it serves.
                 logger.exception("batch %s stopped; retrying in %g s", batch["id"], RETRY_S)
@@ -75,7 +77,7 @@ class BatchWorker:
             await asyncio.wait_for(self._wake.wait(), timeout_s)
         self._wake.clear()
 
-    async def _run_batch(self, state: ServerState, batch: dict[str, Any]) -> None:
+    async def _run_batch(self, states: StateSource, batch: dict[str, Any]) -> None:
         """Answers the batch's unanswered lines, then makes its output and error files."""
         store, batch_id = self.store, batch["id"]
         if batch["status"] == "validating":
@@ -93,7 +95,7 @@ class BatchWorker:
                 return
             answered = await asyncio.to_thread(store.answered_lines, batch_id)
             lines = [(i, text) for i, text in numbered_lines(content) if i not in answered]
-            if not await self._answer_lines(state, batch, lines):
+            if not await self._answer_lines(states, batch, lines):
                 return
             await asyncio.to_thread(
                 store.update_batch, batch_id, {"status": "finalizing", "finalizing_at": now()}, ("in_progress",)
@@ -105,14 +107,14 @@ class BatchWorker:
         elif batch["status"] == "finalizing":
             await asyncio.to_thread(store.finish_batch, batch_id, {"status": "completed", "completed_at": now()})
 
-    async def _answer_lines(self, state: ServerState, batch: dict[str, Any], lines: list[tuple[int, str]]) -> bool:
+    async def _answer_lines(self, states: StateSource, batch: dict[str, Any], lines: list[tuple[int, str]]) -> bool:
         """Answers `lines`, `max_in_flight` at once, keeping each result as it comes; False (and the
         lines in flight aborted) once the batch is no longer in progress."""
         pending = iter(lines)
 
         async def answer_each() -> None:
             for index, text in pending:
-                result, is_error = await self._answer(state, batch["endpoint"], index, text)
+                result, is_error = await self._answer(states, batch["endpoint"], index, text)
                 await asyncio.to_thread(self.store.add_result, batch["id"], index, result, is_error)
 
         tasks = [asyncio.create_task(answer_each()) for _ in range(min(self.max_in_flight, len(lines)))]
@@ -132,24 +134,46 @@ class BatchWorker:
             await asyncio.gather(*tasks, return_exceptions=True)
         return True
 
-    async def _answer(self, state: ServerState, endpoint: str, index: int, text: str) -> tuple[dict[str, Any], bool]:
+    async def _answer(self, states: StateSource, endpoint: str, index: int, text: str) -> tuple[dict[str, Any], bool]:
         """A line's result, and whether it is an error: prepared as the route prepares a body, at
-        BATCH_PRIORITY, and answered whole."""
+        BATCH_PRIORITY, and answered whole by the model it names."""
         custom_id = None
         try:
             line = read_line(index, text)
             custom_id = line.custom_id
             body = line.request_body(endpoint)
             body.priority = max(body.priority, BATCH_PRIORITY)
-            prepared = await state.preparer.prepare(body, line.ids(body))
         except APIError as error:
             return error_result(index, custom_id, error), True
-        outputs = state.llm.generate(prepared.engine_requests, prepared.params)
-        whole = await collect(outputs, len(prepared.prompts), body.n)
-        result = answer_result(
-            line, body, prepared, whole, state.llm.tokenizer, state.tool_call_parser, state.reasoning_parser
-        )
+        try:
+            async with states(body.model) as state:
+                try:
+                    prepared = await state.preparer.prepare(body, line.ids(body))
+                except APIError as error:
+                    return error_result(index, custom_id, error), True
+                outputs = state.llm.generate(prepared.engine_requests, prepared.params)
+                whole = await collect(outputs, len(prepared.prompts), body.n)
+                result = answer_result(
+                    line, body, prepared, whole, state.llm.tokenizer, state.tool_call_parser, state.reasoning_parser
+                )
+        except APIError as error:
+            # NOTE: the model it names is not served, or failed to load.
+            return error_result(index, custom_id, error), True
         return result, False
+
+
+# NOTE: the state a line runs on, by the model it names: the one model's, or a multi-model gateway's pool's.
+StateSource = Callable[[str | None], "AbstractAsyncContextManager[ServerState]"]
+
+
+def fixed_state(state: ServerState) -> StateSource:
+    """The source of a one-model gateway: every line runs on `state` (its preparer checks the name)."""
+
+    @contextlib.asynccontextmanager
+    async def lease(model: str | None) -> AsyncIterator[ServerState]:
+        yield state
+
+    return lease
 
 
 def numbered_lines(content: bytes) -> list[tuple[int, str]]:

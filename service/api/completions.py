@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse, Response
 from service.api.admission import Admission
 from service.api.disconnect import unless_disconnected
 from service.api.errors import parse_body
-from service.api.server_state import ServerState
+from service.api.server_state import ServerState, server_state
 from service.api.sse import sse_response
 from service.frontend.outputs import collect
 from service.openai.prepare import Preparer
@@ -20,7 +20,7 @@ async def create_completion(request: Request) -> Response:
     """In order (a re-sent request resumes its stream instead: `resumable`): the body is read, prepared
     once (prompts, SamplingParams, engine requests, ids), every sample of every prompt is sent to
     the engine, and the answer goes back whole or as a stream."""
-    state: ServerState = request.app.state.server
+    state: ServerState = server_state(request)
     preparer: Preparer = state.preparer
     admission: Admission = state.admission
     body = await parse_body(request, CompletionRequest, state.max_request_body_bytes)

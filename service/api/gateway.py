@@ -8,14 +8,16 @@ from collections.abc import Mapping
 
 from proto.handshake import EngineReady
 from service.api.admission import Admission
-from service.api.app import attach, create_app
-from service.api.batch_worker import BatchWorker
+from service.api.app import attach, attach_pool, create_app
+from service.api.batch_worker import BatchWorker, fixed_state
+from service.api.model_pool import ModelPool
 from service.api.server_state import ServerState
 from service.api.stream_store import StreamStore
 from service.client.core_client import EngineCoreClient
 from service.config import GatewayConfig
 from service.frontend.async_llm import AsyncLLM
 from service.model_files.tokenizer import Tokenizer
+from service.models.catalog import ModelEntry
 from service.observability.dashboard import RecentRequests
 from service.observability.metrics import PrometheusStatLogger, cache_info
 from service.observability.picker_metrics import PickerMetrics
@@ -62,12 +64,45 @@ class Gateway:
         from now on; its sampling defaults are the model's under --override-generation-config."""
         config = self.config
         names = list(config.served_model_names or (model_name,))
+        state, metrics = self._model_state(
+            config, engine_client, tokenizer, ready, names, model_generation_defaults, stats_log_interval_s
+        )
+        self.admission.on_rejection = metrics.record_admission_rejection
+        attach(self.app, state)
+        # NOTE: one gateway process runs the kept batches (every one answers their routes).
+        if self.batches is not None and config.api_server_index in (None, 0):
+            self.batches.start(fixed_state(state))
+        return state.llm
+
+    def serve_models(self, pool: ModelPool) -> None:
+        """Serves the pool's models from now on, each loaded when a request names it."""
+        self.app.state.pool = pool
+        attach_pool(self.app)
+        if self.batches is not None:
+            self.batches.start(pool.lease)
+
+    def model_state(self, entry: ModelEntry, engine_client: EngineCoreClient, tokenizer: Tokenizer, ready: EngineReady) -> ServerState:
+        """The routes' state of one model of a multi-model gateway, under its id and aliases."""
+        state, _ = self._model_state(
+            entry.config, engine_client, tokenizer, ready, list(entry.names), entry.generation_defaults, None
+        )
+        return state
+
+    def _model_state(
+        self,
+        config: GatewayConfig,
+        engine_client: EngineCoreClient,
+        tokenizer: Tokenizer,
+        ready: EngineReady,
+        names: list[str],
+        model_generation_defaults: Mapping[str, float] | None,
+        stats_log_interval_s: float | None,
+    ) -> tuple[ServerState, PrometheusStatLogger]:
         engine_indexes = range(max(config.data_parallel_size, 1))
         metrics = PrometheusStatLogger(
             names[0], engine_indexes, config.api_server_index, ready.max_model_len,
             cache_info(ready, config.engine.enable_prefix_caching),
         )
-        self.admission.on_rejection = metrics.record_admission_rejection
         recent_requests = RecentRequests()
         stat_loggers: list[StatLogger] = [
             metrics, PickerMetrics(metrics, engine_indexes), RequestLogger(), recent_requests
@@ -87,11 +122,7 @@ class Gateway:
             tool_call_parser=_parser(config.tool_call_parser), reasoning_parser=reasoning_parser,
             recent_requests=recent_requests,
         )
-        attach(self.app, state)
-        # NOTE: one gateway process runs the kept batches (every one answers their routes).
-        if self.batches is not None and config.api_server_index in (None, 0):
-            self.batches.start(state)
-        return llm
+        return state, metrics
 
 
 def _max_batch_lines(config: GatewayConfig) -> int:

@@ -13,7 +13,7 @@ from service.anthropic.protocol import CountTokensRequest, MessagesRequest
 from service.api.admission import Admission
 from service.api.disconnect import unless_disconnected
 from service.api.errors import parse_body
-from service.api.server_state import ServerState
+from service.api.server_state import ServerState, server_state
 from service.api.sse import sse_response
 from service.frontend.outputs import collect
 from service.openai.prepare import Preparer
@@ -24,7 +24,7 @@ async def create_message(request: Request) -> Response:
     """In order (a re-sent request resumes its stream instead: `resumable`): the body is read, converted to
     a chat request and prepared as one (errors name the Messages fields), sent to the engine, and the
     chat answer goes back converted: a Message whole, or its named events."""
-    state: ServerState = request.app.state.server
+    state: ServerState = server_state(request)
     preparer: Preparer = state.preparer
     admission: Admission = state.admission
     body = await parse_body(request, MessagesRequest, state.max_request_body_bytes)
@@ -47,7 +47,7 @@ async def create_message(request: Request) -> Response:
 async def count_message_tokens(request: Request) -> Response:
     """{"input_tokens": N}: the prompt tokens the same body's message would be charged, prepared as it
     would be (rendered by the chat template with its tools), not sent."""
-    state: ServerState = request.app.state.server
+    state: ServerState = server_state(request)
     body = await parse_body(request, CountTokensRequest, state.max_request_body_bytes)
     body.check_supported()
     message_id = new_message_id()

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from service.api.admission import Admission
 from service.api.disconnect import unless_disconnected
 from service.api.errors import page_limit, parse_body
-from service.api.server_state import ServerState
+from service.api.server_state import ServerState, server_state
 from service.api.sse import sse_response
 from service.frontend.outputs import collect
 from service.openai.errors import APIError
@@ -43,7 +43,7 @@ async def create_response(request: Request) -> Response:
     conversation it continues looked up, both converted to a chat request and prepared as one (errors
     name the Responses fields), sent to the engine (detached with `background`), and the chat answer
     goes back converted: a Response whole, or its named events; kept first when stored."""
-    state: ServerState = request.app.state.server
+    state: ServerState = server_state(request)
     store = response_store(request)
     body = await parse_body(request, ResponsesRequest, state.max_request_body_bytes)
     body.check_supported(is_store_on=store is not None)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from service.api.admission import Admission
     from service.api.gateway import Gateway
+    from service.api.model_pool import ModelPool
     from service.frontend.async_llm import AsyncLLM
 
 logger = logging.getLogger("zeroserve")
@@ -47,9 +48,11 @@ async def serve(config: GatewayConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    load = asyncio.create_task(_load(config, gateway), name="load-engine")
+    load: asyncio.Task[AsyncLLM | ModelPool] = asyncio.create_task(
+        _load_models(config, gateway) if config.is_multi_model else _load(config, gateway), name="load-engine"
+    )
 
-    def on_loaded(task: asyncio.Task[AsyncLLM]) -> None:
+    def on_loaded(task: asyncio.Task[AsyncLLM | ModelPool]) -> None:
         if _failed(task):
             stop.set()
 
@@ -61,7 +64,8 @@ async def serve(config: GatewayConfig) -> None:
             await _drain(admission, config.shutdown_timeout_s)
         admission.phase = Phase.DRAINING
 
-    logger.info("listening on http://%s:%d while %s loads", config.host, config.port, config.model)
+    loading = "the models are listed" if config.is_multi_model else f"{config.model} loads"
+    logger.info("listening on http://%s:%d while %s", config.host, config.port, loading)
     # NOTE: hypercorn takes the socket over (and closes it) by its descriptor.
     fd = config.listen_fd if listener is None else listener.detach()
     try:
@@ -99,16 +103,22 @@ def _hypercorn_config(config: GatewayConfig, fd: int) -> hypercorn.config.Config
     return hypercorn_config
 
 
-async def _stop_engine(load: asyncio.Task[AsyncLLM]) -> None:
-    """Stops a load still under way, or shuts down the engine it started."""
+async def _stop_engine(load: asyncio.Task[AsyncLLM | ModelPool]) -> None:
+    """Stops a load still under way, or shuts down the engines it started."""
+    from service.api.model_pool import ModelPool
+
     if not load.done():
         load.cancel()
     await asyncio.gather(load, return_exceptions=True)
     if not _failed(load):
-        load.result().shutdown()
+        served = load.result()
+        if isinstance(served, ModelPool):
+            await served.close()
+        else:
+            served.shutdown()
 
 
-def _failed(task: asyncio.Task[AsyncLLM]) -> bool:
+def _failed(task: asyncio.Task[AsyncLLM | ModelPool]) -> bool:
     return task.done() and (task.cancelled() or task.exception() is not None)
 
 
@@ -134,6 +144,24 @@ async def _load(config: GatewayConfig, gateway: Gateway) -> AsyncLLM:
     llm = gateway.serve_with(client, tokenizer, ready, resolved.name, resolved.generation_defaults)
     logger.info("serving %s on http://%s:%d", (config.served_model_names or (resolved.name,))[0], config.host, config.port)
     return llm
+
+
+async def _load_models(config: GatewayConfig, gateway: Gateway) -> ModelPool:
+    """Lists the models (a broken one is listed as failed, not fatal) and serves them, none loaded yet."""
+    from service.api.model_pool import ModelPool
+    from service.models.catalog import find_models
+
+    entries = await asyncio.to_thread(find_models, config)
+    if not entries:
+        raise ValueError(f"no models to serve: {config.models_dir or 'the models folder'} has no .gguf file or model folder")
+    pool = ModelPool(entries, config, gateway.model_state)
+    gateway.serve_models(pool)
+    for entry in entries:
+        if entry.error:
+            logger.error("model %s cannot be served: %s", entry.id, entry.error)
+    logger.info("serving %d models on http://%s:%d: %s", len(entries), config.host, config.port,
+                ", ".join(entry.id for entry in entries))
+    return pool
 
 
 async def _drain(admission: Admission, timeout_s: float) -> None:

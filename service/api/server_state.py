@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
+from starlette.requests import Request
 
 from service.api.admission import Admission
 from service.frontend.async_llm import AsyncLLM
@@ -10,6 +11,8 @@ from service.observability.dashboard import RecentRequests
 from service.openai.prepare import Preparer
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
+# NOTE: where a multi-model gateway's routing (service/api/model_routing.py) puts the state of the model a request names.
+STATE_KEY = "zeroserve.server"
 
 
 class ServerState:
@@ -51,3 +54,9 @@ class ServerState:
         if not self.llm.engine_client.live_engine_indices:
             return "waiting_for_engine"
         return "ok"
+
+
+def server_state(request: Request) -> ServerState:
+    """The state of the model the request names (a multi-model gateway's routing put it there), else the one model's."""
+    state: ServerState | None = request.scope.get(STATE_KEY)
+    return state if state is not None else request.app.state.server

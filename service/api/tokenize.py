@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.api.errors import parse_body
-from service.api.server_state import ServerState
+from service.api.server_state import ServerState, server_state
 from service.openai.errors import APIError
 from service.openai.protocol import ChatMessage, OpenAIModel
 
@@ -42,7 +42,7 @@ class DetokenizeRequest(OpenAIModel):
 
 
 async def tokenize(request: Request) -> Response:
-    state: ServerState = request.app.state.server
+    state: ServerState = server_state(request)
     body = await parse_body(request, TokenizeRequest, state.max_request_body_bytes)
     state.preparer.model_name(body.model)
     body.check_supported()
@@ -76,7 +76,7 @@ async def tokenize(request: Request) -> Response:
 
 
 async def detokenize(request: Request) -> Response:
-    state: ServerState = request.app.state.server
+    state: ServerState = server_state(request)
     body = await parse_body(request, DetokenizeRequest, state.max_request_body_bytes)
     state.preparer.model_name(body.model)
     vocab_size = state.llm.input_processor.vocab_size

@@ -1,0 +1,130 @@
+"""A multi-model gateway's model routes: GET /v1/models with each model's status, POST
+/v1/models/{id}/load and /unload (and llama.cpp's router's POST /models/load and /models/unload),
+and GET /health/{id}, one model's readiness."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from service.api.errors import read_body
+from service.api.model_pool import ModelPool, ModelSlot, ModelStatus
+from service.openai.errors import APIError
+from service.openai.response_bodies import now
+
+HEALTH_PING_TIMEOUT_S = 5.0
+
+# vLLM's ModelPermission, as its /v1/models lists it.
+MODEL_PERMISSION = {
+    "object": "model_permission", "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+    "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+    "group": None, "is_blocking": False,
+}
+
+
+def model_card(name: str, root: str, max_model_len: int | None, created: int) -> dict[str, object]:
+    """One model as vLLM's /v1/models lists it."""
+    return {
+        "id": name, "object": "model", "created": created, "owned_by": "zeroserve", "root": root, "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [MODEL_PERMISSION | {"id": f"modelperm-{name}", "created": created}],
+    }
+
+
+def pool_model_cards(pool: ModelPool) -> list[dict[str, object]]:
+    """Every model and alias of the pool, each with its status (llama.cpp's router's `status.value`)."""
+    created = now()
+    return [_card(slot, name, created) for slot in pool.slots.values() for name in slot.entry.names]
+
+
+def _card(slot: ModelSlot, name: str, created: int) -> dict[str, object]:
+    max_model_len = None if slot.state is None else slot.state.llm.ready.max_model_len
+    path = None if slot.entry.path is None else str(slot.entry.path)
+    return model_card(name, slot.id, max_model_len, created) | {"path": path, "status": slot.describe()}
+
+
+def _pool(request: Request) -> ModelPool:
+    pool: ModelPool | None = getattr(request.app.state, "pool", None)
+    if pool is None:
+        raise APIError(
+            "This server serves one model; start it with several (zeroserve serve A B, --models-dir) to load and "
+            "unload models.", 400,
+        )
+    return pool
+
+
+async def load_model(request: Request) -> Response:
+    """Loads the model (again, if it failed) and answers once it is loaded or has failed."""
+    pool = _pool(request)
+    slot = pool.slot_of(await _model_of(request))
+    load = pool.start_loading(slot, is_retry=True)
+    if load is not None:
+        await asyncio.shield(load)
+    return _slot_answer(slot)
+
+
+async def unload_model(request: Request) -> Response:
+    """Unloads the model now, aborting what it still runs."""
+    pool = _pool(request)
+    slot = await pool.unload(await _model_of(request))
+    return _slot_answer(slot)
+
+
+def _slot_answer(slot: ModelSlot) -> Response:
+    card = _card(slot, slot.id, now())
+    return JSONResponse({"success": slot.status is not ModelStatus.FAILED, **card})
+
+
+async def _model_of(request: Request) -> str:
+    """The model the path names, or llama.cpp's body {"model": ...}."""
+    if "model_id" in request.path_params:
+        return str(request.path_params["model_id"])
+    try:
+        body = orjson.loads(await read_body(request, 2**16) or b"{}")
+    except orjson.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        raise APIError('The body must be a JSON object naming the model: {"model": "..."}.', 400, param="model")
+    return str(body["model"])
+
+
+async def pool_health(pool: ModelPool) -> Response:
+    """200 while some model can serve (loaded and answering, or loadable); each model's status beside."""
+    statuses = {slot.id: slot.status.value for slot in pool.slots.values()}
+    is_ready = any(status in (ModelStatus.LOADED, ModelStatus.LOADING, ModelStatus.UNLOADED) for status in
+                   (slot.status for slot in pool.slots.values()))
+    body = {"status": "ok" if is_ready else "no_model_can_serve", "models": statuses}
+    return JSONResponse(body, status_code=200 if is_ready else 503)
+
+
+async def model_health(request: Request) -> Response:
+    """200 when the model is loaded and its engine answers a ping; else 503 with its status."""
+    pool = _pool(request)
+    slot = pool.slot_of(str(request.path_params["model_id"]))
+    state = slot.state
+    if state is None or slot.status is not ModelStatus.LOADED:
+        return JSONResponse({"status": slot.status.value, **({"reason": slot.error} if slot.error else {})}, 503)
+    if state.engine_status != "ok":
+        return JSONResponse({"status": state.engine_status}, status_code=503)
+    try:
+        async with asyncio.timeout(HEALTH_PING_TIMEOUT_S):
+            await state.llm.engine_client.call_utility_async("ping")
+    except TimeoutError:
+        return JSONResponse({"status": "unresponsive"}, status_code=503)
+    except Exception:  # noqa: BLE001 - any failure to answer is unhealthy
+        return JSONResponse({"status": "dead" if state.llm.is_dead else "unhealthy"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+def model_routes() -> list[BaseRoute]:
+    return [
+        Route("/v1/models/{model_id:path}/load", load_model, methods=["POST"]),
+        Route("/v1/models/{model_id:path}/unload", unload_model, methods=["POST"]),
+        Route("/models/load", load_model, methods=["POST"]),
+        Route("/models/unload", unload_model, methods=["POST"]),
+        Route("/health/{model_id:path}", model_health, methods=["GET"]),
+    ]
