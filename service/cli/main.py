@@ -104,7 +104,7 @@ def _subparser(parser: argparse.ArgumentParser, *path: str) -> argparse.Argument
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
-    models = tuple(args.models) or (() if args.models_dir or args.models_config else (DEFAULT_MODEL,))
+    models = tuple(args.model) or (() if args.models_dir or args.models_config else (DEFAULT_MODEL,))
     return GatewayConfig(
         model=models[0] if models else "",
         models=models,

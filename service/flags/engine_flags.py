@@ -23,7 +23,7 @@ def add_model_arg(parser: argparse.ArgumentParser) -> None:
 def add_models_arg(parser: argparse.ArgumentParser) -> None:
     """`zeroserve serve`'s models: one, or several served by name (none with --models-dir)."""
     parser.add_argument(
-        "models", nargs="*", metavar="MODEL",
+        "model", nargs="*", metavar="MODEL",
         help="known model names, .gguf files or Hugging Face model directories; several are served by name, "
         f"each loaded when first asked for (default: {DEFAULT_MODEL}, or none with --models-dir)",
     )

@@ -112,7 +112,9 @@ def test_every_command_that_starts_an_engine_reads_the_same_variables(
     required = ["--input", "in.jsonl", "--output", "out.jsonl"] if command == ("generate",) else ["--gateway", "tcp://h:1"] * (command == ("engine",))
     args = parse_serve_args([*command, *required], environ)
     config = engine_config_from(args)
-    assert (config.dtype, config.max_num_seqs, args.model) == ("float32", 7, "m.gguf")
+    # NOTE: serve takes several models (a list), the other commands one.
+    models = args.model if isinstance(args.model, list) else [args.model]
+    assert (config.dtype, config.max_num_seqs, models) == ("float32", 7, ["m.gguf"])
     flags = engine_config_from(parse_serve_args([*command, *required, "--dtype", "bfloat16"], environ))
     assert (flags.dtype, flags.max_num_seqs) == ("bfloat16", 7)
     with pytest.raises(SystemExit) as exit_info:
