@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from prometheus_client import generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.api.model_pool import ModelPool, ModelStatus
 from service.api.server_state import ServerState
+from service.observability.merged_registry import MergedRegistry
 from service.openai.errors import APIError
 
 # NOTE: always the classic format, whatever the Accept header: every Prometheus reads it, and
@@ -16,7 +19,28 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 async def metrics(request: Request) -> Response:
+    pool: ModelPool | None = getattr(request.app.state, "pool", None)
+    if pool is not None:
+        return Response(generate_latest(pool_registry(pool)), headers={"Content-Type": CONTENT_TYPE})
     state: ServerState = request.app.state.server
     if state.metrics_registry is None:
         raise APIError("Metrics are not enabled on this server.", 404, error_type="not_found_error")
     return Response(generate_latest(state.metrics_registry), headers={"Content-Type": CONTENT_TYPE})
+
+
+def pool_registry(pool: ModelPool) -> MergedRegistry:
+    """Every loaded model's families, and each model's state and memory (zeroserve:model_*)."""
+    status = GaugeMetricFamily(
+        "zeroserve:model_status", "1 for each model's status now (loaded, loading, unloaded, failed).",
+        labels=("model_name", "status"),
+    )
+    memory = GaugeMetricFamily(
+        "zeroserve:model_memory_bytes", "Memory each model counts against --memory-budget (its engines' report).",
+        labels=("model_name",),
+    )
+    for slot in pool.slots.values():
+        for value in ModelStatus:
+            status.add_metric((slot.id, value.value), float(slot.status is value))
+        memory.add_metric((slot.id,), float(slot.memory_bytes if slot.is_holding_memory else 0))
+    registries = [state.metrics_registry for state in pool.loaded_states if state.metrics_registry is not None]
+    return MergedRegistry(lambda: registries, (status, memory))

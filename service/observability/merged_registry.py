@@ -1,0 +1,28 @@
+"""One /metrics for several models' registries: each family once, with every model's series (their
+`model_name` labels tell them apart)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Metric
+
+
+class MergedRegistry:
+    """What `generate_latest` reads: the families of the registries `registries()` gives now, merged by name."""
+
+    def __init__(self, registries: Callable[[], Iterable[CollectorRegistry]], extra: Iterable[Metric] = ()) -> None:
+        self._registries = registries
+        self._extra = list(extra)
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for registry in self._registries():
+            for family in registry.collect():
+                known = merged.get(family.name)
+                if known is None:
+                    merged[family.name] = family
+                else:
+                    known.samples.extend(family.samples)
+        yield from merged.values()
+        yield from self._extra
