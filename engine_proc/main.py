@@ -8,6 +8,7 @@ import signal
 from dataclasses import dataclass
 
 from engine_proc.link import socket_options
+from proto import envs
 from proto.engine_config import EngineConfig
 from proto.engine_link import LinkConfig, add_link_args, die_with_parent, link_config_from
 from proto.log_format import DEFAULT_LOG_FORMAT, LOG_FORMATS, TEXT_FORMAT, configure_logging
@@ -78,7 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent()
     from engine_proc.core import EngineCore
     from engine_proc.core_proc import EngineCoreProc
-    engine_core = EngineCore(config, launch.engine_index)
+    try:
+        engine_core = EngineCore(config, launch.engine_index)
+    except Exception as exc:
+        # NOTE: the gateway that started us tells its clients why (a broken file, too little memory).
+        if (error_file := envs.engine_error_file()) is not None:
+            error_file.write_text(f"{type(exc).__name__}: {exc}")
+        raise
     proc = EngineCoreProc(
         engine_core, launch.input_addresses, launch.output_addresses, socket_options(link),
         link.accept_timeout_s,

@@ -77,6 +77,10 @@ ENV_VARS: dict[str, EnvVar] = {
         ),
         EnvVar("ZEROSERVE_ENGINE_CURVE_PUBLIC", "", _text, "Likewise: the local engine's public key."),
         EnvVar("ZEROSERVE_ENGINE_CURVE_SECRET", "", _text, "Likewise: the local engine's secret key."),
+        EnvVar(
+            "ZEROSERVE_ENGINE_ERROR_FILE", "", _text,
+            "Set by a gateway for its local engines: where an engine that cannot load its model writes why.",
+        ),
     )
 }
 
@@ -95,6 +99,12 @@ def read(name: str) -> Any:
 def cache_dir() -> Path:
     """Root folder for fetched models (ZEROSERVE_CACHE)."""
     return cast(Path, read("ZEROSERVE_CACHE"))
+
+
+def engine_error_file() -> Path | None:
+    """Where this engine writes why it could not start (ZEROSERVE_ENGINE_ERROR_FILE), or None."""
+    value = cast(str, read("ZEROSERVE_ENGINE_ERROR_FILE"))
+    return Path(value) if value else None
 
 
 def plan_cache_dir() -> Path | None:

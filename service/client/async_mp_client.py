@@ -66,7 +66,8 @@ class AsyncMPClient(MPClient):
                 done, _ = await asyncio.wait({recv, dead}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                 if recv not in done:
                     recv.cancel()
-                    raise EngineDeadError("the engine process did not start; see its log above")
+                    reason = self.start_error()
+                    raise EngineDeadError(reason or "the engine process did not start; see its log above")
                 await self._answer(recv.result())
         finally:
             dead.cancel()

@@ -3,11 +3,14 @@ handshakes, routing each request to the least-loaded engine, and knowing which e
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import os
 import shutil
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -76,10 +79,21 @@ class MPClient(EngineCoreClient):
         self.processes = [self._start_engine(index) for index in range(0 if engine_addresses else data_parallel_size)]
 
     def _start_engine(self, engine_index: int) -> EngineProcess:
+        env = {**self.curve.local_engine_env, "ZEROSERVE_ENGINE_ERROR_FILE": self._error_file(engine_index)}
         return EngineProcess(
-            self.engine_config, engine_index, self.input_address, self.output_address, self._on_engine_exit,
-            self.curve.local_engine_env, self.log_format,
+            self.engine_config, engine_index, self.input_address, self.output_address, self._on_engine_exit, env,
+            self.log_format,
         )
+
+    def _error_file(self, engine_index: int) -> str:
+        return os.path.join(self.socket_dir, f"engine-{engine_index}.error")
+
+    def start_error(self) -> str | None:
+        """Why a local engine could not load its model, as it wrote it before exiting, or None."""
+        for index in range(self.data_parallel_size):
+            with contextlib.suppress(OSError):
+                return Path(self._error_file(index)).read_text()
+        return None
 
     @property
     def is_dead(self) -> bool:

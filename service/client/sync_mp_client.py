@@ -49,7 +49,7 @@ class SyncMPClient(MPClient):
             if self.input_socket.poll(_POLL_MS):
                 self._process_input_socket()
             elif self.is_dead or time.monotonic() > deadline:
-                raise EngineDeadError("the engine process did not start; see its log above")
+                raise EngineDeadError(self.start_error() or "the engine process did not start; see its log above")
 
     def _process_input_socket(self) -> None:
         """Answers the engine's handshake messages (its heartbeats need no answer)."""
