@@ -75,6 +75,11 @@ async def version(request: Request) -> Response:
         package_version = "unknown"
     body: dict[str, object] = {"version": package_version}
     state: ServerState | None = getattr(request.app.state, "server", None)
+    pool: ModelPool | None = getattr(request.app.state, "pool", None)
+    if pool is not None:
+        # NOTE: the first loaded model's engine speaks for the machine (its kernels are its model's); before
+        # any model loads, nothing does.
+        state = next(iter(pool.loaded_states), None)
     if state is not None:
         # NOTE: what the (first) engine's machine is and what it chose to run each piece of a step on.
         body |= {"cpu": state.llm.ready.cpu, "kernels": state.llm.ready.kernel_choices}
