@@ -1,5 +1,6 @@
 // The dashboard: the engines' figures from GET /dashboard/events (the same figures as /metrics),
-// about once a second, as numbers, two-minute charts and tables.
+// about once a second, as numbers, two-minute charts and tables; on a multi-model server, of the
+// model picked.
 "use strict";
 
 (() => {
@@ -10,8 +11,13 @@
   const history = [];
   const STATUS_TEXT = {
     ok: "serving", recovering: "an engine is restarting", dead: "no engine (dead)",
-    waiting_for_engine: "waiting for an engine to join",
+    waiting_for_engine: "waiting for an engine to join", unloaded: "not loaded (loads on its first request)",
+    loading: "loading", failed: "failed to load",
   };
+  let chosenModel = ""; // "" : the server's choice (its first loaded model)
+  let shownModel = null; // the model the frames are of
+  let connection = null; // aborts the stream read now
+  let isPickerAsked = false;
 
   function banner(text, isError) {
     const node = $("banner");
@@ -68,6 +74,10 @@
   }
 
   function show(frame) {
+    if (frame.model && frame.model !== shownModel) {
+      shownModel = frame.model;
+      $("model").value = frame.model;
+    }
     history.push(frame);
     if (history.length > HISTORY_LENGTH) history.shift();
     $("num-running").textContent = String(frame.num_running_reqs);
@@ -105,13 +115,38 @@
       ` · preemptions ${frame.num_preemptions}`;
   }
 
+  // The picker of a multi-model server's models (their ids, not aliases); hidden with one.
+  async function loadPicker() {
+    isPickerAsked = true;
+    let cards = [];
+    try {
+      const response = await zs.request("/v1/models");
+      if (response.ok) cards = (await response.json()).data;
+    } catch (_) { /* no picker */ }
+    const ids = cards.filter((card) => card.id === card.root).map((card) => card.id);
+    if (ids.length < 2) return;
+    $("model").replaceChildren(...ids.map((id) => zs.element("option", { value: id }, id)));
+    if (shownModel) $("model").value = shownModel;
+    $("model").hidden = false;
+  }
+
+  function chooseModel() {
+    chosenModel = $("model").value;
+    history.length = 0;
+    if (connection) connection.abort();
+  }
+
   async function follow() {
     for (;;) {
+      connection = new AbortController();
+      const signal = connection.signal;
       try {
-        const response = await zs.request("/dashboard/events", { headers: { Accept: "text/event-stream" } });
+        const query = chosenModel ? "?model=" + encodeURIComponent(chosenModel) : "";
+        const response = await zs.request("/dashboard/events" + query, { headers: { Accept: "text/event-stream" }, signal });
         if (response.ok) {
           banner("");
           $("app").hidden = false;
+          if (!isPickerAsked) loadPicker();
           await zs.readEvents(response, (data) => show(JSON.parse(data)));
           banner("The stream ended (the server is restarting or shutting down); reconnecting…");
         } else if (response.status === 503) {
@@ -121,11 +156,18 @@
           return;
         }
       } catch (error) {
+        // NOTE: another model was picked: its stream at once.
+        if (error.name === "AbortError") continue;
         banner("Lost the server (" + (error.message || error) + "); reconnecting…", true);
       }
-      await new Promise((resolve) => setTimeout(resolve, 1000));
+      try {
+        await zs.sleep(1000, signal);
+      } catch (_) { /* another model was picked */ }
     }
   }
 
-  document.addEventListener("DOMContentLoaded", follow);
+  document.addEventListener("DOMContentLoaded", () => {
+    $("model").addEventListener("change", chooseModel);
+    follow();
+  });
 })();

@@ -1,5 +1,5 @@
-// The playground: chat with the served model, streamed, with its sampling settings, each
-// answer's figures and its tokens' probabilities. Conversations stay in this browser.
+// The playground: chat with a served model (picked, where there are several), streamed, with its sampling
+// settings, each answer's figures and its tokens' probabilities. Conversations stay in this browser.
 "use strict";
 
 (() => {
@@ -13,9 +13,13 @@
   const SETTINGS_ITEM = "zeroserve.settings";
   const NUM_TOP_LOGPROBS = 5;
   const MAX_RESUME_TRIES = 30;
+  // What a multi-model server's model is now, beside the picker.
+  const MODEL_STATUS_TEXT = {
+    loaded: "loaded", loading: "loading…", unloaded: "unloaded: loads on first request", failed: "failed to load",
+  };
 
   const $ = (id) => document.getElementById(id);
-  let server = null; // GET /playground/settings
+  let server = null; // GET /playground/settings (of the chosen model, on a multi-model server)
   let conversations = [];
   let currentId = null;
   let running = null; // { controller, answer } while an answer streams
@@ -38,10 +42,7 @@
 
   function fillFields(values) {
     const defaults = server.defaults;
-    for (const name of SAMPLING_FIELDS) {
-      const value = name in values ? values[name] : defaults[name];
-      $(name).value = value === null || value === undefined ? "" : String(value);
-    }
+    for (const name of SAMPLING_FIELDS) $(name).value = fieldText(name in values ? values[name] : defaults[name]);
     $("stop-strings").value = values.stop || "";
     $("system").value = values.system || "";
     $("logprobs").checked = values.logprobs !== false;
@@ -50,6 +51,10 @@
     $("tool-choice").value = values.tool_choice || "auto";
     if (values.json_schema || values.tools) $("agents").open = true;
     if (values.model && server.models.includes(values.model)) $("model").value = values.model;
+  }
+
+  function fieldText(value) {
+    return value === null || value === undefined ? "" : String(value);
   }
 
   function saveSettings() {
@@ -294,6 +299,8 @@
     const requestId = "playground-" + Date.now().toString(36) + Math.random().toString(36).slice(2, 10);
     running = { controller: new AbortController(), answer, requestId };
     setRunning(true);
+    // NOTE: a multi-model server loads a model on its first request, which waits meanwhile.
+    if (server.statuses && server.statuses[body.model] === "unloaded") showModelStatus("loading");
     saveConversations();
     renderAll();
     const startedAt = performance.now();
@@ -364,6 +371,7 @@
     saveConversations();
     renderMessage(answer);
     $("prompt").focus();
+    if (server.statuses) refreshModel();
   }
 
   // Reads the answer's events; where the server keeps streams, a lost connection is resumed
@@ -419,6 +427,52 @@
     $("model").disabled = isRunning || server.models.length < 2;
   }
 
+  // The model (several on a multi-model server: each with its own defaults, length and status).
+
+  // Reads the chosen model's settings; a sampling field left at the last model's default takes the new one's.
+  async function chooseModel() {
+    const model = $("model").value;
+    const values = settingsFromFields();
+    const before = server.defaults;
+    let chosen;
+    try {
+      chosen = await loadServerSettings(model);
+    } catch (error) {
+      banner(String(error.message || error), true);
+      return;
+    }
+    if ($("model").value !== model) return; // NOTE: another was chosen meanwhile; its answer counts.
+    server = chosen;
+    for (const name of SAMPLING_FIELDS) if (values[name] === fieldText(before[name])) delete values[name];
+    fillFields(values);
+    showModel();
+    saveSettings();
+  }
+
+  // Reads the chosen model's status (and length, known once loaded) again, keeping the fields.
+  async function refreshModel() {
+    const model = $("model").value;
+    try {
+      const fresh = await loadServerSettings(model);
+      if ($("model").value === model) server = fresh;
+    } catch (_) { /* the page keeps what it showed */ }
+    showModel();
+  }
+
+  function showModel() {
+    const bound = server.max_model_len;
+    $("max_tokens").placeholder = bound ? `auto (at most ${bound})` : "auto";
+    if (bound) $("max_tokens").max = String(bound);
+    else $("max_tokens").removeAttribute("max");
+    showModelStatus(server.statuses ? server.statuses[$("model").value] : "");
+  }
+
+  function showModelStatus(status) {
+    const node = $("model-status");
+    node.textContent = status ? MODEL_STATUS_TEXT[status] || status : "";
+    node.dataset.status = status || "";
+  }
+
   // Start.
 
   function banner(text, isError) {
@@ -428,9 +482,10 @@
     node.hidden = !text;
   }
 
-  async function loadServerSettings() {
+  async function loadServerSettings(model) {
+    const path = "/playground/settings" + (model ? "?model=" + encodeURIComponent(model) : "");
     for (;;) {
-      const response = await zs.request("/playground/settings");
+      const response = await zs.request(path);
       if (response.ok) return response.json();
       if (response.status !== 503) throw new Error(await zs.errorOf(response));
       banner("The model is loading…");
@@ -465,6 +520,7 @@
     for (const id of [...SAMPLING_FIELDS, "stop-strings", "system", "logprobs", "model", "json-schema", "tools", "tool-choice"]) {
       $(id).addEventListener("change", saveSettings);
     }
+    $("model").addEventListener("change", chooseModel);
     $("reset-settings").addEventListener("click", () => {
       fillFields({
         model: $("model").value, system: $("system").value, json_schema: $("json-schema").value,
@@ -493,7 +549,13 @@
     try {
       saved = JSON.parse(localStorage.getItem(SETTINGS_ITEM) || "{}");
     } catch (_) { /* start from the server's defaults */ }
+    if (server.statuses && server.models.includes(saved.model) && saved.model !== server.model) {
+      try {
+        server = await loadServerSettings(saved.model);
+      } catch (_) { /* the first model's settings do */ }
+    }
     fillFields(saved);
+    showModel();
     loadConversations();
     bindControls();
     setRunning(false);
