@@ -111,6 +111,7 @@ _PROCESS_MODULES = frozenset({
     "tests/service/frontend/test_async_llm.py", "tests/service/openai/test_batch_generate.py",
     "tests/service/frontend/test_llm.py", "tests/service/test_request_path.py", "tests/test_batch_invariance.py",
     "tests/engine_proc/models/test_architectures.py", "tests/service/cli/test_refusals.py",
+    "tests/service/api/web/test_pages_many_models.py",
 })
 _PROCESS_FIXTURES = frozenset({"tiny_server", "sdk", "hf_reference_model"})
 _ROOT = Path(__file__).resolve().parent.parent
