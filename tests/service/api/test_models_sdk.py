@@ -1,0 +1,160 @@
+"""Clients against one chosen model of a many-model server: the OpenAI SDK by id and by alias, the load and
+unload routes behind --api-key, a stream kept alive while its model loads, and `zeroserve bench serve --model`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from service.bench.local_server import ServerProcess, local_server
+
+pytestmark = pytest.mark.slow
+
+API_KEY = "sk-test-models"
+SIZES = ("--num-threads", "1", "--kv-cache-memory", "0.05", "--max-model-len", "512")
+MODELS_CONFIG = """\
+[models.alpha]
+aliases = ["gpt-4o-mini"]
+
+[models.beta]
+max_num_seqs = 4
+"""
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
+TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def models_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """alpha and beta, each the tiny model's folder."""
+    path = tmp_path_factory.mktemp("models")
+    for model_id in ("alpha", "beta"):
+        shutil.copytree(tiny_model_dir, path / model_id)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(models_dir: Path) -> Iterator[ServerProcess]:
+    """alpha (alias gpt-4o-mini) and beta (max_num_seqs 4) behind an API key, a stream's ping every 0.2 s."""
+    (config := models_dir.parent / "models.toml").write_text(MODELS_CONFIG)
+    args = [
+        "--models-dir", str(models_dir), "--models-config", str(config), "--api-key", API_KEY,
+        "--sse-keepalive", "0.2", *SIZES,
+    ]
+    with local_server(args, stop_timeout_s=15) as server:
+        yield server
+
+
+@pytest.fixture
+def sdk(server: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    """A client that sends the key."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=server.base_url, headers=headers, timeout=TIMEOUT_S) as client:
+        yield client
+
+
+def status_of(http: httpx.Client, model: str) -> str:
+    cards = http.get("/v1/models").json()["data"]
+    return str(next(card for card in cards if card["id"] == model)["status"]["value"])
+
+
+def engine_commands(server: ServerProcess, model: str) -> list[str]:
+    """The command lines of the engine processes serving `model`, as `ps` shows them."""
+    commands = [Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ") for pid in server.engine_pids()]
+    return [command for command in commands if f'"model_name": "{model}"' in command]
+
+
+def test_the_sdk_lists_every_model_and_alias_and_answers_by_alias(sdk: openai.OpenAI) -> None:
+    assert sorted(model.id for model in sdk.models.list()) == ["alpha", "beta", "gpt-4o-mini"]
+    completion = sdk.chat.completions.create(model="gpt-4o-mini", messages=HELLO, max_tokens=4, temperature=0)
+    assert completion.model == "gpt-4o-mini"
+    assert completion.choices[0].message.content
+    assert completion.usage is not None and completion.usage.completion_tokens == 4
+
+
+def test_a_streamed_completion_on_beta_runs_with_betas_own_settings(sdk: openai.OpenAI, server: ServerProcess) -> None:
+    stream = sdk.chat.completions.create(model="beta", messages=HELLO, max_tokens=4, temperature=0, stream=True)
+    chunks = list(stream)
+    assert {chunk.model for chunk in chunks} == {"beta"}
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert sdk.chat.completions.create(model="alpha", messages=HELLO, max_tokens=1).model == "alpha"
+    [beta_command], [alpha_command] = engine_commands(server, "beta"), engine_commands(server, "alpha")
+    assert '"max_num_seqs": 4,' in beta_command and '"max_num_seqs": 4,' not in alpha_command
+
+
+def test_unloading_takes_the_key_and_leaves_the_model_unhealthy_until_loaded(
+    server: ServerProcess, http: httpx.Client
+) -> None:
+    assert http.post("/v1/models/beta/load").json()["status"]["value"] == "loaded"
+    refused = httpx.post(f"{server.base_url}/v1/models/beta/unload", timeout=TIMEOUT_S)
+    assert refused.status_code == 401
+    assert status_of(http, "beta") == "loaded"
+    unloaded = http.post("/v1/models/beta/unload")
+    assert unloaded.status_code == 200 and unloaded.json()["status"]["value"] == "unloaded"
+    assert status_of(http, "beta") == "unloaded"
+    health = httpx.get(f"{server.base_url}/health/beta", timeout=TIMEOUT_S)  # NOTE: open, as /health is
+    assert (health.status_code, health.json()["status"]) == (503, "unloaded")
+    loaded = http.post("/v1/models/beta/load")
+    assert loaded.status_code == 200 and loaded.json()["status"]["value"] == "loaded"
+    assert httpx.get(f"{server.base_url}/health/beta", timeout=TIMEOUT_S).status_code == 200
+
+
+def test_a_stream_to_an_unloaded_model_gets_pings_while_it_loads(http: httpx.Client) -> None:
+    assert http.post("/v1/models/beta/unload").json()["status"]["value"] == "unloaded"
+    body = {"model": "beta", "messages": HELLO, "max_tokens": 4, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        events = [event.splitlines() for event in response.read().decode().split("\n\n") if event]
+    first = next(i for i, event in enumerate(events) if any(line.startswith("data: ") for line in event))
+    assert first > 0 and all(event == [": ping"] for event in events[:first])
+    first_data = next(line for line in events[first] if line.startswith("data: "))
+    assert json.loads(first_data.removeprefix("data: "))["model"] == "beta"
+    assert events[-1][-1] == "data: [DONE]"
+    assert status_of(http, "beta") == "loaded"
+
+
+@pytest.fixture(scope="module")
+def keyless_server(models_dir: Path) -> Iterator[ServerProcess]:
+    """The same models with no API key: `bench serve` sends none."""
+    with local_server(["--models-dir", str(models_dir), *SIZES], stop_timeout_s=15) as server:
+        yield server
+
+
+def beta_requests_done(server: ServerProcess) -> float:
+    """beta's finished requests, as /metrics counts them."""
+    lines = httpx.get(f"{server.base_url}/metrics", timeout=TIMEOUT_S).text.splitlines()
+    prefix = "zeroserve:request_success_total{"
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(prefix) and 'model_name="beta"' in line)
+
+
+def test_bench_serve_runs_against_the_model_it_names(
+    keyless_server: ServerProcess, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    assert httpx.post(f"{keyless_server.base_url}/v1/models/beta/load", timeout=TIMEOUT_S).status_code == 200
+    num_done_before = beta_requests_done(keyless_server)
+    result_path = tmp_path / "bench.json"
+    command = [
+        sys.executable, "-m", "service", "bench", "serve", "--base-url", keyless_server.base_url, "--model", "beta",
+        "--tokenizer", str(tiny_model_dir), "--num-prompts", "4", "--random-input-len", "16",
+        "--random-output-len", "4", "--disable-tqdm", "--result-json", str(result_path),
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(result_path.read_text())
+    assert (result["model_id"], result["completed"], result["failed"]) == ("beta", 4, 0)
+    assert beta_requests_done(keyless_server) == num_done_before + 4
