@@ -18,8 +18,6 @@ import pytest
 
 from service.bench.local_server import ServerProcess, local_server
 
-pytestmark = pytest.mark.slow
-
 MODEL_IDS = ("alpha", "beta", "gamma")
 SIZES = ("--num-threads", "1", "--kv-cache-memory", "0.05", "--max-model-len", "512")
 # NOTE: polls follow what the server says; this only bounds one that never gets there.

@@ -17,8 +17,6 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from service.bench.local_server import ServerProcess, local_server
 
-pytestmark = pytest.mark.slow
-
 API_KEY = "sk-test-models"
 SIZES = ("--num-threads", "1", "--kv-cache-memory", "0.05", "--max-model-len", "512")
 MODELS_CONFIG = """\
