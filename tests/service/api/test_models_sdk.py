@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,3 +157,29 @@ def test_bench_serve_runs_against_the_model_it_names(
     result = json.loads(result_path.read_text())
     assert (result["model_id"], result["completed"], result["failed"]) == ("beta", 4, 0)
     assert beta_requests_done(keyless_server) == num_done_before + 4
+
+
+def test_a_batchs_lines_run_on_the_models_they_name(sdk: openai.OpenAI, tmp_path: Path) -> None:
+    names = ["alpha", "beta", "gpt-4o-mini", "beta", "nope"]
+    lines = [
+        {"custom_id": f"line-{index}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": name, "messages": HELLO, "max_tokens": 4}}
+        for index, name in enumerate(names)
+    ]
+    (upload_path := tmp_path / "lines.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with upload_path.open("rb") as upload:
+        uploaded = sdk.files.create(file=upload, purpose="batch")
+    batch = sdk.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + TIMEOUT_S
+    while batch.status in ("validating", "in_progress", "finalizing") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        batch = sdk.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.request_counts is not None, batch
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (4, 1)
+    assert batch.output_file_id is not None and batch.error_file_id is not None
+    answered = [json.loads(line) for line in sdk.files.content(batch.output_file_id).text.splitlines()]
+    assert {result["custom_id"]: result["response"]["body"]["model"] for result in answered} == {
+        "line-0": "alpha", "line-1": "beta", "line-2": "gpt-4o-mini", "line-3": "beta",
+    }
+    (failed,) = [json.loads(line) for line in sdk.files.content(batch.error_file_id).text.splitlines()]
+    assert failed["custom_id"] == "line-4" and "nope" in json.dumps(failed)
