@@ -169,7 +169,7 @@ class GatewayConfig:
         "to make room (default: no limit)", parse=_bytes_of, check=positive, group="models", metavar="SIZE",
     )
     idle_unload_s: float | None = setting(
-        None, "unload a model no request has used for this long (default: never)", flag="--idle-unload",
+        None, "unload a model no request has used for this long (default: never)",
         check=positive, group="models", metavar="SECONDS",
     )
 

@@ -33,6 +33,7 @@ SAME_NAME_OTHER_THING = {
     ("engine_proc/sampling_metadata.py", "dtype"): "a tensor's dtype",
     ("proto/handshake.py", "max_model_len"): "the engine's context length as loaded, sent in its ready message",
     ("proto/handshake.py", "block_size"): "the engine's block size, sent in its ready message",
+    ("proto/handshake.py", "device"): "the torch device the engine resolved \"auto\" to, sent in its ready message",
     ("service/observability/metrics.py", "max_model_len"): "the served context length, capping histogram buckets",
 }
 

@@ -297,7 +297,7 @@ class ModelPool:
             await self._unload(idle[0])
 
     async def _watch(self) -> None:
-        """Keeps memory reports, unloads models idle past --idle-unload, and trims to the budget."""
+        """Keeps memory reports, unloads models idle past --idle-unload-s, and trims to the budget."""
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             try:

@@ -1,6 +1,6 @@
 """Many models in one server (issue 45), as a user runs it: `zeroserve serve --models-dir` with real engines,
 loaded when a request names a model and unloaded to keep within --memory-budget, --max-loaded-models and
---idle-unload, a broken file listed with its reason, and a killed engine costing only its own model."""
+--idle-unload-s, a broken file listed with its reason, and a killed engine costing only its own model."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def models_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 def one_at_a_time(models_dir: Path) -> Iterator[ServerProcess]:
     """A server that keeps one model loaded, and unloads it after a second unused."""
     with local_server(
-        ["--models-dir", str(models_dir), *SIZES, "--max-loaded-models", "1", "--idle-unload", "1"], stop_timeout_s=15
+        ["--models-dir", str(models_dir), *SIZES, "--max-loaded-models", "1", "--idle-unload-s", "1"], stop_timeout_s=15
     ) as server:
         yield server
 
