@@ -34,7 +34,9 @@ GET_ROUTES: tuple[tuple[str, str], ...] = (
     ("/health", "200 while an engine answers, else 503 with the reason (readiness)."),
     ("/livez", "200 while the gateway process runs, engines or not (liveness)."),
     ("/version", "The package version, the engine's CPU and what runs each piece of a step."),
-    ("/v1/models", "The served model and its aliases."),
+    ("/v1/models", "The served models and their aliases; with several, each one's status (loaded, loading, "
+     "unloaded, failed with the reason)."),
+    ("/health/{model_id}", "With several models: 200 while that model is loaded and answers, else 503 with its status."),
     ("/metrics", "Prometheus metrics (text)."),
     ("/v1/streams/{request_id}", "A kept stream (--stream-retention) as server-sent events, from the event after "
      "Last-Event-ID: by its response id or the X-Request-Id it was sent with."),
@@ -53,6 +55,7 @@ GET_ROUTES: tuple[tuple[str, str], ...] = (
 )
 _RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_MODEL_ID = {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
 # The parameters of the GET routes that take any.
 _GET_PARAMETERS: dict[str, list[dict[str, Any]]] = {
@@ -76,6 +79,7 @@ _GET_PARAMETERS: dict[str, list[dict[str, Any]]] = {
         {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}},
     ],
     "/v1/batches/{batch_id}": [_BATCH_ID],
+    "/health/{model_id}": [_MODEL_ID],
 }
 
 _ERROR_SCHEMA = {
@@ -124,6 +128,7 @@ def openapi_document() -> dict[str, Any]:
         "responses": {"200": {"description": "The response, cancelled."}, "400": errors["400"], "404": errors["404"]},
     }}
     _add_batch_paths(paths, errors)
+    _add_model_paths(paths, errors)
     try:
         version = importlib.metadata.version("zeroserve")
     except importlib.metadata.PackageNotFoundError:
@@ -159,6 +164,20 @@ def _add_batch_paths(paths: dict[str, Any], errors: dict[str, Any]) -> None:
         "summary": "Cancels a running batch; its files keep the lines answered by then.", "parameters": [_BATCH_ID],
         "responses": {"200": {"description": "The batch, cancelling."}, "400": errors["400"], "404": errors["404"]},
     }}
+
+
+def _add_model_paths(paths: dict[str, Any], errors: dict[str, Any]) -> None:
+    """A multi-model server's load and unload, by path and as llama.cpp's router takes them (a body naming the model)."""
+    by_body = {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "required": ["model"], "properties": {"model": {"type": "string"}},
+    }}}}
+    for action, summary in (("load", "Loads a model (again, if it failed) and answers once it is loaded or failed."),
+                            ("unload", "Unloads a model now, aborting what it still runs.")):
+        responses = {"200": {"description": "The model with its status."}, "400": errors["400"], "404": errors["404"]}
+        paths[f"/v1/models/{{model_id}}/{action}"] = {"post": {
+            "summary": summary, "parameters": [_MODEL_ID], "responses": responses,
+        }}
+        paths[f"/models/{action}"] = {"post": {"summary": summary, "requestBody": by_body, "responses": responses}}
 
 
 async def openapi(request: Request) -> Response:
