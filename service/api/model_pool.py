@@ -169,7 +169,9 @@ class ModelPool:
                 await self._wait_change()
                 continue
             load = self.start_loading(slot)
-            if load is not None:
+            if load is None:
+                await self._wait_change()
+            else:
                 await asyncio.shield(load)
 
     def start_loading(self, slot: ModelSlot, *, is_retry: bool = False) -> asyncio.Task[None] | None:

@@ -309,6 +309,8 @@ class AsyncMPClient(MPClient):
         return list(await asyncio.gather(*futures))
 
     def shutdown(self) -> None:
+        # NOTE: a request that reaches a client shut down (its model just unloaded) gets "engine is dead", not a socket error.
+        self._is_dead = True
         for task in self._tasks:
             task.cancel()
         self._close()
