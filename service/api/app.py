@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import logging
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from service.api.completions import create_completion
 from service.api.disconnect import ClientDisconnected
 from service.api.errors import error_response
 from service.api.files import file_routes
-from service.api.health import live
+from service.api.health import engine_health, live
 from service.api.messages import count_message_tokens, create_message
 from service.api.metrics_route import metrics
 from service.api.model_pool import ModelPool
@@ -43,9 +42,6 @@ from service.openai.response_bodies import now
 logger = logging.getLogger(__name__)
 
 
-HEALTH_PING_TIMEOUT_S = 5.0
-
-
 async def health(request: Request) -> Response:
     """200 only when the engine answers a ping (with several models: while some model can serve); 503
     while loading, draining, or once it is dead."""
@@ -56,16 +52,7 @@ async def health(request: Request) -> Response:
     if pool is not None:
         return await pool_health(pool)
     state: ServerState = request.app.state.server
-    if state.engine_status != "ok":
-        return JSONResponse({"status": state.engine_status}, status_code=503)
-    try:
-        async with asyncio.timeout(HEALTH_PING_TIMEOUT_S):
-            await state.llm.engine_client.call_utility_async("ping")
-    except TimeoutError:
-        return JSONResponse({"status": "unresponsive"}, status_code=503)
-    except Exception:  # noqa: BLE001 - any failure to answer is unhealthy
-        return JSONResponse({"status": "dead" if state.llm.is_dead else "unhealthy"}, status_code=503)
-    return JSONResponse({"status": "ok"})
+    return await engine_health(state)
 
 
 async def version(request: Request) -> Response:

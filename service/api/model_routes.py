@@ -12,11 +12,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from service.api.errors import read_body
+from service.api.health import engine_health
 from service.api.model_pool import ModelPool, ModelSlot, ModelStatus
 from service.openai.errors import APIError
 from service.openai.response_bodies import now
-
-HEALTH_PING_TIMEOUT_S = 5.0
 
 # vLLM's ModelPermission, as its /v1/models lists it.
 MODEL_PERMISSION = {
@@ -108,16 +107,7 @@ async def model_health(request: Request) -> Response:
     state = slot.state
     if state is None or slot.status is not ModelStatus.LOADED:
         return JSONResponse({"status": slot.status.value, **({"reason": slot.error} if slot.error else {})}, 503)
-    if state.engine_status != "ok":
-        return JSONResponse({"status": state.engine_status}, status_code=503)
-    try:
-        async with asyncio.timeout(HEALTH_PING_TIMEOUT_S):
-            await state.llm.engine_client.call_utility_async("ping")
-    except TimeoutError:
-        return JSONResponse({"status": "unresponsive"}, status_code=503)
-    except Exception:  # noqa: BLE001 - any failure to answer is unhealthy
-        return JSONResponse({"status": "dead" if state.llm.is_dead else "unhealthy"}, status_code=503)
-    return JSONResponse({"status": "ok"})
+    return await engine_health(state)
 
 
 def model_routes() -> list[BaseRoute]:

@@ -17,7 +17,7 @@ import pytest
 
 from service.model_files.model_registry import DEFAULT_MODEL
 from tests.server_process import ServerProcess, running_server
-from tests.service.api.web.browser import CHROMIUM, CHROMIUM_ARGS, PHONE, CuttableProxy, Watched, screenshot
+from tests.service.api.web.browser import CHROMIUM, PHONE, CuttableProxy, Watched, screenshot
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
@@ -41,21 +41,6 @@ ABORTED = 'finished_reason="abort"'
 def server(default_model_path: object) -> Iterator[ServerProcess]:
     with running_server(DEFAULT_MODEL, "--num-threads", "2") as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def watched(browser: Any, server: ServerProcess) -> Iterator[Watched]:
-    watched = Watched(browser, server.base_url)
-    yield watched
-    watched.check_and_close()
 
 
 def open_playground(page: Any) -> None:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from service.bench.local_server import ServerProcess, local_server
-from tests.service.api.web.browser import CHROMIUM, CHROMIUM_ARGS, Watched
+from tests.service.api.web.browser import Watched
 
 SIZES = ("--num-threads", "1", "--kv-cache-memory", "0.05", "--max-model-len", "512")
 # NOTE: frames come about once a second; a load of a tiny model takes a few, on a busy machine some more.
@@ -106,24 +106,6 @@ def test_the_dashboard_follows_one_model_through_its_load_and_reload(server: Ser
     # NOTE: without ?model=, the first loaded model's feed: alpha's (loaded, and listed before beta).
     with httpx.stream("GET", f"{server.base_url}/dashboard/events", timeout=60) as response:
         assert next(frames(response))["model"] == "alpha"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    if CHROMIUM is None:
-        pytest.skip("needs Debian's chromium package (.ci/run installs it)")
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def watched(browser: Any, server: ServerProcess) -> Iterator[Watched]:
-    watched = Watched(browser, server.base_url)
-    yield watched
-    watched.check_and_close()
 
 
 def test_the_playgrounds_picker_shows_each_models_status_and_defaults(watched: Watched, server: ServerProcess) -> None:
