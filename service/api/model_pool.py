@@ -86,12 +86,18 @@ class ModelSlot:
         return self.reserved_bytes
 
     def describe(self) -> dict[str, object]:
-        """Its `status` in /v1/models: the state's name, and for a failed one why."""
+        """Its `status` in /v1/models: the state's name, for a failed one why, for a loaded one its engines'
+        memory (what counts against the budget, and of it their weights and KV caches)."""
         status: dict[str, object] = {"value": self.status.value}
         if self.status is ModelStatus.FAILED:
             status |= {"failed": True, "reason": self.error}
         if self.state is not None:
-            status |= {"memory_bytes": self.memory_bytes}
+            readies = _engine_readies(self.state.llm.engine_client)
+            status |= {
+                "memory_bytes": self.memory_bytes, "num_engines": len(readies),
+                "weight_bytes": sum(ready.weight_bytes for ready in readies),
+                "kv_cache_bytes": sum(ready.kv_cache_bytes for ready in readies),
+            }
         return status
 
 

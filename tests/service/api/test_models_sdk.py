@@ -23,6 +23,7 @@ SIZES = ("--num-threads", "1", "--kv-cache-memory", "0.05", "--max-model-len", "
 MODELS_CONFIG = """\
 [models.alpha]
 aliases = ["gpt-4o-mini"]
+data_parallel_size = 2
 
 [models.beta]
 max_num_seqs = 4
@@ -42,7 +43,7 @@ def models_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def server(models_dir: Path) -> Iterator[ServerProcess]:
-    """alpha (alias gpt-4o-mini) and beta (max_num_seqs 4) behind an API key, a stream's ping every 0.2 s."""
+    """alpha (alias gpt-4o-mini, two engines) and beta (max_num_seqs 4) behind an API key, a stream's ping every 0.2 s."""
     (config := models_dir.parent / "models.toml").write_text(MODELS_CONFIG)
     args = [
         "--models-dir", str(models_dir), "--models-config", str(config), "--api-key", API_KEY,
@@ -92,8 +93,8 @@ def test_a_streamed_completion_on_beta_runs_with_betas_own_settings(sdk: openai.
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
     assert chunks[-1].choices[0].finish_reason == "length"
     assert sdk.chat.completions.create(model="alpha", messages=HELLO, max_tokens=1).model == "alpha"
-    [beta_command], [alpha_command] = engine_commands(server, "beta"), engine_commands(server, "alpha")
-    assert '"max_num_seqs": 4,' in beta_command and '"max_num_seqs": 4,' not in alpha_command
+    [beta_command], alpha_commands = engine_commands(server, "beta"), engine_commands(server, "alpha")
+    assert '"max_num_seqs": 4,' in beta_command and not any('"max_num_seqs": 4,' in c for c in alpha_commands)
 
 
 def test_unloading_takes_the_key_and_leaves_the_model_unhealthy_until_loaded(
@@ -183,3 +184,16 @@ def test_a_batchs_lines_run_on_the_models_they_name(sdk: openai.OpenAI, tmp_path
     }
     (failed,) = [json.loads(line) for line in sdk.files.content(batch.error_file_id).text.splitlines()]
     assert failed["custom_id"] == "line-4" and "nope" in json.dumps(failed)
+
+
+def test_a_model_with_its_own_data_parallel_size_runs_that_many_engines(
+    sdk: openai.OpenAI, http: httpx.Client, server: ServerProcess
+) -> None:
+    sdk.chat.completions.create(model="alpha", messages=HELLO, max_tokens=2)
+    assert len(engine_commands(server, "alpha")) == 2
+    (card,) = [card for card in http.get("/v1/models").json()["data"] if card["id"] == "alpha"]
+    status = card["status"]
+    assert status["value"] == "loaded" and status["num_engines"] == 2
+    assert status["memory_bytes"] > status["weight_bytes"] + status["kv_cache_bytes"] > 0
+    metrics = http.get("/metrics").text
+    assert 'engine="1",model_name="alpha"' in metrics
