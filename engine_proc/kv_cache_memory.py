@@ -9,13 +9,9 @@ import sys
 
 import torch
 
-logger = logging.getLogger(__name__)
+from proto.kv_cache_budget import available_ram_bytes, default_kv_cache_bytes
 
-# NOTE: on a GPU the cache is the main tenant once the weights are loaded; on the CPU it
-# shares RAM with everything else, and zeroing many GiB slows start-up for little gain.
-_GPU_FREE_MEMORY_FRACTION = 0.9
-_CPU_FREE_MEMORY_FRACTION = 0.25
-_CPU_MAX_DEFAULT_BYTES = 4 * 2**30
+logger = logging.getLogger(__name__)
 
 
 def free_memory_bytes(device: torch.device) -> int:
@@ -23,21 +19,14 @@ def free_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("MemAvailable missing from /proc/meminfo")
+    return available_ram_bytes()
 
 
 def kv_cache_bytes(kv_cache_memory_gib: float | None, device: torch.device) -> int:
     """The budget given in GiB, or a share of free memory when none is given."""
     if kv_cache_memory_gib is not None:
         return int(kv_cache_memory_gib * 2**30)
-    free = free_memory_bytes(device)
-    if device.type == "cuda":
-        return int(free * _GPU_FREE_MEMORY_FRACTION)
-    return min(int(free * _CPU_FREE_MEMORY_FRACTION), _CPU_MAX_DEFAULT_BYTES)
+    return default_kv_cache_bytes(free_memory_bytes(device), device.type == "cuda")
 
 
 def num_kv_blocks(kv_cache_memory_gib: float | None, bytes_per_block: int, device: torch.device) -> int:

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from proto.handshake import EngineReady
+from proto.kv_cache_budget import CPU_MAX_DEFAULT_BYTES, available_ram_bytes, default_kv_cache_bytes
 from service.api.server_state import ServerState
 from service.client.async_mp_client import AsyncMPClient
 from service.client.core_client import EngineCoreClient
@@ -25,8 +26,6 @@ logger = logging.getLogger(__name__)
 WATCH_INTERVAL_S = 1.0
 # NOTE: what a Python process with torch holds before any model (the engine's own report replaces it).
 _RUNTIME_BYTES_BEFORE_ANY_REPORT = 512 * 2**20
-# NOTE: the engine's default KV cache on the CPU is a share of free RAM, at most this: see kv_cache_memory.py.
-_DEFAULT_KV_CACHE_BYTES = 4 * 2**30
 
 BuildState = Callable[[ModelEntry, EngineCoreClient, Tokenizer, EngineReady], ServerState]
 
@@ -260,7 +259,16 @@ class ModelPool:
         if slot.reported_bytes:
             return slot.reported_bytes
         engine = slot.entry.config.engine
-        kv_bytes = _DEFAULT_KV_CACHE_BYTES if engine.kv_cache_memory_gib is None else int(engine.kv_cache_memory_gib * 2**30)
+        if engine.kv_cache_memory_gib is not None:
+            kv_bytes = int(engine.kv_cache_memory_gib * 2**30)
+        elif engine.device.startswith("cuda"):
+            # NOTE: most of a GPU's free memory (unknown here): the model fits the budget only if the GPU does.
+            kv_bytes = 0
+        else:
+            try:
+                kv_bytes = default_kv_cache_bytes(available_ram_bytes(), is_gpu=False)
+            except (OSError, RuntimeError):  # NOTE: no /proc/meminfo (not Linux): the most it may take.
+                kv_bytes = CPU_MAX_DEFAULT_BYTES
         runtimes = [
             ready.memory_bytes - ready.weight_bytes - ready.kv_cache_bytes
             for other in self.slots.values() if other.state is not None
