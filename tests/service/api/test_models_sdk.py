@@ -197,3 +197,17 @@ def test_a_model_with_its_own_data_parallel_size_runs_that_many_engines(
     assert status["memory_bytes"] > status["weight_bytes"] + status["kv_cache_bytes"] > 0
     metrics = http.get("/metrics").text
     assert 'engine="1",model_name="alpha"' in metrics
+
+
+def test_the_anthropic_sdk_and_the_responses_api_reach_the_model_they_name(
+    sdk: openai.OpenAI, server: ServerProcess
+) -> None:
+    import anthropic
+
+    with anthropic.Anthropic(base_url=server.base_url, api_key=API_KEY, max_retries=0) as claude:
+        message = claude.messages.create(
+            model="beta", max_tokens=3, messages=[{"role": "user", "content": "Hello"}]
+        )
+    assert message.model == "beta" and message.usage.output_tokens > 0
+    response = sdk.responses.create(model="gpt-4o-mini", input="Hello", max_output_tokens=3, store=False)
+    assert response.model == "gpt-4o-mini" and response.output_text
