@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -202,8 +203,6 @@ def test_a_model_with_its_own_data_parallel_size_runs_that_many_engines(
 def test_the_anthropic_sdk_and_the_responses_api_reach_the_model_they_name(
     sdk: openai.OpenAI, server: ServerProcess
 ) -> None:
-    import anthropic
-
     with anthropic.Anthropic(base_url=server.base_url, api_key=API_KEY, max_retries=0) as claude:
         message = claude.messages.create(
             model="beta", max_tokens=3, messages=[{"role": "user", "content": "Hello"}]
