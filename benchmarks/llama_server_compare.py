@@ -26,8 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,18 @@ from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 LLAMA_SERVER = Path.home() / ".cache/zeroserve-peer/llama.cpp-native/bin/llama-server"
 
 
-@contextmanager
-def llama_server(binary: Path, model: Path, threads: int, log: Path) -> Iterator[tuple[str, int]]:
+def llama_server(binary: Path, model: Path, threads: int, log: Path) -> AbstractContextManager[tuple[str, int]]:
     """(base URL, pid) of a running llama-server with 16 slots, ready to serve."""
+    return running_llama_server(binary, [
+        "-m", str(model), "--threads", str(threads), "--threads-batch", str(threads), "--parallel", "16", "--ctx-size", "8192",
+    ], log)
+
+
+@contextmanager
+def running_llama_server(binary: Path, server_args: Sequence[str], log: Path) -> Iterator[tuple[str, int]]:
+    """(base URL, pid) of `llama-server SERVER_ARGS` on a free loopback port, once /health answers 200."""
     port = free_port()
-    command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads),
-               "--threads-batch", str(threads), "--parallel", "16", "--ctx-size", "8192"]
+    command = [str(binary), *server_args, "--host", "127.0.0.1", "--port", str(port)]
     with log.open("wb") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"
@@ -68,9 +74,13 @@ def llama_server(binary: Path, model: Path, threads: int, log: Path) -> Iterator
 
 
 def rss_mib(pid: int) -> float:
-    """The resident memory of a process and its children together."""
+    """The resident memory of a process and its children together (a child that exits meanwhile counts nothing)."""
     process = psutil.Process(pid)
-    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20
+    num_bytes = 0
+    for member in [process, *process.children(recursive=True)]:
+        with suppress(psutil.NoSuchProcess):
+            num_bytes += member.memory_info().rss
+    return num_bytes / 2**20
 
 
 def bench(base_url: str, concurrency: int, seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
