@@ -96,7 +96,8 @@ def test_an_engine_gone_runs_nothing_and_recent_requests_are_bounded() -> None:
 def test_the_page_reads_only_figures_a_frame_has() -> None:
     metrics, recent, feed, _ = loggers()
     record(metrics, recent, 0, SchedulerStats(num_running_reqs=1), IterationStats(finished_requests=[finished("a", "stop", 3, 1.0)]))
-    frame = {**feed.frame(), "engine_status": "serving"}  # NOTE: the route adds the engines' status
+    # NOTE: the route adds the engines' status, and on a multi-model server the model the frame is of.
+    frame = {**feed.frame(), "engine_status": "serving", "model": "alpha"}
     script = PAGE_SCRIPT.read_text()
 
     def keys_read(name: str) -> set[str]:
