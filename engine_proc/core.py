@@ -11,7 +11,7 @@ from typing import Any
 
 from engine_proc.kv_cache_manager import KVCacheManager
 from engine_proc.kv_events import KVEventPublisher
-from engine_proc.memory_report import device_name, peak_memory_bytes, tensor_bytes
+from engine_proc.memory_report import committed_memory_bytes, device_name, resident_bytes, tensor_bytes
 from engine_proc.model_runner import ModelRunner, ModelRunnerOutput
 from engine_proc.ngram_proposer import NgramProposer
 from engine_proc.request import Request
@@ -34,6 +34,8 @@ class EngineCore:
         self.config = config
         self.engine_index = engine_index
         started = time.monotonic()
+        # NOTE: what the process holds before the model: with the weights and the KV cache, what it holds at most.
+        self.runtime_bytes = resident_bytes()
         self.model_runner = ModelRunner(config)
         model_config = self.model_runner.model_config
         self.eos_token_ids = tuple(model_config.eos_token_ids)
@@ -78,7 +80,7 @@ class EngineCore:
 
     def ready_message(self) -> EngineReady:
         device, model = device_name(self.model_runner.device), self.model_runner.model
-        return EngineReady(
+        ready = EngineReady(
             engine_index=self.engine_index,
             model_name=self.config.model_name,
             max_model_len=self.max_model_len,
@@ -92,10 +94,12 @@ class EngineCore:
             structured_output_backend="guidance" if self.config.structured_outputs.backend == "guidance" else "xgrammar",
             instance_id=self.instance_id,
             device=device,
-            memory_bytes=peak_memory_bytes(device),
             weight_bytes=tensor_bytes([*model.parameters(), *model.buffers()]),
             kv_cache_bytes=tensor_bytes(self.model_runner.attention.kv_caches),
+            runtime_bytes=0 if device.startswith("cuda") else self.runtime_bytes,
         )
+        ready.memory_bytes = committed_memory_bytes(ready)
+        return ready
 
     def set_engine_index(self, engine_index: int) -> None:
         """The index the gateway gave this engine (an engine on another host asks for one)."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import zmq
 
-from engine_proc.memory_report import peak_memory_bytes
+from engine_proc.memory_report import committed_memory_bytes
 from proto.codec import MsgpackDecoder, MsgpackEncoder
 from proto.engine_input import EngineCoreRequest, RequestType, UtilityCall
 from proto.handshake import EngineAccept, EngineMessageType, EngineReady
@@ -96,8 +96,8 @@ class InputThread(threading.Thread):
                 sock.close()
 
     def _ready_frames(self) -> list[Any]:
-        """The ready message with the engine's peak memory measured now, so each heartbeat carries it."""
-        self.ready.memory_bytes = peak_memory_bytes(self.ready.device)
+        """The ready message with the engine's memory measured now, so each heartbeat carries it."""
+        self.ready.memory_bytes = committed_memory_bytes(self.ready)
         return [EngineMessageType.READY.value, *self.encoder.encode(self.ready)]
 
     @staticmethod

@@ -1,4 +1,5 @@
-"""How much memory the engine holds: its peak so far, its weights' and its KV cache's tensors."""
+"""How much memory the engine holds: its peak so far, its weights' and its KV cache's tensors, and what it
+holds at most once its KV cache is full (a multi-model gateway's budget counts that)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import sys
 from collections.abc import Iterable
 
 import torch
+
+from proto.handshake import EngineReady
 
 
 def peak_memory_bytes(device: str) -> int:
@@ -20,6 +23,22 @@ def peak_memory_bytes(device: str) -> int:
     # NOTE: no /proc (macOS, BSD): ru_maxrss is in bytes on macOS, in KiB elsewhere.
     max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return max_rss if sys.platform == "darwin" else max_rss * 1024
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (its peak where /proc is not)."""
+    current = _status_bytes("VmRSS")
+    return current if current is not None else peak_memory_bytes("cpu")
+
+
+def committed_memory_bytes(ready: EngineReady) -> int:
+    """The most the engine holds: its peak so far, or on the CPU, if more, its runtime, weights and whole KV
+    cache (a CPU cache's pages are resident only once written: a full cache holds them all); a GPU's cache
+    is reserved whole at its start, so its peak already counts it."""
+    peak = peak_memory_bytes(ready.device)
+    if ready.device.startswith("cuda"):
+        return peak
+    return max(peak, ready.runtime_bytes + ready.weight_bytes + ready.kv_cache_bytes)
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -45,12 +45,14 @@ class EngineReady:
     instance_id: str = ""
     # NOTE: what the engine holds, so a gateway can keep several engines within a memory budget.
     device: str = "cpu"  # the torch device it runs on: "cpu", "cuda:0"
-    # NOTE: the most the engine process has held so far, re-measured for each heartbeat: its peak
-    # resident memory on the CPU; on a GPU the CUDA caching allocator's peak reserved memory (the
-    # process's host memory and CUDA's own context are not counted there).
+    # NOTE: the most the engine process holds, re-measured for each heartbeat: on the CPU its peak resident
+    # memory, or if more, its runtime, weights and whole KV cache (the cache's pages are resident only once
+    # written); on a GPU the CUDA caching allocator's peak reserved memory (the process's host memory and
+    # CUDA's own context are not counted there).
     memory_bytes: int = 0
     weight_bytes: int = 0  # the model's parameters and buffers as loaded
     kv_cache_bytes: int = 0  # the KV cache's tensors
+    runtime_bytes: int = 0  # resident before the model loaded: the interpreter, torch, the kernels (0 on a GPU)
 
     @property
     def num_kv_tokens(self) -> int:

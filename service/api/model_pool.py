@@ -255,7 +255,7 @@ class ModelPool:
 
     def _expected_bytes(self, slot: ModelSlot) -> int:
         """What loading `slot` will take: what its engines last reported, or before any report, its
-        file, its KV cache and the runtime other engines report beside theirs, per engine."""
+        file, its KV cache and the runtime (interpreter, torch) other engines report, per engine."""
         if slot.reported_bytes:
             return slot.reported_bytes
         engine = slot.entry.config.engine
@@ -270,8 +270,7 @@ class ModelPool:
             except (OSError, RuntimeError):  # NOTE: no /proc/meminfo (not Linux): the most it may take.
                 kv_bytes = CPU_MAX_DEFAULT_BYTES
         runtimes = [
-            ready.memory_bytes - ready.weight_bytes - ready.kv_cache_bytes
-            for other in self.slots.values() if other.state is not None
+            ready.runtime_bytes for other in self.slots.values() if other.state is not None
             for ready in _engine_readies(other.state.llm.engine_client)
         ]
         runtime = max(runtimes, default=_RUNTIME_BYTES_BEFORE_ANY_REPORT)

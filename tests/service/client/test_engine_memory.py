@@ -32,6 +32,9 @@ def test_an_engine_reports_its_weights_kv_cache_and_peak_and_heartbeats_keep_the
         ready = client.engine.ready
         assert ready.device == "cpu"
         assert ready.memory_bytes > ready.weight_bytes + ready.kv_cache_bytes > ready.kv_cache_bytes > 0
+        # NOTE: a cache not yet written is not resident, but counts whole: a full one will be.
+        assert ready.runtime_bytes > 0
+        assert ready.memory_bytes >= ready.runtime_bytes + ready.weight_bytes + ready.kv_cache_bytes
         bytes_per_block = ready.kv_cache_bytes // ready.num_kv_blocks
         assert 0 <= int(KV_CACHE_MEMORY_GIB * 2**30) - ready.kv_cache_bytes < bytes_per_block
 
