@@ -34,11 +34,14 @@ TIMEOUT_S = 120.0
 
 
 @pytest.fixture(scope="module")
-def models_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """alpha and beta, each the tiny model's folder."""
+def models_dir(tiny_model_dir: Path, default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """alpha and beta, each the tiny model's folder, and cut.gguf: the default model's file cut short (its header
+    whole, so it is listed as servable and fails only at its load)."""
     path = tmp_path_factory.mktemp("models")
     for model_id in ("alpha", "beta"):
         shutil.copytree(tiny_model_dir, path / model_id)
+    with default_model_path.open("rb") as source:
+        (path / "cut.gguf").write_bytes(source.read(3_000_000))
     return path
 
 
@@ -80,7 +83,7 @@ def engine_commands(server: ServerProcess, model: str) -> list[str]:
 
 
 def test_the_sdk_lists_every_model_and_alias_and_answers_by_alias(sdk: openai.OpenAI) -> None:
-    assert sorted(model.id for model in sdk.models.list()) == ["alpha", "beta", "gpt-4o-mini"]
+    assert sorted(model.id for model in sdk.models.list()) == ["alpha", "beta", "cut", "gpt-4o-mini"]
     completion = sdk.chat.completions.create(model="gpt-4o-mini", messages=HELLO, max_tokens=4, temperature=0)
     assert completion.model == "gpt-4o-mini"
     assert completion.choices[0].message.content
@@ -127,6 +130,20 @@ def test_a_stream_to_an_unloaded_model_gets_pings_while_it_loads(http: httpx.Cli
     assert json.loads(first_data.removeprefix("data: "))["model"] == "beta"
     assert events[-1][-1] == "data: [DONE]"
     assert status_of(http, "beta") == "loaded"
+
+
+def test_a_stream_whose_model_fails_to_load_ends_with_an_error_event_naming_why(http: httpx.Client) -> None:
+    assert status_of(http, "cut") == "unloaded"
+    body = {"model": "cut", "messages": HELLO, "max_tokens": 4, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200  # NOTE: started with pings while the model loaded
+        events = [event.splitlines() for event in response.read().decode().split("\n\n") if event]
+    assert events[0] == [": ping"] and events[-1] == ["data: [DONE]"]
+    error = json.loads(events[-2][0].removeprefix("data: "))["error"]
+    assert error["code"] == "model_load_failed" and "file size" in error["message"]
+    cards = {card["id"]: card["status"] for card in http.get("/v1/models").json()["data"]}
+    assert cards["cut"]["value"] == "failed" and "file size" in cards["cut"]["reason"]
+    assert http.post("/v1/chat/completions", json={**body, "stream": False}).status_code == 503
 
 
 @pytest.fixture(scope="module")
