@@ -49,9 +49,11 @@ def models_dir(tiny_model_dir: Path, default_model_path: Path, tmp_path_factory:
 def server(models_dir: Path) -> Iterator[ServerProcess]:
     """alpha (alias gpt-4o-mini, two engines) and beta (max_num_seqs 4) behind an API key, a stream's ping every 0.2 s."""
     (config := models_dir.parent / "models.toml").write_text(MODELS_CONFIG)
+    # NOTE: a store of its own: a batch kept in one another server shares would be run by that server's worker too.
+    store = models_dir.parent / "store.sqlite"
     args = [
         "--models-dir", str(models_dir), "--models-config", str(config), "--api-key", API_KEY,
-        "--sse-keepalive", "0.2", *SIZES,
+        "--sse-keepalive", "0.2", "--responses-store", str(store), *SIZES,
     ]
     with local_server(args, stop_timeout_s=15) as server:
         yield server
