@@ -148,36 +148,30 @@ def test_a_stream_whose_model_fails_to_load_ends_with_an_error_event_naming_why(
     assert http.post("/v1/chat/completions", json={**body, "stream": False}).status_code == 503
 
 
-@pytest.fixture(scope="module")
-def keyless_server(models_dir: Path) -> Iterator[ServerProcess]:
-    """The same models with no API key: `bench serve` sends none."""
-    with local_server(["--models-dir", str(models_dir), *SIZES], stop_timeout_s=15) as server:
-        yield server
-
-
-def beta_requests_done(server: ServerProcess) -> float:
+def beta_requests_done(http: httpx.Client) -> float:
     """beta's finished requests, as /metrics counts them."""
-    lines = httpx.get(f"{server.base_url}/metrics", timeout=TIMEOUT_S).text.splitlines()
+    lines = http.get("/metrics").text.splitlines()
     prefix = "zeroserve:request_success_total{"
     return sum(float(line.split()[-1]) for line in lines if line.startswith(prefix) and 'model_name="beta"' in line)
 
 
-def test_bench_serve_runs_against_the_model_it_names(
-    keyless_server: ServerProcess, tiny_model_dir: Path, tmp_path: Path
+def test_bench_serve_runs_against_the_model_it_names_with_the_servers_key(
+    server: ServerProcess, http: httpx.Client, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    assert httpx.post(f"{keyless_server.base_url}/v1/models/beta/load", timeout=TIMEOUT_S).status_code == 200
-    num_done_before = beta_requests_done(keyless_server)
+    assert http.post("/v1/models/beta/load").status_code == 200
+    num_done_before = beta_requests_done(http)
     result_path = tmp_path / "bench.json"
     command = [
-        sys.executable, "-m", "service", "bench", "serve", "--base-url", keyless_server.base_url, "--model", "beta",
-        "--tokenizer", str(tiny_model_dir), "--num-prompts", "4", "--random-input-len", "16",
+        sys.executable, "-m", "service", "bench", "serve", "--base-url", server.base_url, "--model", "beta",
+        "--api-key", API_KEY, "--tokenizer", str(tiny_model_dir), "--num-prompts", "4", "--random-input-len", "16",
         "--random-output-len", "4", "--disable-tqdm", "--result-json", str(result_path),
     ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert run.returncode == 0, run.stderr
     result = json.loads(result_path.read_text())
     assert (result["model_id"], result["completed"], result["failed"]) == ("beta", 4, 0)
-    assert beta_requests_done(keyless_server) == num_done_before + 4
+    assert API_KEY not in result_path.read_text()
+    assert beta_requests_done(http) == num_done_before + 4
 
 
 def test_a_batchs_lines_run_on_the_models_they_name(sdk: openai.OpenAI, tmp_path: Path) -> None:
