@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -106,8 +105,7 @@ async def benchmark(
     # new connection costs well under a millisecond of a request's seconds.
     connector = aiohttp.TCPConnector(limit=config.max_concurrency or 0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=None, connect=_CONNECT_TIMEOUT_S)
-    api_key = config.api_key or os.environ.get("OPENAI_API_KEY")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else None
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as client:
         await wait_until_ready(client, config)
         model_id = config.model or await fetch_model_id(client, config)

@@ -38,8 +38,7 @@ class ServeBenchConfig:
     base_url: str = setting("http://127.0.0.1:8000", "the server")
     model: str | None = setting(None, "model to ask for (default: the first the server lists)")
     api_key: str | None = setting(
-        None, "sent as `Authorization: Bearer KEY`, for a server started with --api-key (default: the OPENAI_API_KEY "
-        "variable, as vLLM's bench reads it, else none)", metavar="KEY",
+        None, "sent as `Authorization: Bearer KEY`, for a server started with --api-key (default: none)", metavar="KEY",
     )
     endpoint: Endpoint = setting("completions", "the OpenAI route to send to", choices=get_args(Endpoint), parse=str)
     tokenizer: str = setting(DEFAULT_MODEL, "model name or path whose tokenizer sizes the prompts and counts tokens")
