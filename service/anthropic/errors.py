@@ -1,7 +1,7 @@
 """Errors in Anthropic's shape on the Messages routes: {"type": "error", "error": {"type", "message"}},
-typed by status as Anthropic types them. Every error answer on those paths (the route's, the API
-key's, admission's, an unexpected failure's) is rewritten on its way out, so no code that answers
-errors needs to know which API asked."""
+typed by status as Anthropic types them, an overloaded server's 503 sent as Anthropic's 529. Every
+error answer on those paths (the route's, the API key's, admission's, an unexpected failure's) is
+rewritten on its way out, so no code that answers errors needs to know which API asked."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ ERROR_TYPES = {
     408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
     504: "timeout_error", 529: "overloaded_error",
 }
+
+
+# NOTE: Anthropic answers "overloaded" (engine not ready, too many requests queued) with its own 529.
+ANTHROPIC_STATUSES = {503: 529}
 
 
 def anthropic_error_type(status_code: int) -> str:
@@ -72,7 +76,8 @@ class AnthropicErrorsMiddleware:
                 return
             body_parts.append(message.get("body", b""))
             if not message.get("more_body", False):
-                await _send_error(send, start["status"], _message_of(start["status"], b"".join(body_parts)),
+                status_code: int = ANTHROPIC_STATUSES.get(start["status"]) or start["status"]
+                await _send_error(send, status_code, _message_of(start["status"], b"".join(body_parts)),
                                   [(k, v) for k, v in start["headers"] if k.lower() not in _REPLACED_HEADERS])
 
         try:

@@ -1,7 +1,11 @@
 """A streamed Message: Anthropic's event sequence made from the chat's chunks (one choice, usage
 last). message_start, a ping, then each content block (thinking, text, tool_use) opened by
 content_block_start, filled by content_block_delta (thinking_delta, text_delta, input_json_delta)
-and closed by content_block_stop; message_delta with the stop_reason and usage; message_stop."""
+and closed by content_block_stop; message_delta with the stop_reason and usage; message_stop.
+
+message_start waits for the engine's first output, which says how much of the prompt the prefix
+cache held: its usage counts as message_delta's does (`input_tokens` the uncached part,
+`cache_read_input_tokens` the cached one), as Anthropic's does."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Any
 
 from service.anthropic.errors import anthropic_error_type
 from service.anthropic.message import message_usage, stop_of, tool_use_id
+from service.frontend.outputs import RequestOutput
 from service.openai.errors import APIError
 
 logger = logging.getLogger(__name__)
@@ -28,18 +33,31 @@ class MessageEvents:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.usage: dict[str, Any] | None = None
+        self.num_cached_tokens: int | None = None  # known from the engine's first output
+        self.is_started = False
+
+    async def watch(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """`outputs`, noting from the first how many of the prompt's tokens the prefix cache held."""
+        async for index, output in outputs:
+            if self.num_cached_tokens is None:
+                self.num_cached_tokens = output.num_cached_tokens
+            yield index, output
 
     def opening(self) -> list[dict[str, Any]]:
-        # NOTE: the cached share of the prompt is known at the first step: message_delta's usage says it.
-        usage = {"input_tokens": self.num_prompt_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0,
-                 "cache_read_input_tokens": 0}
+        """message_start and a ping, once."""
+        if self.is_started:
+            return []
+        self.is_started = True
+        num_cached_tokens = self.num_cached_tokens or 0
+        usage = {"input_tokens": self.num_prompt_tokens - num_cached_tokens, "output_tokens": 0,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": num_cached_tokens}
         return [{"type": "message_start", "message": self.base | {"usage": usage}}, {"type": "ping"}]
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events of one chat chunk."""
+        """The events of one chat chunk (message_start first, once the first output came)."""
         if chunk.get("usage") is not None and not chunk["choices"]:
             self.usage = chunk["usage"]
-        events: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = self.opening() if self.num_cached_tokens is not None else []
         for choice in chunk["choices"]:
             delta = choice["delta"]
             if delta.get("reasoning"):
@@ -59,7 +77,7 @@ class MessageEvents:
         usage = message_usage(self.usage) if self.usage is not None else {"output_tokens": 0}
         message_delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                          "usage": usage}
-        return [*self._close(), message_delta, {"type": "message_stop"}]
+        return [*self.opening(), *self._close(), message_delta, {"type": "message_stop"}]
 
     def _delta(self, kind: str, block: dict[str, Any], **fields: Any) -> list[dict[str, Any]]:
         events = [] if self.open_kind == kind else self._open(kind, block)
@@ -94,8 +112,6 @@ class MessageEvents:
 async def message_events(chunks: AsyncIterator[dict[str, Any]], events: MessageEvents) -> AsyncIterator[dict[str, Any]]:
     """The stream's events; a failure ends it with an error event of Anthropic's types."""
     try:
-        for event in events.opening():
-            yield event
         async for chunk in chunks:
             for event in events.feed(chunk):
                 yield event

@@ -1,14 +1,19 @@
 """POST /v1/messages and /v1/messages/count_tokens bodies, as Anthropic documents them, validated
-with pydantic: every problem a 400 naming the field (its path in the body). Fields Anthropic
-has that this server cannot honour are named by `check_supported`; unknown ones are ignored."""
+with pydantic: every problem a 400 naming the field (its path in the body). `check_supported`
+refuses, as Anthropic does, a top-level field Anthropic does not document ("NAME: Extra inputs are
+not permitted"), and names those it documents that this server cannot honour; the documented ones
+that change nothing here are logged as ignored."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import logging
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.openai.errors import APIError
+
+logger = logging.getLogger(__name__)
 
 # Anthropic's fields that need what a local server has not (code execution, remote MCP servers,
 # server-side context editing): a 400 names them.
@@ -16,7 +21,14 @@ REFUSED_FIELDS = {
     "container": "there is no code-execution container here",
     "mcp_servers": "this server connects to no MCP servers; declare the tools in 'tools'",
     "context_management": "this server edits no context; send the conversation as it should be read",
+    "compaction": "this server compacts no context; send the conversation as it should be read",
 }
+# Anthropic's fields that change nothing on a local server (where it runs, billing, priority, a
+# cache breakpoint where the prefix cache is automatic): accepted, and logged as ignored.
+IGNORED_FIELDS = frozenset({
+    "cache_control", "service_tier", "speed", "inference_geo", "diagnostics", "billing_policy", "fallbacks",
+    "fallback_credit_token", "thread",
+})
 
 
 class AnthropicModel(BaseModel):
@@ -156,10 +168,18 @@ class CountTokensRequest(AnthropicModel):
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
 
+    # The fields Anthropic documents for this body that it does not declare.
+    OTHER_FIELDS: ClassVar[frozenset[str]] = frozenset({"cache_control", "speed", "context_management", "mcp_servers"})
+
     def check_supported(self) -> None:
-        """A 400 naming the first field given that this server cannot honour."""
+        """A 400 naming the first field given that Anthropic does not document, or that this server
+        cannot honour; one log line naming those it ignores."""
+        extra = self.model_extra or {}
+        for name in extra:
+            if name not in self.OTHER_FIELDS:
+                raise APIError(f"{name}: Extra inputs are not permitted", param=name)
         for name, why in REFUSED_FIELDS.items():
-            if (self.model_extra or {}).get(name) is not None:
+            if extra.get(name) is not None:
                 raise APIError(f"'{name}' is not supported by this server: {why}.", param=name)
         if isinstance(self.tool_choice, ToolChoiceTool) and self.tool_choice.name not in {
             tool.name for tool in self.tools or []
@@ -168,6 +188,8 @@ class CountTokensRequest(AnthropicModel):
                            param="tool_choice.name")
         if isinstance(self.tool_choice, ToolChoiceAny | ToolChoiceTool) and not self.tools:
             raise APIError("'tool_choice' needs 'tools'.", param="tool_choice")
+        if ignored := sorted(name for name in extra if name in IGNORED_FIELDS):
+            logger.warning("The following fields were present in the request but ignored: %s", ignored)
 
 
 class MessagesRequest(CountTokensRequest):
@@ -180,3 +202,5 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = None
     metadata: dict[str, Any] | None = None
     stream: bool = False
+
+    OTHER_FIELDS: ClassVar[frozenset[str]] = frozenset(REFUSED_FIELDS) | IGNORED_FIELDS

@@ -38,8 +38,9 @@ async def create_message(request: Request) -> Response:
     response = ChatResponse(prepared, chat, state.llm.tokenizer, state.tool_call_parser, state.reasoning_parser)
     base = message_base(message_id, prepared.model)
     if body.stream:
-        events = message_events(response.chunks(outputs), MessageEvents(base, prepared.num_prompt_tokens))
-        return sse_response(request, events, message_id, is_named=True)
+        events = MessageEvents(base, prepared.num_prompt_tokens)
+        named_events = message_events(response.chunks(events.watch(outputs)), events)
+        return sse_response(request, named_events, message_id, is_named=True)
     (output,) = await unless_disconnected(request, collect(outputs, 1, 1))
     return JSONResponse(whole_message(base, response.whole(output)))
 

@@ -53,6 +53,8 @@ class FakeEngineClient(EngineCoreClient):
         self.eos_token_id = tokenizer.eos_token_id
         self.num_tokens_per_step = num_tokens_per_step
         self.seconds_per_step = seconds_per_step
+        # NOTE: the prompt tokens every output says the prefix cache held.
+        self.num_cached_tokens = 0
         self.ready = EngineReady(
             engine_index=0, model_name="fake", max_model_len=MAX_MODEL_LEN, num_kv_blocks=128, block_size=16,
             vocab_size=tokenizer.vocab_size, eos_token_ids=[self.eos_token_id], host="localhost",
@@ -160,7 +162,7 @@ class FakeEngineClient(EngineCoreClient):
 
     def _advance(self, running: _Running, now: float) -> EngineCoreOutput:
         request, params = running.request, running.request.sampling_params
-        output = EngineCoreOutput(request.request_id, [])
+        output = EngineCoreOutput(request.request_id, [], num_cached_tokens=self.num_cached_tokens)
         if self.grammar_error is not None and params.structured_output is not None:
             del self._running[request.request_id]
             return EngineCoreOutput(request.request_id, [], FinishReason.ERROR, self.grammar_error)

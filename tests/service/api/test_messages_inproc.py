@@ -14,6 +14,7 @@ import anthropic
 import httpx
 import pytest
 
+from service.api.app import create_app
 from service.model_files.tokenizer import Tokenizer
 from tests.service.api.fake_engine import FakeEngineClient
 
@@ -45,7 +46,6 @@ async def test_a_message_is_answered_with_its_text_stop_reason_and_usage(
         message = await client.messages.create(
             model="fake-alias", max_tokens=6, system="You are brief.",
             messages=[{"role": "user", "content": [{"type": "text", "text": "Name a colour."}]}],
-            extra_body={"ignore_eos": True},
         )
         assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
         assert message.model == "fake-alias" and message.stop_reason == "max_tokens"
@@ -93,8 +93,7 @@ async def test_a_stop_sequence_ends_the_message_and_is_named(api: httpx.AsyncCli
 async def test_a_stream_is_anthropics_event_sequence_and_adds_up_to_the_whole(
     api: httpx.AsyncClient, engine: FakeEngineClient
 ) -> None:
-    body: dict[str, Any] = {"model": "fake", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}],
-                            "extra_body": {"ignore_eos": True}}
+    body: dict[str, Any] = {"model": "fake", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
     async with sdk_of(api) as client:
         whole = await client.messages.create(**body)
         async with client.messages.stream(**body) as stream:
@@ -105,7 +104,7 @@ async def test_a_stream_is_anthropics_event_sequence_and_adds_up_to_the_whole(
     assert final.usage.input_tokens == whole.usage.input_tokens
 
     # The SSE framing: each event named by its type, as Anthropic's SDK reads it; no [DONE].
-    raw = await api.post(MESSAGES, json={"model": "fake", "max_tokens": 3, "stream": True, "ignore_eos": True,
+    raw = await api.post(MESSAGES, json={"model": "fake", "max_tokens": 3, "stream": True,
                                          "messages": [{"role": "user", "content": "Hi"}]})
     assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/event-stream")
     events = []
@@ -122,6 +121,21 @@ async def test_a_stream_is_anthropics_event_sequence_and_adds_up_to_the_whole(
     assert {event["delta"]["type"] for event in events if event["type"] == "content_block_delta"} == {"text_delta"}
     assert events[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
     assert "[DONE]" not in raw.text
+
+
+async def test_message_start_counts_the_prompt_as_message_delta_does_cached_part_apart(
+    api: httpx.AsyncClient, engine: FakeEngineClient
+) -> None:
+    engine.num_cached_tokens = 16
+    async with sdk_of(api) as client:
+        async with client.messages.stream(model="fake", max_tokens=3,
+                                          messages=[{"role": "user", "content": "Hi there"}]) as stream:
+            events = [event async for event in stream]
+    num_prompt_tokens = len(engine.requests[-1].prompt_token_ids)
+    start = next(event for event in events if event.type == "message_start").message.usage  # type: ignore[union-attr]
+    delta = next(event for event in events if event.type == "message_delta").usage  # type: ignore[union-attr]
+    assert (start.input_tokens, start.cache_read_input_tokens) == (num_prompt_tokens - 16, 16)
+    assert (delta.input_tokens, delta.cache_read_input_tokens) == (num_prompt_tokens - 16, 16)
 
 
 async def test_a_forced_tool_call_round_trip_whole_and_streamed(
@@ -252,11 +266,53 @@ async def test_errors_are_anthropics_shape_and_name_the_field(api: httpx.AsyncCl
             await client.messages.create(model="nope", max_tokens=5, messages=hi)  # type: ignore[arg-type]
 
 
+async def test_a_field_anthropic_does_not_document_is_refused_by_name_and_ignored_ones_are_logged(
+    api: httpx.AsyncClient, engine: FakeEngineClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    hi = [{"role": "user", "content": "Hi"}]
+    for path, body in [(MESSAGES, {"model": "fake", "max_tokens": 5, "messages": hi, "temprature": 0.5}),
+                       (f"{MESSAGES}/count_tokens", {"model": "fake", "messages": hi, "max_tokens": 5})]:
+        response = await api.post(path, json=body)
+        assert response.status_code == 400, response.text
+        misspelt = "temprature" if path == MESSAGES else "max_tokens"
+        assert response.json() == {"type": "error", "error": {
+            "type": "invalid_request_error", "message": f"{misspelt}: Extra inputs are not permitted"}}
+    assert engine.requests == []
+    async with sdk_of(api) as client:
+        # NOTE: what Anthropic documents and a local server has no use for is answered, and named in the log.
+        message = await client.messages.create(
+            model="fake", max_tokens=2, messages=hi, metadata={"user_id": "u1"},  # type: ignore[arg-type]
+            service_tier="auto", extra_body={"top_k": 20, "cache_control": {"type": "ephemeral"}, "speed": "standard"},
+        )
+        assert message.usage.output_tokens == 2
+        counted = await client.messages.count_tokens(model="fake", messages=hi,  # type: ignore[arg-type]
+                                                     extra_body={"cache_control": {"type": "ephemeral"}})
+        assert counted.input_tokens > 0
+    ignored = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert ignored == ["The following fields were present in the request but ignored: "
+                       "['cache_control', 'service_tier', 'speed']",
+                       "The following fields were present in the request but ignored: ['cache_control']"]
+
+
+async def test_a_server_not_ready_answers_anthropics_529_overloaded() -> None:
+    hi = [{"role": "user", "content": "Hi"}]
+    transport = httpx.ASGITransport(create_app(None))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as loading:
+        response = await loading.post(MESSAGES, json={"model": "fake", "max_tokens": 2, "messages": hi})
+        assert response.status_code == 529
+        assert response.json()["error"]["type"] == "overloaded_error"
+        async with sdk_of(loading) as client:
+            with pytest.raises(anthropic.APIStatusError) as caught:
+                await client.messages.create(model="fake", max_tokens=2, messages=hi)  # type: ignore[arg-type]
+    assert caught.value.status_code == 529
+    assert caught.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+
+
 async def test_a_stream_whose_engine_dies_ends_with_an_error_event(api: httpx.AsyncClient, engine: FakeEngineClient) -> None:
     engine.die_after(2)
     async with sdk_of(api) as client:
         with pytest.raises(anthropic.APIStatusError) as caught:
-            async with client.messages.stream(model="fake", max_tokens=50, extra_body={"ignore_eos": True},
+            async with client.messages.stream(model="fake", max_tokens=50,
                                               messages=[{"role": "user", "content": "Hi"}]) as stream:
                 async for _ in stream:
                     pass
