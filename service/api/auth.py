@@ -39,11 +39,16 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] not in ("http", "websocket") or path in self.open_paths or path.startswith(self.open_prefixes):
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
         authorization, api_key = headers.get("authorization", ""), headers.get("x-api-key", "")
+        if path in self.open_paths or path.startswith(self.open_prefixes):
+            # NOTE: an open route answers everyone, and tells only a caller with the key what is for it alone.
+            scope.setdefault("state", {})["has_api_key"] = self.is_authorized(authorization, api_key)
+            await self.app(scope, receive, send)
+            return
         if self.is_authorized(authorization, api_key):
             await self.app(scope, receive, send)
             return

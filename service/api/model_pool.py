@@ -85,11 +85,12 @@ class ModelSlot:
         return self.reserved_bytes
 
     def describe(self) -> dict[str, object]:
-        """Its `status` in /v1/models: the state's name, for a failed one why, for a loaded one its engines'
-        memory (what counts against the budget, and of it their weights and KV caches)."""
+        """Its `status` in /v1/models: the state's name, a failed one as llama.cpp's router says it
+        ("unloaded", "failed": true) with why, a loaded one with its engines' memory (what counts against
+        the budget, and of it their weights and KV caches)."""
         status: dict[str, object] = {"value": self.status.value}
         if self.status is ModelStatus.FAILED:
-            status |= {"failed": True, "reason": self.error}
+            status = {"value": ModelStatus.UNLOADED.value, "failed": True, "reason": self.error}
         if self.state is not None:
             readies = _engine_readies(self.state.llm.engine_client)
             status |= {

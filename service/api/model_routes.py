@@ -42,8 +42,9 @@ def pool_model_cards(pool: ModelPool) -> list[dict[str, object]]:
 
 def _card(slot: ModelSlot, name: str, created: int) -> dict[str, object]:
     max_model_len = None if slot.state is None else slot.state.llm.ready.max_model_len
-    path = None if slot.entry.path is None else str(slot.entry.path)
-    return model_card(name, slot.id, max_model_len, created) | {"path": path, "status": slot.describe()}
+    # NOTE: the file's name, not where it lies: the card is for whoever lists the models.
+    file_name = None if slot.entry.path is None else slot.entry.path.name
+    return model_card(name, slot.id, max_model_len, created) | {"path": file_name, "status": slot.describe()}
 
 
 def _pool(request: Request) -> ModelPool:
@@ -101,12 +102,14 @@ async def pool_health(pool: ModelPool) -> Response:
 
 
 async def model_health(request: Request) -> Response:
-    """200 when the model is loaded and its engine answers a ping; else 503 with its status."""
+    """200 when the model is loaded and its engine answers a ping; else 503 with its status, and why it
+    failed to a caller with the API key (or on a keyless server: a reason can name paths)."""
     pool = _pool(request)
     slot = pool.slot_of(str(request.path_params["model_id"]))
     state = slot.state
     if state is None or slot.status is not ModelStatus.LOADED:
-        return JSONResponse({"status": slot.status.value, **({"reason": slot.error} if slot.error else {})}, 503)
+        shows_reason = bool(slot.error) and getattr(request.state, "has_api_key", True)
+        return JSONResponse({"status": slot.status.value, **({"reason": slot.error} if shows_reason else {})}, 503)
     return await engine_health(state)
 
 

@@ -4,6 +4,7 @@ loaded when a request names a model and unloaded to keep within --memory-budget,
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,9 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
+import zmq
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.bench.local_server import ServerProcess, local_server
+from service.observability.picker_metrics import PICKER_FAMILIES
+from tests.engine_proc.test_kv_events import apply_batch, replay
+from tests.server_process import free_engine_port
+from tests.service.api.test_metrics_picker import VLLM_MAPPING, read_as_the_picker
 
 MODEL_IDS = ("alpha", "beta", "gamma")
 SIZES = ("--num-threads", "1", "--kv-cache-memory", "0.05", "--max-model-len", "512")
@@ -164,7 +172,7 @@ def test_models_taking_turns_stay_within_the_memory_budget(
 
 def test_a_broken_file_is_listed_failed_with_its_reason_and_the_others_serve(client: httpx.Client) -> None:
     broken = statuses(client)["broken"]
-    assert broken["value"] == "failed"
+    assert (broken["value"], broken["failed"]) == ("unloaded", True)
     assert "broken.gguf" in str(broken["reason"])
     refused = chat(client, "broken")
     assert refused.status_code == 503
@@ -222,3 +230,40 @@ def test_one_model_at_a_time_and_an_idle_one_is_unloaded(one_at_a_time: ServerPr
             time.sleep(0.1)
     assert watch.max_num_loaded == 1
     assert one_at_a_time.engine_pids() == []
+
+
+def test_two_models_publish_kv_events_on_ports_of_their_own_and_the_picker_reads_both(models_dir: Path) -> None:
+    port, replay_port = free_engine_port(), free_engine_port()
+    kv_events = {
+        "enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}",
+        "replay_endpoint": f"tcp://127.0.0.1:{replay_port}", "topic": "kv-events",
+    }
+    args = [str(models_dir / "alpha"), str(models_dir / "beta"), *SIZES, "--kv-events-config", json.dumps(kv_events)]
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        with local_server(args, stop_timeout_s=15) as server, httpx.Client(base_url=server.base_url, timeout=DEADLINE_S) as client:
+            for model_id in ("alpha", "beta"):
+                body = {"model": model_id, "prompt": f"a prompt of more than one block for {model_id} " * 8, "max_tokens": 2}
+                response = client.post("/v1/completions", json=body)
+                assert response.status_code == 200, response.text
+            # NOTE: each model's one engine: the configured ports plus the model's index.
+            for model_index in (0, 1):
+                batches = [msgpack.unpackb(payload) for payload in replay(ctx, f"tcp://127.0.0.1:{replay_port + model_index}", 0).values()]
+                cached: set[int] = set()
+                for batch in batches:
+                    apply_batch(cached, batch)
+                assert cached, f"model {model_index} published no stored blocks"
+            text = client.get("/metrics").text
+    finally:
+        ctx.destroy(linger=0)
+    samples = {f.name: f.samples for f in text_string_to_metric_families(text) if f.name.startswith("vllm:")}
+    assert {name: len(family) for name, family in samples.items()} == dict.fromkeys(PICKER_FAMILIES, 1)
+    pod = read_as_the_picker(text, VLLM_MAPPING)
+    # NOTE: zeroserve's own cache_config_info: a series per model's engine.
+    num_blocks = [
+        int(sample.labels["num_gpu_blocks"]) for family in text_string_to_metric_families(text)
+        if family.name == "zeroserve:cache_config_info" for sample in family.samples
+    ]
+    assert pod.errors == [] and len(num_blocks) == 2
+    assert (pod.waiting_queue_size, pod.running_requests_size) == (0, 0)
+    assert pod.cache_num_blocks == sum(num_blocks)

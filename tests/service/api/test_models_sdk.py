@@ -144,7 +144,10 @@ def test_a_stream_whose_model_fails_to_load_ends_with_an_error_event_naming_why(
     error = json.loads(events[-2][0].removeprefix("data: "))["error"]
     assert error["code"] == "model_load_failed" and "file size" in error["message"]
     cards = {card["id"]: card["status"] for card in http.get("/v1/models").json()["data"]}
-    assert cards["cut"]["value"] == "failed" and "file size" in cards["cut"]["reason"]
+    assert cards["cut"]["value"] == "unloaded" and cards["cut"]["failed"] is True  # NOTE: as llama.cpp's router says it
+    assert "file size" in cards["cut"]["reason"]
+    assert "file size" in http.get("/health/cut").json()["reason"]
+    assert "reason" not in httpx.get(f"{http.base_url}/health/cut", timeout=TIMEOUT_S).json()  # NOTE: no key
     assert http.post("/v1/chat/completions", json={**body, "stream": False}).status_code == 503
 
 
