@@ -47,6 +47,18 @@ def _check_api_keys(keys: Sequence[str]) -> None:
         raise ValueError("keys must be non-empty, without commas or surrounding spaces")
 
 
+def origins_of(values: Sequence[str]) -> tuple[str, ...]:
+    """--allowed-origins one origin an item (each value may hold several, comma-separated)."""
+    return tuple(origin.strip() for value in values for origin in value.split(",") if origin.strip())
+
+
+def _check_origins(values: Sequence[str]) -> None:
+    for origin in origins_of(values):
+        scheme, has_sep, rest = origin.partition("://")
+        if origin != "*" and not (has_sep and scheme and rest and "/" not in rest):
+            raise ValueError(f"each must be an origin such as https://example.com:8080 or *, got {origin!r}")
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     """What `zeroserve serve` was asked to do."""
@@ -99,10 +111,19 @@ class GatewayConfig:
     max_request_body_bytes: int = setting(
         8 * 2**20, "larger request bodies get 413 before parsing", check=at_least(1)
     )
+    max_upload_bytes: int = setting(
+        200 * 2**20, "a larger file upload (POST /v1/files) gets 413, counted as it arrives, e.g. 1GiB (default: "
+        "200MiB, OpenAI's)", parse=_bytes_of, check=positive, metavar="SIZE",
+    )
     api_keys: tuple[str, ...] = setting(
         (), "clients must send `Authorization: Bearer KEY` on every route but /health (and /metrics); "
         "repeat for several keys; the variable takes them comma-separated (default: none, no auth)",
         flag="--api-key", is_repeated=True, check=_check_api_keys, group="operations", metavar="KEY",
+    )
+    allowed_origins: tuple[str, ...] = setting(
+        (), "web pages of these origins (scheme://host[:port], comma-separated or several; *: any) may send "
+        "what writes or costs compute; a browser request from another site's page gets 403 (default: this "
+        "server's own pages only)", nargs="+", check=_check_origins, group="operations", metavar="ORIGIN",
     )
     is_metrics_auth: bool = setting(
         False, "/metrics asks for an API key too (default: off)", flag="--metrics-auth", group="operations"
@@ -144,6 +165,17 @@ class GatewayConfig:
         "and the Batch API's files and batches, across restarts; off: keep none (default: "
         "ZEROSERVE_CACHE/responses.sqlite)", group="operations",
         metavar="PATH",
+    )
+    store_owner: str = setting(
+        "", "the name this server's files, batches and background responses carry in --responses-store: only "
+        "their owner sees and runs the batches or fails the responses, so servers sharing one store never touch "
+        "each other's (default: port PORT, the same again after a restart on that port)", group="operations",
+        metavar="NAME",
+    )
+    store_max_bytes: int = setting(
+        2**30, "most bytes --responses-store holds: files, batch results and kept Responses together; the oldest "
+        "responses go first, an upload past it gets 400 store_full (default: 1GiB)", flag="--store-max-size",
+        parse=_bytes_of, check=positive, group="operations", metavar="SIZE",
     )
     max_batch_lines: int | None = setting(
         None, "most Batch API lines in the engines at once; fewer leave interactive requests faster steps "
@@ -198,6 +230,11 @@ class GatewayConfig:
     def is_multi_model(self) -> bool:
         """Whether this gateway serves several models, each loaded on demand (service/models/)."""
         return len(self.models) > 1 or bool(self.models_dir) or bool(self.models_config)
+
+    @property
+    def responses_store_owner(self) -> str:
+        """Who this server is in its store: --store-owner, else its port."""
+        return self.store_owner or f"port {self.port}"
 
     @property
     def max_num_in_flight(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
@@ -15,6 +15,7 @@ from starlette.routing import Route
 from service.api.batch_worker import BatchWorker, numbered_lines
 from service.api.errors import page_limit, parse_body
 from service.api.files import not_found, store_of
+from service.openai.batch_generate import read_line
 from service.openai.batch_store import now
 from service.openai.errors import APIError
 
@@ -44,11 +45,12 @@ async def create_batch(request: Request) -> Response:
     if file["purpose"] != "batch":
         raise APIError(f"The file's purpose is {file['purpose']!r}, not 'batch'.", param="input_file_id")
     content = await asyncio.to_thread(store.file_content, body.input_file_id) or b""
-    num_lines = len(numbered_lines(content))
-    if num_lines == 0:
+    lines = numbered_lines(content)
+    if not lines:
         raise APIError("The input file has no lines.", param="input_file_id", code="empty_file")
+    num_lines, errors = len(lines), _duplicate_custom_ids(lines)
     created_at = now()
-    batch = {
+    batch: dict[str, Any] = {
         "id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": body.endpoint, "errors": None,
         "input_file_id": body.input_file_id, "completion_window": body.completion_window,
         "status": "validating", "output_file_id": None, "error_file_id": None, "created_at": created_at,
@@ -56,6 +58,9 @@ async def create_batch(request: Request) -> Response:
         "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None, "cancelled_at": None,
         "request_counts": {"total": num_lines, "completed": 0, "failed": 0}, "metadata": body.metadata,
     }
+    if errors:
+        # NOTE: as OpenAI's validation: the batch fails whole, before any line runs, its errors naming the lines.
+        batch |= {"status": "failed", "failed_at": created_at, "errors": {"object": "list", "data": errors}}
     batch = await asyncio.to_thread(store.add_batch, batch)
     _worker(request).wake()
     return JSONResponse(batch)
@@ -94,6 +99,28 @@ async def cancel_batch(request: Request) -> Response:
         batch = current
     _worker(request).wake()
     return JSONResponse(batch)
+
+
+def _duplicate_custom_ids(lines: list[tuple[int, str]]) -> list[dict[str, Any]]:
+    """A validation error for each line whose custom_id an earlier line has (1-based lines, as OpenAI's)."""
+    seen: dict[str, int] = {}
+    errors = []
+    for index, text in lines:
+        try:
+            custom_id = read_line(index, text).custom_id
+        except APIError:
+            continue  # NOTE: a line that is no request fails alone, in the error file.
+        if custom_id is None:
+            continue
+        if custom_id in seen:
+            errors.append({
+                "code": "duplicate_custom_id", "param": "custom_id", "line": index + 1,
+                "message": f"The custom_id {custom_id!r} is also the custom_id of line {seen[custom_id] + 1}: "
+                           "each line's custom_id must be unique in the batch.",
+            })
+        else:
+            seen[custom_id] = index
+    return errors
 
 
 def _worker(request: Request) -> BatchWorker:

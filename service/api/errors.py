@@ -32,13 +32,17 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
 
 
 def check_content_type(content_type: str | None) -> None:
-    """A 415 unless the body is declared JSON (`application/json`, `*/*+json`) or not declared."""
+    """A 415 unless the body is declared JSON (`application/json`, `*/*+json`) or not declared.
+
+    NOTE: as vLLM's FastAPI, a body without a content type is read as JSON; a form or plain text (what
+    another site's page may send without asking, and what `curl -d` sends) is not."""
     if content_type is None:
         return
     media_type = content_type.partition(";")[0].strip().lower()
     if media_type != "application/json" and not (media_type.startswith("application/") and media_type.endswith("+json")):
         raise APIError(
-            f"The request body's content type '{media_type}' is not supported: send 'application/json'.",
+            f"The request body's content type '{media_type}' is not supported: send JSON with the header "
+            "`Content-Type: application/json` (curl: -H 'Content-Type: application/json').",
             415, code="unsupported_media_type",
         )
 
@@ -62,9 +66,9 @@ async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
 MAX_PAGE_LIMIT = 100
 
 
-def page_limit(request: Request, default: int = 20) -> int:
-    """A list route's `limit` query parameter, 1 to MAX_PAGE_LIMIT (a 400 naming it otherwise)."""
+def page_limit(request: Request, default: int = 20, maximum: int = MAX_PAGE_LIMIT) -> int:
+    """A list route's `limit` query parameter, 1 to `maximum` (a 400 naming it otherwise)."""
     text = request.query_params.get("limit", str(default))
-    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE_LIMIT:
-        raise APIError(f"'limit' must be an integer from 1 to {MAX_PAGE_LIMIT}, got {text!r}.", param="limit")
+    if not text.isdigit() or not 1 <= int(text) <= maximum:
+        raise APIError(f"'limit' must be an integer from 1 to {maximum}, got {text!r}.", param="limit")
     return int(text)

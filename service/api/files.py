@@ -9,13 +9,17 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Message
 
 from service.api.batch_worker import BatchWorker
+from service.api.errors import page_limit
 from service.openai.batch_store import BatchStore
 from service.openai.errors import APIError
 
-# NOTE: OpenAI's own limit on a batch input file.
-MAX_FILE_BYTES = 200 * 2**20
+# NOTE: OpenAI's own limit on a batch input file (--max-upload-bytes).
+DEFAULT_MAX_UPLOAD_BYTES = 200 * 2**20
+# NOTE: room for the form around the file: its boundaries, part headers and the 'purpose' field.
+_FORM_BYTES = 2**16
 
 
 def store_of(request: Request) -> BatchStore:
@@ -30,22 +34,25 @@ def store_of(request: Request) -> BatchStore:
 async def upload_file(request: Request) -> Response:
     """Keeps a multipart upload's `file` (UTF-8 JSONL) for `purpose` "batch"."""
     store = store_of(request)
+    max_bytes: int = getattr(request.app.state, "max_upload_bytes", DEFAULT_MAX_UPLOAD_BYTES)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_FILE_BYTES:
-        raise APIError(f"The file is larger than {MAX_FILE_BYTES} bytes.", 413, param="file", code="file_too_large")
+    if declared.isdigit() and int(declared) > max_bytes + _FORM_BYTES:
+        raise _too_large(max_bytes)
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise APIError("Upload the file as multipart/form-data with the fields 'file' and 'purpose'.", 415,
                        code="unsupported_media_type")
-    async with request.form(max_files=1, max_fields=8) as form:
+    # NOTE: counted as it arrives, since a chunked upload declares no length; past the limit the form's
+    # parser stops and closes its spooled file.
+    async with _bounded(request, max_bytes).form(max_files=1, max_fields=8) as form:
         purpose, upload = form.get("purpose"), form.get("file")
         if purpose != "batch":
             raise APIError(f"'purpose' must be 'batch', got {purpose!r}.", param="purpose")
         if not isinstance(upload, UploadFile):
             raise APIError("The form has no 'file'.", param="file")
-        content = await upload.read(MAX_FILE_BYTES + 1)
+        content = await upload.read(max_bytes + 1)
         filename = upload.filename or "upload.jsonl"
-    if len(content) > MAX_FILE_BYTES:
-        raise APIError(f"The file is larger than {MAX_FILE_BYTES} bytes.", 413, param="file", code="file_too_large")
+    if len(content) > max_bytes:
+        raise _too_large(max_bytes)
     try:
         content.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -53,10 +60,45 @@ async def upload_file(request: Request) -> Response:
     return JSONResponse(await asyncio.to_thread(store.add_file, filename, purpose, content))
 
 
+def _bounded(request: Request, max_bytes: int) -> Request:
+    """The request, its body read through a count that raises the 413 once past a form of a `max_bytes` file."""
+    num_bytes = 0
+
+    async def receive() -> Message:
+        nonlocal num_bytes
+        message = await request.receive()
+        num_bytes += len(message.get("body", b""))
+        if num_bytes > max_bytes + _FORM_BYTES:
+            raise _too_large(max_bytes)
+        return message
+
+    return Request(request.scope, receive)
+
+
+def _too_large(max_bytes: int) -> APIError:
+    return APIError(f"The file is larger than {max_bytes} bytes (--max-upload-bytes).", 413, param="file",
+                    code="file_too_large")
+
+
 async def list_files(request: Request) -> Response:
-    purpose = request.query_params.get("purpose")
-    files = await asyncio.to_thread(store_of(request).files, purpose)
-    return JSONResponse({"object": "list", "data": files, "has_more": False})
+    """GET /v1/files as OpenAI's: `purpose`, `limit` (1 to 10,000, all by default), `order` (desc, the
+    newest first, or asc) and `after` (the last id of the page before)."""
+    query = request.query_params
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise APIError(f"'order' must be 'asc' or 'desc', got {order!r}.", param="order")
+    limit = page_limit(request, default=MAX_FILES_PAGE, maximum=MAX_FILES_PAGE)
+    files, has_more = await asyncio.to_thread(
+        store_of(request).files, query.get("purpose"), query.get("after"), limit, order
+    )
+    return JSONResponse({
+        "object": "list", "data": files, "first_id": files[0]["id"] if files else None,
+        "last_id": files[-1]["id"] if files else None, "has_more": has_more,
+    })
+
+
+# NOTE: OpenAI's largest page of files.
+MAX_FILES_PAGE = 10_000
 
 
 async def get_file(request: Request) -> Response:

@@ -14,7 +14,7 @@ from service.api.model_pool import ModelPool
 from service.api.server_state import ServerState
 from service.api.stream_store import StreamStore
 from service.client.core_client import EngineCoreClient
-from service.config import GatewayConfig
+from service.config import GatewayConfig, origins_of
 from service.frontend.async_llm import AsyncLLM
 from service.model_files.tokenizer import Tokenizer
 from service.models.catalog import ModelEntry
@@ -41,15 +41,19 @@ class Gateway:
         self.admission = Admission(config.max_num_in_flight, config.request_timeout_s, config.max_header_bytes)
         self.streams = StreamStore(config.stream_retention_s, config.stream_retention_mib * 2**20)
         self.app = create_app(
-            None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, self.admission, self.streams
+            None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, self.admission, self.streams,
+            origins_of(config.allowed_origins),
         )
+        self.app.state.max_upload_bytes = config.max_upload_bytes
         # NOTE: the Batch API's files and batches (service/api/batches.py), kept beside the Responses (none with
         # --responses-store off); the worker that runs them starts with the engine.
-        path = store_path(config.responses_store)
-        self.batches = None if path is None else BatchWorker(BatchStore(path), _max_batch_lines(config))
+        path, owner = store_path(config.responses_store), config.responses_store_owner
+        self.batches = None if path is None else BatchWorker(
+            BatchStore(path, owner, config.store_max_bytes), _max_batch_lines(config), config.request_timeout_s
+        )
         self.app.state.batches = self.batches
         # NOTE: kept Responses (service/api/responses.py reads it); opened here so a bad path fails at start.
-        self.app.state.response_store = open_store(config.responses_store)
+        self.app.state.response_store = open_store(config.responses_store, owner, config.store_max_bytes)
 
     def serve_with(
         self,

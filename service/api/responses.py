@@ -22,7 +22,7 @@ from service.frontend.outputs import collect
 from service.openai.errors import APIError
 from service.openai.prepare import Prepared
 from service.openai.response_bodies import ChatResponse
-from service.openai.response_store import UNFINISHED, ResponseStore, StoredResponse
+from service.openai.response_store import UNFINISHED, ResponseExistsError, ResponseStore, StoredResponse
 from service.openai.responses_output import (
     CountTokens,
     ResponseEvents,
@@ -50,18 +50,21 @@ async def create_response(request: Request) -> Response:
     history = [] if body.previous_response_id is None else await _continued(store, body.previous_response_id)
     chat = body.to_chat_request(history)
     response_id = new_item_id("resp") if body.request_id is None else f"resp_{body.request_id}"
+    is_stored = store is not None and body.is_stored(is_store_on=True)
+    if store is not None and is_stored and body.request_id is not None and await asyncio.to_thread(
+        store.exists, response_id
+    ):
+        raise APIError(f"A response with id {response_id!r} is kept already: send another request_id (a kept "
+                       "response is never replaced).", param="request_id", code="response_exists")
     with responses_params():
         # NOTE: engine request ids stay unique when two bodies name the same request_id.
         prepared = await state.preparer.prepare(chat, ids=(response_id, new_item_id(response_id)))
     tokenizer = state.llm.tokenizer
     response = ChatResponse(prepared, chat, tokenizer, state.tool_call_parser, state.reasoning_parser)
-    is_stored = store is not None and body.is_stored(is_store_on=True)
     base = response_base(body, response_id, prepared.model, response.created, is_stored)
     input_items = [*history, *body.input_items()]
 
-    async def keep(answer: dict[str, Any]) -> None:
-        if store is not None and is_stored:
-            await asyncio.to_thread(store.put, answer, input_items)
+    keep = _keeper(store if is_stored else None, input_items)
 
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text))
@@ -128,13 +131,35 @@ async def cancel_response(request: Request) -> Response:
     # NOTE: one started by another gateway process (--api-server-count) is marked here and generates on there.
     if answer["status"] in UNFINISHED:
         answer = answer | {"status": "cancelled"}
-        await asyncio.to_thread(_store_or_404(request, response_id).put, answer, stored.input_items)
+        if not await asyncio.to_thread(_store_or_404(request, response_id).update, answer):
+            answer = (await _stored(request)).response  # NOTE: it ended meanwhile, in another gateway process.
     return JSONResponse(answer)
 
 
 def response_store(request: Request) -> ResponseStore | None:
     """The gateway's store (None: --responses-store off, or an app built without one)."""
     return getattr(request.app.state, "response_store", None)
+
+
+def _keeper(store: ResponseStore | None, input_items: list[dict[str, Any]]) -> Keep:
+    """Keeps one response as it changes: added the first time, then updated while it is unfinished (a
+    cancel or delete stored meanwhile stays); nothing without a store."""
+    is_added = False
+
+    async def keep(answer: dict[str, Any]) -> None:
+        nonlocal is_added
+        if store is None:
+            return
+        if is_added:
+            await asyncio.to_thread(store.update, answer)
+            return
+        is_added = True
+        try:
+            await asyncio.to_thread(store.add, answer, input_items)
+        except ResponseExistsError as error:
+            logger.warning("response not kept: %s", error)
+
+    return keep
 
 
 async def _answer_detached(

@@ -36,6 +36,14 @@ DEFAULT_MAX_IN_FLIGHT = 256
 Body = ChatCompletionRequest | CompletionRequest
 
 
+class LineError(APIError):
+    """A line that never became a request (not JSON, not an object, its batch expired first): its
+    result carries OpenAI's `error`, with no `response`."""
+
+    def __init__(self, message: str, code: str = "invalid_line") -> None:
+        super().__init__(message, code=code)
+
+
 @dataclass(frozen=True)
 class BatchLine:
     """One input line read: its place, its custom_id, the method and endpoint it names and its request
@@ -205,13 +213,13 @@ def read_line(index: int, text: str) -> BatchLine:
 def _parse_line(text: str) -> tuple[str | None, str, str, Any]:
     """(custom_id, method, url, body) of a plain request body or an OpenAI batch line."""
     if not text.strip():
-        raise APIError("The line is empty.")
+        raise LineError("The line is empty.")
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise APIError(f"The line is not valid JSON: {exc}") from exc
+        raise LineError(f"The line is not valid JSON: {exc}", code="invalid_json_line") from exc
     if not isinstance(raw, dict):
-        raise APIError("The line must be a JSON object.")
+        raise LineError("The line must be a JSON object.")
     if isinstance(raw.get("body"), dict):
         custom_id = raw.get("custom_id")
         url = raw.get("url", CHAT_URL if "messages" in raw["body"] else COMPLETIONS_URL)
@@ -225,14 +233,13 @@ def _batch_request_id() -> str:
 
 
 def error_result(index: int, custom_id: str | None, error: APIError) -> dict[str, Any]:
-    """A line's result when it could not be answered: the error the route would have sent."""
-    return {
-        "id": _batch_request_id(),
-        "custom_id": custom_id,
-        "line": index,
-        "response": {"status_code": error.status_code, "body": error.to_dict()},
-        "error": error.to_dict()["error"],
-    }
+    """A line's result when it could not be answered, in OpenAI's shape: the error answer the route
+    would have sent as its `response`, or, for a line that never became a request, its `error` alone."""
+    result: dict[str, Any] = {"id": _batch_request_id(), "custom_id": custom_id, "line": index}
+    if isinstance(error, LineError):
+        return result | {"response": None, "error": {"code": error.code, "message": error.message}}
+    response = {"status_code": error.status_code, "request_id": _batch_request_id(), "body": error.to_dict()}
+    return result | {"response": response, "error": None}
 
 
 def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:

@@ -6,6 +6,11 @@ last line is answered.
 Its tables (`batch_*`) share the stored Responses' database file (--responses-store). Every call
 opens its own connection: the store is read from the event loop's threads (`asyncio.to_thread`) and
 from several gateway processes (--api-server-count), which SQLite serialises by its file lock.
+
+Every file and batch records its owner (--store-owner: by default the server's port), and a store sees
+only its owner's: two servers sharing one file (the default store is one per user) never run, read or
+cancel each other's batches. Input files expire (`expires_at`, 30 days unless the upload says), and
+the files' bytes with the lines' results are held within the store's size bound (--store-max-size).
 """
 
 from __future__ import annotations
@@ -19,18 +24,25 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
+from service.openai.errors import APIError
+
 # A batch's life, as OpenAI's Batch API names it; the worker picks the unfinished ones up.
 UNFINISHED_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
-FINISHED_STATUSES = ("completed", "cancelled", "failed")
+FINISHED_STATUSES = ("completed", "expired", "cancelled", "failed")
 # NOTE: as OpenAI keeps a batch's output files; a finished batch and its files go this long after.
 MAX_AGE_S = 30 * 24 * 3600
+# NOTE: OpenAI's default for a file of purpose "batch"; an upload's expires_after may shorten it.
+DEFAULT_FILE_TTL_S = 30 * 24 * 3600
+DEFAULT_MAX_BYTES = 2**30
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS batch_files (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, object TEXT NOT NULL, content BLOB NOT NULL
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, object TEXT NOT NULL, content BLOB NOT NULL,
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS batch_batches (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, status TEXT NOT NULL, object TEXT NOT NULL
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, status TEXT NOT NULL, object TEXT NOT NULL,
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS batch_results (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, is_error INTEGER NOT NULL, result TEXT NOT NULL,
@@ -44,10 +56,12 @@ def now() -> int:
 
 
 class BatchStore:
-    """Files (`file` objects and their bytes), batches (`batch` objects) and each line's result."""
+    """One owner's files (`file` objects and their bytes), batches (`batch` objects) and each line's result."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, owner: str = "", max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.path = path
+        self.owner = owner
+        self.max_bytes = max_bytes
         self._has_schema = False
 
     @contextmanager
@@ -59,6 +73,7 @@ class BatchStore:
             if not self._has_schema:
                 connection.execute("PRAGMA journal_mode=WAL")
                 connection.executescript(_SCHEMA)
+                _add_owners(connection, self.owner)
                 self._has_schema = True
             yield connection
 
@@ -70,45 +85,76 @@ class BatchStore:
 
     # Files.
 
-    def add_file(self, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
+    def add_file(
+        self, filename: str, purpose: str, content: bytes, expires_after_s: int | None = DEFAULT_FILE_TTL_S
+    ) -> dict[str, Any]:
+        """Keeps an uploaded file (gone `expires_after_s` from now; None: kept until deleted), first
+        forgetting expired files; a 400 naming --store-max-size when the files and results already kept
+        leave no room for it."""
         file = _file_object(filename, purpose, len(content))
+        if expires_after_s is not None:
+            file["expires_at"] = file["created_at"] + expires_after_s
         with self._connect() as db:
-            db.execute("INSERT INTO batch_files (id, object, content) VALUES (?, ?, ?)",
-                       (file["id"], json.dumps(file), content))
+            db.execute("BEGIN IMMEDIATE")
+            _forget_expired_files(db)
+            # NOTE: kept Responses make room (the oldest go), files and results do not.
+            num_bytes = stored_bytes(db, is_responses_counted=False)
+            if num_bytes + len(content) > self.max_bytes:
+                raise APIError(
+                    f"The store holds {num_bytes} bytes of files and batch results; this file's {len(content)} "
+                    f"would pass its bound of {self.max_bytes} (--store-max-size): delete files or batches first.",
+                    param="file", code="store_full",
+                )
+            db.execute("INSERT INTO batch_files (id, object, content, owner) VALUES (?, ?, ?, ?)",
+                       (file["id"], json.dumps(file), content, self.owner))
         return file
 
     def file(self, file_id: str) -> dict[str, Any] | None:
         with self._connect() as db:
-            row = db.execute("SELECT object FROM batch_files WHERE id = ?", (file_id,)).fetchone()
-        return None if row is None else dict(json.loads(row[0]))
+            row = db.execute("SELECT object FROM batch_files WHERE id = ? AND owner = ?", (file_id, self.owner)).fetchone()
+        return None if row is None or _is_expired(row[0]) else dict(json.loads(row[0]))
 
     def file_content(self, file_id: str) -> bytes | None:
         with self._connect() as db:
-            row = db.execute("SELECT content FROM batch_files WHERE id = ?", (file_id,)).fetchone()
-        return None if row is None else bytes(row[0])
+            row = db.execute(
+                "SELECT object, content FROM batch_files WHERE id = ? AND owner = ?", (file_id, self.owner)
+            ).fetchone()
+        return None if row is None or _is_expired(row[0]) else bytes(row[1])
 
-    def files(self, purpose: str | None = None) -> list[dict[str, Any]]:
-        """Every file, newest first (of one purpose when given)."""
+    def files(
+        self, purpose: str | None = None, after: str | None = None, limit: int = 10_000, order: str = "desc"
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Up to `limit` files not expired (of one purpose when given), newest first unless `order` is
+        "asc", from the one after `after`; and whether more follow."""
+        is_ascending = order == "asc"
         with self._connect() as db:
-            rows = db.execute("SELECT object FROM batch_files ORDER BY seq DESC").fetchall()
-        files = [json.loads(row[0]) for row in rows]
-        return [file for file in files if purpose is None or file["purpose"] == purpose]
+            start = db.execute("SELECT seq FROM batch_files WHERE id = ?", (after,)).fetchone() if after else None
+            bound = start[0] if start else (0 if is_ascending else 2**62)
+            rows = db.execute(
+                f"SELECT object FROM batch_files WHERE owner = ? AND seq {'>' if is_ascending else '<'} ? "
+                f"ORDER BY seq {'ASC' if is_ascending else 'DESC'}", (self.owner, bound),
+            ).fetchall()
+        files = [json.loads(text) for (text,) in rows if not _is_expired(text)]
+        files = [file for file in files if purpose is None or file["purpose"] == purpose]
+        return files[:limit], len(files) > limit
 
     def delete_file(self, file_id: str) -> bool:
         with self._connect() as db:
-            return db.execute("DELETE FROM batch_files WHERE id = ?", (file_id,)).rowcount > 0
+            return db.execute("DELETE FROM batch_files WHERE id = ? AND owner = ?", (file_id, self.owner)).rowcount > 0
 
     # Batches.
 
     def add_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         with self._connect() as db:
-            db.execute("INSERT INTO batch_batches (id, status, object) VALUES (?, ?, ?)",
-                       (batch["id"], batch["status"], json.dumps(batch)))
+            db.execute("INSERT INTO batch_batches (id, status, object, owner) VALUES (?, ?, ?, ?)",
+                       (batch["id"], batch["status"], json.dumps(batch), self.owner))
         return self._with_counts(batch)
 
     def batch(self, batch_id: str) -> dict[str, Any] | None:
         with self._connect() as db:
-            row = db.execute("SELECT object FROM batch_batches WHERE id = ?", (batch_id,)).fetchone()
+            row = db.execute(
+                "SELECT object FROM batch_batches WHERE id = ? AND owner = ?", (batch_id, self.owner)
+            ).fetchone()
         return None if row is None else self._with_counts(json.loads(row[0]))
 
     def batches(self, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
@@ -116,20 +162,20 @@ class BatchStore:
         with self._connect() as db:
             start = db.execute("SELECT seq FROM batch_batches WHERE id = ?", (after,)).fetchone() if after else None
             rows = db.execute(
-                "SELECT object FROM batch_batches WHERE seq < ? ORDER BY seq DESC LIMIT ?",
-                (start[0] if start else 2**62, limit + 1),
+                "SELECT object FROM batch_batches WHERE owner = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
+                (self.owner, start[0] if start else 2**62, limit + 1),
             ).fetchall()
         return [self._with_counts(json.loads(row[0])) for row in rows[:limit]], len(rows) > limit
 
     def next_unfinished(self) -> dict[str, Any] | None:
-        """The oldest batch not yet completed, cancelled or failed."""
+        """The owner's oldest batch not yet completed, expired, cancelled or failed."""
         if not self._has_schema and not self._has_batches_table():
             return None  # NOTE: no batch yet; the worker's polls make no file and no table.
         marks = ", ".join("?" * len(UNFINISHED_STATUSES))
         with self._connect() as db:
             row = db.execute(
-                f"SELECT object FROM batch_batches WHERE status IN ({marks}) ORDER BY seq LIMIT 1",
-                UNFINISHED_STATUSES,
+                f"SELECT object FROM batch_batches WHERE owner = ? AND status IN ({marks}) ORDER BY seq LIMIT 1",
+                (self.owner, *UNFINISHED_STATUSES),
             ).fetchone()
         return None if row is None else self._with_counts(json.loads(row[0]))
 
@@ -139,16 +185,25 @@ class BatchStore:
         """The batch with `changes` made, or None when there is none (or its status is not in `only_from`)."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
-            row = db.execute("SELECT object FROM batch_batches WHERE id = ?", (batch_id,)).fetchone()
-            if row is None:
-                return None
-            batch = json.loads(row[0])
-            if only_from is not None and batch["status"] not in only_from:
+            batch = self._locked_batch(db, batch_id, only_from)
+            if batch is None:
                 return None
             batch.update(changes)
             db.execute("UPDATE batch_batches SET status = ?, object = ? WHERE id = ?",
                        (batch["status"], json.dumps(batch), batch_id))
         return self._with_counts(batch)
+
+    def _locked_batch(
+        self, db: sqlite3.Connection, batch_id: str, only_from: tuple[str, ...] | None
+    ) -> dict[str, Any] | None:
+        """The owner's batch read in a write transaction, or None (none, or its status not in `only_from`)."""
+        row = db.execute(
+            "SELECT object FROM batch_batches WHERE id = ? AND owner = ?", (batch_id, self.owner)
+        ).fetchone()
+        if row is None:
+            return None
+        batch: dict[str, Any] = json.loads(row[0])
+        return None if only_from is not None and batch["status"] not in only_from else batch
 
     # Lines' results.
 
@@ -163,20 +218,22 @@ class BatchStore:
             rows = db.execute("SELECT line FROM batch_results WHERE batch_id = ?", (batch_id,)).fetchall()
         return {row[0] for row in rows}
 
-    def finish_batch(self, batch_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
+    def finish_batch(
+        self, batch_id: str, changes: dict[str, Any], only_from: tuple[str, ...] | None = None
+    ) -> dict[str, Any] | None:
         """Makes the batch's output and error files (its answered lines in input order, answers in the
         one, errors in the other; none when empty), records them and its counts with `changes` (the
         lines' results, now in the files, are dropped), and forgets the batches finished more than
-        MAX_AGE_S ago with their files; in one transaction."""
+        MAX_AGE_S ago with their files; in one transaction. None when there is no such batch, or its
+        status (a cancel stored meanwhile) is not in `only_from`."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
+            batch = self._locked_batch(db, batch_id, only_from)
+            if batch is None:
+                return None
             rows = db.execute(
                 "SELECT is_error, result FROM batch_results WHERE batch_id = ? ORDER BY line", (batch_id,)
             ).fetchall()
-            row = db.execute("SELECT object FROM batch_batches WHERE id = ?", (batch_id,)).fetchone()
-            if row is None:
-                return None
-            batch: dict[str, Any] = json.loads(row[0])
             num_failed = sum(is_error for is_error, _ in rows)
             batch["request_counts"] = {
                 "total": batch["request_counts"]["total"], "completed": len(rows) - num_failed, "failed": num_failed,
@@ -187,8 +244,8 @@ class BatchStore:
                     content = "".join(line + "\n" for line in lines).encode()
                     file = _file_object(f"{batch_id}_{name}.jsonl", "batch_output", len(content))
                     file["expires_at"] = file["created_at"] + MAX_AGE_S
-                    db.execute("INSERT INTO batch_files (id, object, content) VALUES (?, ?, ?)",
-                               (file["id"], json.dumps(file), content))
+                    db.execute("INSERT INTO batch_files (id, object, content, owner) VALUES (?, ?, ?, ?)",
+                               (file["id"], json.dumps(file), content, self.owner))
                     batch[key] = file["id"]
             batch.update(changes)
             db.execute("UPDATE batch_batches SET status = ?, object = ? WHERE id = ?",
@@ -209,6 +266,38 @@ class BatchStore:
         counts = {"total": batch["request_counts"]["total"], "completed": num_answered - num_failed,
                   "failed": num_failed}
         return batch | {"request_counts": counts}
+
+
+def stored_bytes(db: sqlite3.Connection, is_responses_counted: bool = True) -> int:
+    """Bytes the store's files, lines' results and (unless not `is_responses_counted`) kept Responses
+    take, of the tables there are."""
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    sums = [
+        ("batch_files", "SELECT COALESCE(SUM(LENGTH(content)), 0) FROM batch_files"),
+        ("batch_results", "SELECT COALESCE(SUM(LENGTH(result)), 0) FROM batch_results"),
+        ("responses", "SELECT COALESCE(SUM(num_bytes), 0) FROM responses"),
+    ][:3 if is_responses_counted else 2]
+    return sum(int(db.execute(query).fetchone()[0]) for table, query in sums if table in tables)
+
+
+def _add_owners(db: sqlite3.Connection, owner: str) -> None:
+    """Gives a store made before owners (no `owner` column) one: its files and batches become `owner`'s."""
+    for table in ("batch_files", "batch_batches"):
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if "owner" not in columns:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+            db.execute(f"UPDATE {table} SET owner = ?", (owner,))
+
+
+def _is_expired(file_text: str) -> bool:
+    expires_at = json.loads(file_text).get("expires_at")
+    return expires_at is not None and expires_at <= now()
+
+
+def _forget_expired_files(db: sqlite3.Connection) -> None:
+    """Deletes every owner's expired input files (a finished batch's own files go with the batch)."""
+    expired = [(file_id,) for file_id, text in db.execute("SELECT id, object FROM batch_files") if _is_expired(text)]
+    db.executemany("DELETE FROM batch_files WHERE id = ?", expired)
 
 
 def _forget_old_batches(db: sqlite3.Connection) -> None:

@@ -1,6 +1,11 @@
 """Responses kept for `store: true` (what `previous_response_id`, GET and DELETE /v1/responses/{id}
 read): each Response object with the input items it answered, in one SQLite file that a restarted
-server (and every gateway process of one server) opens again, within an age and a size bound."""
+server (and every gateway process of one server) opens again, within an age and a size bound.
+
+A response is added once (an id that is kept already is refused, never replaced) and then only moves
+on from queued or in progress: a cancel or a delete stored by one gateway process is not undone by
+another finishing the answer. Each response records its owner (--store-owner), and a starting server
+fails only its own unfinished background responses, never those of another server on the same file."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from proto.envs import cache_dir
+from service.openai.batch_store import stored_bytes
 
 OFF = "off"
 DEFAULT_FILE_NAME = "responses.sqlite"
@@ -27,13 +33,18 @@ CREATE TABLE IF NOT EXISTS responses (
     stored_at REAL NOT NULL,
     num_bytes INTEGER NOT NULL,
     response TEXT NOT NULL,
-    input_items TEXT NOT NULL
+    input_items TEXT NOT NULL,
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses (stored_at);
 CREATE INDEX IF NOT EXISTS responses_by_status ON responses (json_extract(response, '$.status'));
 """
 # The statuses of a response still being answered (a background one).
 UNFINISHED = ("queued", "in_progress")
+
+
+class ResponseExistsError(ValueError):
+    """A response of this id is kept already (a `request_id` sent again)."""
 
 
 def store_path(setting: str) -> Path | None:
@@ -63,9 +74,10 @@ class ResponseStore:
 
     def __init__(
         self, path: Path, max_age_s: float = DEFAULT_MAX_AGE_S, max_bytes: int = DEFAULT_MAX_BYTES,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, owner: str = "",
     ) -> None:
         self.path = path
+        self.owner = owner
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
         self.clock = clock
@@ -74,19 +86,41 @@ class ResponseStore:
             # NOTE: WAL lets readers go on while one gateway process writes (--api-server-count shares the file).
             connection.execute("PRAGMA journal_mode=WAL")
             connection.executescript(_SCHEMA)
+            columns = {row[1] for row in connection.execute("PRAGMA table_info(responses)")}
+            if "owner" not in columns:  # NOTE: a store made before owners; its responses become this server's.
+                connection.execute("ALTER TABLE responses ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+                connection.execute("UPDATE responses SET owner = ?", (owner,))
 
-    def put(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
-        """Keeps `response` (replacing the one of its id), then drops what is past the bounds, oldest first."""
+    def add(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
+        """Keeps a new response, then drops what is past the bounds, oldest first; ResponseExistsError
+        when its id is kept already."""
         response_text, items_text = json.dumps(response), json.dumps(input_items)
-        num_bytes = len(response_text) + len(items_text)
         with self._connection() as connection:
-            connection.execute(
-                "INSERT INTO responses (id, stored_at, num_bytes, response, input_items) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (id) DO UPDATE SET num_bytes = excluded.num_bytes, response = excluded.response, "
-                "input_items = excluded.input_items",
-                (response["id"], self.clock(), num_bytes, response_text, items_text),
-            )
+            try:
+                connection.execute(
+                    "INSERT INTO responses (id, stored_at, num_bytes, response, input_items, owner) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (response["id"], self.clock(), len(response_text) + len(items_text), response_text, items_text,
+                     self.owner),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise ResponseExistsError(f"a response with id {response['id']!r} is kept already") from exc
             self._prune(connection)
+
+    def update(self, response: dict[str, Any]) -> bool:
+        """Replaces a kept response that is still queued or in progress (a background one moving on);
+        False when it is gone or has ended (cancelled, deleted), which then stays as it is."""
+        response_text = json.dumps(response)
+        with self._connection() as connection:
+            return connection.execute(
+                "UPDATE responses SET num_bytes = num_bytes - LENGTH(response) + ?, response = ? "
+                "WHERE id = ? AND json_extract(response, '$.status') IN (?, ?)",
+                (len(response_text), response_text, response["id"], *UNFINISHED),
+            ).rowcount > 0
+
+    def exists(self, response_id: str) -> bool:
+        with self._connection() as connection:
+            return connection.execute("SELECT 1 FROM responses WHERE id = ?", (response_id,)).fetchone() is not None
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self._connection() as connection:
@@ -102,17 +136,19 @@ class ResponseStore:
             return connection.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
 
     def fail_unfinished(self, message: str) -> int:
-        """Marks every response still queued or in progress failed (with `message`); how many there were."""
+        """Marks every response of this owner still queued or in progress failed (with `message`); how
+        many there were."""
         error = json.dumps({"code": "server_error", "message": message})
         with self._connection() as connection:
             return connection.execute(
                 "UPDATE responses SET response = json_set(response, '$.status', 'failed', '$.error', json(?)) "
-                "WHERE json_extract(response, '$.status') IN (?, ?)", (error, *UNFINISHED),
+                "WHERE owner = ? AND json_extract(response, '$.status') IN (?, ?)", (error, self.owner, *UNFINISHED),
             ).rowcount
 
     def _prune(self, connection: sqlite3.Connection) -> None:
         connection.execute("DELETE FROM responses WHERE stored_at < ?", (self.clock() - self.max_age_s,))
-        (total,) = connection.execute("SELECT COALESCE(SUM(num_bytes), 0) FROM responses").fetchone()
+        # NOTE: the Batch API's files and results share the bound; they are not dropped, kept responses are.
+        total = stored_bytes(connection)
         if total <= self.max_bytes:
             return
         dropped = []
@@ -135,13 +171,13 @@ class ResponseStore:
             connection.close()
 
 
-def open_store(setting: str) -> ResponseStore | None:
-    """The store --responses-store names (None: responses are not kept), as a starting server
-    finds it: a background response the last one was answering ended with it, and is failed."""
+def open_store(setting: str, owner: str, max_bytes: int = DEFAULT_MAX_BYTES) -> ResponseStore | None:
+    """The store --responses-store names (None: responses are not kept), as a starting server of
+    `owner` finds it: a background response it was answering when it stopped ended with it, and is failed."""
     path = store_path(setting)
     if path is None:
         return None
-    store = ResponseStore(path)
+    store = ResponseStore(path, max_bytes=max_bytes, owner=owner)
     # NOTE: every gateway process opens the store as the server starts, before any serves a request.
     store.fail_unfinished("The server stopped before this response finished.")
     return store

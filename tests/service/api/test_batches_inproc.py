@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from service.api.batch_worker import POLL_S
 from service.model_files.tokenizer import Tokenizer
 from service.openai.batch_store import BatchStore
 from tests.service.api.fake_engine import SENTENCE, FakeEngineClient
@@ -119,9 +120,12 @@ async def test_a_batch_answers_every_line_with_bad_lines_in_the_error_file(
     assert last["choices"][0]["message"]["content"] == engine.output_text(5)
     errors = await file_lines(api, done["error_file_id"])
     assert [e["custom_id"] for e in errors] == [None, "wrong-url", "get"]
-    assert [e["response"]["status_code"] for e in errors] == [400, 400, 400]
+    # NOTE: OpenAI's error lines: a line that is no request has `error` alone, a refused request its answer.
+    assert errors[0]["response"] is None and errors[0]["error"]["code"] == "invalid_json_line"
     assert "not valid JSON" in errors[0]["error"]["message"]
-    assert [e["error"]["param"] for e in errors[1:]] == ["url", "method"]
+    assert [e["error"] for e in errors[1:]] == [None, None]
+    assert [e["response"]["status_code"] for e in errors[1:]] == [400, 400]
+    assert [e["response"]["body"]["error"]["param"] for e in errors[1:]] == ["url", "method"]
     # NOTE: batch lines yield to interactive requests under --scheduling-policy priority.
     assert {request.priority for request in engine.requests} == {1}
 
@@ -178,21 +182,54 @@ async def test_a_cancelled_batch_aborts_its_lines_and_keeps_those_answered(
     assert len(engine.aborted_ids) == 1
 
 
-async def test_a_new_server_continues_a_batch_answering_each_line_once(serve: Serve, tmp_path: Path) -> None:
-    store = BatchStore(tmp_path / "store.sqlite")
+async def test_a_new_server_continues_its_batch_answering_each_line_once_and_no_other_server_touches_it(
+    serve: Serve, tmp_path: Path
+) -> None:
+    path = tmp_path / "store.sqlite"
+    store = BatchStore(path, owner="port 8000")  # NOTE: a server on port 8000 stopped mid-batch.
     content = "".join(chat_line(name) + "\n" for name in ("kept", "new")).encode()
     file = store.add_file("in.jsonl", "batch", content)
     batch = {"id": "batch_left", "object": "batch", "endpoint": CHAT, "input_file_id": file["id"],
              "status": "in_progress", "request_counts": {"total": 2, "completed": 0, "failed": 0}}
     store.add_batch(batch)
     store.add_result("batch_left", 0, {"custom_id": "kept", "from": "the first server"}, is_error=False)
-    async with serve(responses_store=str(store.path)) as client:
+    async with serve(responses_store=str(path), port=8001) as other:
+        await asyncio.sleep(3 * POLL_S)  # NOTE: its worker polls the store meanwhile.
+        for response in (await other.get("/v1/batches/batch_left"), await other.get(f"/v1/files/{file['id']}")):
+            assert response.status_code == 404, response.text
+        assert (await other.get("/v1/batches")).json()["data"] == []
+        assert (await other.post("/v1/batches/batch_left/cancel")).status_code == 404
+    assert store.answered_lines("batch_left") == {0} and store.batch("batch_left")["status"] == "in_progress"  # type: ignore[index]
+    async with serve(responses_store=str(path), port=8000) as client:
         done = await until_status(client, "batch_left", {"completed"})
         answers = await file_lines(client, done["output_file_id"])
     assert answers[0] == {"custom_id": "kept", "from": "the first server"}
     assert answers[1]["custom_id"] == "new" and SENTENCE.startswith(
         answers[1]["response"]["body"]["choices"][0]["message"]["content"]
     )
+
+
+async def test_a_batch_with_a_custom_id_twice_fails_at_validation_naming_the_lines(api: httpx.AsyncClient) -> None:
+    file = await upload(api, [chat_line("a"), chat_line("b"), "not json", chat_line("a")])
+    created = await create_batch(api, file["id"])
+    assert created.status_code == 200, created.text
+    batch = created.json()
+    assert batch["status"] == "failed" and batch["failed_at"] is not None
+    (error,) = batch["errors"]["data"]
+    assert error["code"] == "duplicate_custom_id" and error["line"] == 4 and "line 1" in error["message"]
+    assert (await until_status(api, batch["id"], {"failed"}))["output_file_id"] is None
+
+
+async def test_files_are_listed_a_page_at_a_time_in_either_order(api: httpx.AsyncClient) -> None:
+    ids = [(await upload(api, [chat_line(name)]))["id"] for name in ("a", "b", "c")]
+    first = (await api.get("/v1/files", params={"limit": 2})).json()
+    assert [f["id"] for f in first["data"]] == ids[:0:-1] and first["has_more"] is True
+    rest = (await api.get("/v1/files", params={"limit": 2, "after": first["last_id"]})).json()
+    assert [f["id"] for f in rest["data"]] == ids[:1] and rest["has_more"] is False
+    ascending = (await api.get("/v1/files", params={"order": "asc", "purpose": "batch"})).json()
+    assert [f["id"] for f in ascending["data"]] == ids and ascending["first_id"] == ids[0]
+    assert (await api.get("/v1/files", params={"order": "up"})).json()["error"]["param"] == "order"
+    assert all(f["expires_at"] == f["created_at"] + 30 * 24 * 3600 for f in ascending["data"])
 
 
 async def test_with_the_store_off_the_batch_routes_say_so(serve: Serve) -> None:

@@ -15,6 +15,8 @@ import httpx
 import openai
 import pytest
 
+from service.api.gateway import Gateway
+from service.config import GatewayConfig
 from service.model_files.tokenizer import Tokenizer
 from tests.service.api.fake_engine import FakeEngineClient
 
@@ -257,3 +259,24 @@ async def test_a_server_with_the_store_off_says_so(serve: Any) -> None:
             assert error["param"] == param and "--responses-store off" in error["message"], error
         missing = await api.get(f"{RESPONSES}/{plain['id']}")
         assert missing.status_code == 404 and "--responses-store off" in json.dumps(missing.json())
+
+
+async def test_another_server_starting_on_the_store_leaves_a_background_response_running(
+    api: httpx.AsyncClient, store_path: str, engine: FakeEngineClient
+) -> None:
+    engine.seconds_per_step = 0.01
+    queued = (await api.post(RESPONSES, json={"input": "Hi", "background": True, "max_output_tokens": 30,
+                                               "ignore_eos": True})).json()
+    for _ in range(2):  # NOTE: a second server on the same store starts, and restarts.
+        Gateway(GatewayConfig(model="other", port=8001, responses_store=store_path))
+    assert (await api.get(f"{RESPONSES}/{queued['id']}")).json()["status"] in ("queued", "in_progress")
+    done = await finished(api, queued["id"])
+    assert done["status"] == "incomplete" and done["error"] is None and done["usage"]["output_tokens"] == 30
+
+
+async def test_a_request_id_that_is_kept_already_is_refused_not_replaced(api: httpx.AsyncClient) -> None:
+    first = await api.post(RESPONSES, json={"input": "Hi", "max_output_tokens": 2, "request_id": "job-1"})
+    assert first.status_code == 200 and first.json()["id"] == "resp_job-1"
+    again = await api.post(RESPONSES, json={"input": "Other", "max_output_tokens": 3, "request_id": "job-1"})
+    assert again.status_code == 400 and again.json()["error"]["param"] == "request_id", again.text
+    assert (await api.get(f"{RESPONSES}/resp_job-1")).json() == first.json()

@@ -64,16 +64,19 @@ def test_results_follow_input_order_with_errors_in_place(engine: LLMEngine, tmp_
     assert BatchRunner(engine, "tiny", {}, max_in_flight=2).run(input_path, output_path, use_tqdm=False) == 6
     results = read_results(output_path)
     assert [r["line"] for r in results] == list(range(6))
-    statuses = [r["response"]["status_code"] for r in results]  # type: ignore[index]
-    assert statuses == [200, 400, 200, 400, 200, 400]
+    statuses = [r["response"] and r["response"]["status_code"] for r in results]  # type: ignore[index]
+    assert statuses == [200, None, 200, 400, 200, 400]
+    assert results[1]["error"]["code"] == "invalid_json_line"  # type: ignore[index]
     first = results[0]["response"]["body"]  # type: ignore[index]
     assert first["object"] == "text_completion" and [c["index"] for c in first["choices"]] == [0, 1]
     assert first["usage"]["completion_tokens"] == 6
     chat = results[2]
     assert chat["custom_id"] == "job-7"
     assert chat["response"]["body"]["object"] == "chat.completion"  # type: ignore[index]
-    assert "maximum context length" in results[3]["error"]["message"]  # type: ignore[index]
-    assert "temperature" in results[5]["error"]["message"]  # type: ignore[index]
+    # NOTE: OpenAI's shape: a request's error answer is its `response`, `error` is for lines that were no request.
+    assert "maximum context length" in results[3]["response"]["body"]["error"]["message"]  # type: ignore[index]
+    assert "temperature" in results[5]["response"]["body"]["error"]["message"]  # type: ignore[index]
+    assert results[3]["error"] is None and results[5]["error"] is None
     two_prompts = results[4]["response"]["body"]  # type: ignore[index]
     assert [c["index"] for c in two_prompts["choices"]] == [0, 1]
     assert two_prompts["usage"]["completion_tokens"] == 8
