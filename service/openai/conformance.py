@@ -321,6 +321,12 @@ def refused_fields(model: str, given: dict[str, Any]) -> list[tuple[str, Row]]:
     ]
 
 
+def unknown_fields(model: str, given: dict[str, Any]) -> list[str]:
+    """The fields of `given` that vLLM's model does not have (a misspelt one among them), in order."""
+    known = vllm_snapshot()["models"][model]
+    return sorted(name for name in given if name not in known)
+
+
 def markdown() -> str:
     """The whole table, one section per model."""
     snapshot = vllm_snapshot()

@@ -1,10 +1,11 @@
 """OpenAI request bodies (with vLLM's extensions), validated with pydantic. Every vLLM field has
 its row in conformance.py: a refused one gets a 400 naming it; fields neither OpenAI nor vLLM
-knows are ignored, as vLLM does."""
+knows are ignored, and named in one log line, as vLLM does."""
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
@@ -17,9 +18,11 @@ from service.frontend.structured_output import (
     from_response_format,
     from_structured_outputs,
 )
-from service.openai.conformance import refused_fields
+from service.openai.conformance import refused_fields, unknown_fields
 from service.openai.errors import APIError
 from service.openai.tool_calls import forced_schema, function_of, tool_mode
+
+logger = logging.getLogger(__name__)
 
 
 def _check_request_id(value: str) -> str:
@@ -129,8 +132,11 @@ class SamplingRequest(OpenAIModel):
         return value
 
     def check_supported(self) -> None:
-        """Raises a 400 naming the first parameter given with a value this server cannot honour."""
+        """Raises a 400 naming the first parameter given with a value this server cannot honour; logs
+        those neither this server nor vLLM knows (a misspelt one), which change nothing."""
         self.check_refused(self.CONFORMANCE_MODEL)
+        if ignored := unknown_fields(self.CONFORMANCE_MODEL, self.model_extra or {}):
+            logger.warning("The following fields were present in the request but ignored: %s", ignored)
         if self.stream_options is not None and not self.stream:
             raise APIError("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                            param="stream_options")

@@ -405,3 +405,13 @@ async def test_a_reasoning_parser_splits_the_thinking_out_streamed_or_not(
         assert [d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d] == [message["tool_calls"][0]["function"]]
         hidden = (await post(api, CHAT, tools=[WEATHER], ignore_eos=False, max_tokens=200, include_reasoning=False))
         assert "reasoning_content" not in hidden["choices"][0]["message"]
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_a_misspelt_field_is_answered_and_named_in_one_log_line_as_vllm_logs_it(
+    api: httpx.AsyncClient, engine: FakeEngineClient, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await post(api, path, temprature=0.5, user="u1", top_k=5)
+    assert engine.requests[-1].sampling_params.temperature == 1.0  # NOTE: the misspelt value reached nothing
+    ignored = [record.getMessage() for record in caplog.records if "ignored" in record.getMessage()]
+    assert ignored == ["The following fields were present in the request but ignored: ['temprature']"]
