@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from proto import envs
-from service.cli.main import ENV_COMMANDS, _subparser, build_parser
+from service.cli.main import ENV_COMMANDS, _subparser, build_parser, config_from_args, parse_args
+from service.models.catalog import find_models
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKDOWN = (ROOT / "README.md", ROOT / "deploy" / "README.md", ROOT / "service" / "openai" / "CONFORMANCE.md")
@@ -202,3 +203,19 @@ def test_every_zeroserve_variable_the_docs_name_is_read() -> None:
     for path in (*MARKDOWN, *DEPLOY_FILES):
         unknown = sorted(set(ENV_VAR.findall(path.read_text())) - known)
         assert not unknown, f"{path.relative_to(ROOT)} names variables zeroserve does not read: {unknown}"
+
+
+def test_the_models_config_example_serves_as_printed(default_model_path: Path, tmp_path: Path) -> None:
+    """The README's --models-config file, saved as it says, and the command it gives: every model listed, none failed."""
+    readme = (ROOT / "README.md").read_text()
+    (example,) = [block for block in FENCE.findall(readme) if block.startswith("[models.")]
+    (command,) = [c for c in commands_in(ROOT / "README.md") if "--models-config" in c.words and len(c.words) > 3]
+    (tmp_path / "models.toml").write_text(example)
+    argv = zeroserve_argv(command)
+    assert argv is not None
+    config = config_from_args(parse_args([*argv[:-1], str(tmp_path / argv[-1])], environ={}))
+    entries = {entry.id: entry for entry in find_models(config)}
+    assert sorted(entries) == ["smollm2-135m-instruct", "smollm2-tools"]
+    assert [entry.error for entry in entries.values()] == [None, None]
+    assert entries["smollm2-135m-instruct"].aliases == ("gpt-4o-mini",)
+    assert entries["smollm2-tools"].config.engine.max_num_seqs == 16
