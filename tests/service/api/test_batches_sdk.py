@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import openai
+import pytest
 from openai.types import Batch
 
 from tests.server_process import ServerProcess, running_server
@@ -69,3 +70,43 @@ def test_a_batch_of_200_completes_across_a_restart_with_every_line_answered_once
         assert result["response"]["status_code"] == 200 and result["error"] is None
         assert body["object"] == "chat.completion" and body["model"] == "tiny"
         assert body["usage"]["completion_tokens"] == 8
+
+
+def test_two_servers_with_default_settings_keep_to_their_own_batches_and_background_responses(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NOTE: default settings: both servers keep their store in the one default file, ZEROSERVE_CACHE/responses.sqlite.
+    monkeypatch.delenv("ZEROSERVE_RESPONSES_STORE", raising=False)
+    monkeypatch.setenv("ZEROSERVE_CACHE", str(tmp_path / "cache"))
+    lines = [
+        {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": f"Count to {i}."}], "max_tokens": 8, "ignore_eos": True}
+         | ({"model": "first-name"} if i % 2 else {})}
+        for i in range(12)
+    ]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    with running_server(tiny_model_dir, "--served-model-name", "first-name") as first:
+        sdk = client(first)
+        with running_server(tiny_model_dir, "--served-model-name", "other-name"):
+            file = sdk.files.create(file=("requests.jsonl", content), purpose="batch")
+            batch = sdk.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+            background = sdk.responses.create(
+                model="first-name", input="Tell me a long story.", background=True, max_output_tokens=1900,
+                extra_body={"ignore_eos": True},
+            )
+        # NOTE: the other server starts again while the background response runs on the first.
+        with running_server(tiny_model_dir, "--served-model-name", "other-name", wait_healthy=False):
+            done = until(sdk, batch.id, lambda b: b.status not in ("validating", "in_progress", "finalizing"))
+            for _ in range(MAX_POLLS):
+                answered = sdk.responses.retrieve(background.id)
+                if answered.status not in ("queued", "in_progress"):
+                    break
+                time.sleep(POLL_S)
+        assert done.status == "completed" and done.request_counts is not None, done
+        assert (done.request_counts.completed, done.request_counts.failed) == (12, 0)
+        assert done.output_file_id is not None
+        results = [json.loads(line) for line in sdk.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(r["custom_id"] for r in results) == sorted(line["custom_id"] for line in lines)
+    assert {r["response"]["body"]["model"] for r in results} == {"first-name"}
+    assert answered.status == "incomplete" and answered.error is None and answered.usage is not None
+    assert answered.usage.output_tokens == 1900
