@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -29,6 +30,7 @@ from service.api.model_pool import ModelPool
 from service.api.model_routes import model_card, model_routes, pool_health, pool_model_cards
 from service.api.model_routing import ModelRoutingMiddleware
 from service.api.openapi import openapi
+from service.api.origins import OriginMiddleware
 from service.api.responses import cancel_response, create_response, delete_response, get_response, list_input_items
 from service.api.server_state import ServerState
 from service.api.sse import DEFAULT_SSE_KEEPALIVE_S, delete_stream, get_stream, resumable
@@ -124,8 +126,10 @@ def create_app(
     sse_keepalive_s: float = DEFAULT_SSE_KEEPALIVE_S,
     admission: Admission | None = None,
     stream_store: StreamStore | None = None,
+    allowed_origins: Sequence[str] = (),
 ) -> Starlette:
-    """The app; with `state` None it answers 503 "loading" until `attach` hands it one."""
+    """The app; with `state` None it answers 503 "loading" until `attach` hands it one. Pages of
+    `allowed_origins` (besides its own) may call it from a browser."""
     if admission is None:
         admission = Admission() if state is None else state.admission
     # NOTE: innermost, so a request waits for its model's load only once admitted.
@@ -137,7 +141,13 @@ def create_app(
         middleware.insert(0, Middleware(
             APIKeyMiddleware, api_keys=api_keys, open_paths=open_paths, open_prefixes=(*PAGE_PREFIXES, "/health/")
         ))
-    # NOTE: outermost, so the API key's and admission's refusals on /v1/messages are Anthropic's shape too.
+    middleware.insert(0, Middleware(OriginMiddleware, allowed_origins=allowed_origins))
+    if allowed_origins:
+        # NOTE: a page of an allowed origin sends JSON and keys, which its browser asks leave for first.
+        middleware.insert(0, Middleware(
+            CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"], allow_headers=["*"]
+        ))
+    # NOTE: outermost, so the refusals on /v1/messages (origin, API key, admission) are Anthropic's shape too.
     middleware.insert(0, Middleware(AnthropicErrorsMiddleware))
     app = Starlette(
         middleware=middleware,

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from service.api.errors import read_body
+from service.api.errors import check_content_type, read_body
 from service.api.health import engine_health
 from service.api.model_pool import ModelPool, ModelSlot, ModelStatus
 from service.openai.errors import APIError
@@ -83,6 +83,7 @@ async def _model_of(request: Request) -> str:
     """The model the path names, or llama.cpp's body {"model": ...}."""
     if "model_id" in request.path_params:
         return str(request.path_params["model_id"])
+    check_content_type(request.headers.get("content-type"))
     try:
         body = orjson.loads(await read_body(request, 2**16) or b"{}")
     except orjson.JSONDecodeError:

@@ -8,10 +8,11 @@ import contextlib
 from typing import Any
 
 import orjson
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.anthropic.errors import MESSAGES_PATH, anthropic_error_body
-from service.api.errors import error_response
+from service.api.errors import check_content_type, error_response
 from service.api.model_pool import ModelPool
 from service.api.server_state import STATE_KEY
 from service.openai.errors import APIError
@@ -38,10 +39,12 @@ class ModelRoutingMiddleware:
         if pool is None or scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ROUTED_PATHS:
             await self.app(scope, receive, send)
             return
-        body, receive = await _peek(receive, pool.config.max_request_body_bytes)
-        fields = _fields(body)
-        model, is_stream = fields.get("model"), fields.get("stream") is True
         try:
+            # NOTE: a body that is not JSON is refused before its model loads.
+            check_content_type(Headers(scope=scope).get("content-type"))
+            body, receive = await _peek(receive, pool.config.max_request_body_bytes)
+            fields = _fields(body)
+            model, is_stream = fields.get("model"), fields.get("stream") is True
             slot = pool.slot_of(model if isinstance(model, str) else None)
         except APIError as error:
             await error_response(error)(scope, receive, send)

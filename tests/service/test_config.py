@@ -21,6 +21,7 @@ OTHER_VALUES: dict[str, Any] = {
     "host": "0.0.0.0", "port": 9000, "served_model_names": ("a", "b"), "generation_config": (("temperature", 0.5),),
     "log_format": "json", "data_parallel_size": 2, "api_server_count": 1, "api_server_index": 1, "listen_fd": 5,
     "engine_addresses": ("ipc:///in", "ipc:///out"), "max_n": 4, "max_request_body_bytes": 1000,
+    "max_upload_bytes": 2**20, "allowed_origins": ("http://a.example", "https://b.example:8443"),
     "tool_call_parser": "hermes", "reasoning_parser": "qwen3",
     "api_keys": ("k1", "k2"), "is_metrics_auth": True, "max_num_queued_requests": 0, "request_timeout_s": 2.5,
     "shutdown_timeout_s": 0.0, "sse_keepalive_s": 0.0, "max_header_bytes": 2048, "stream_retention_s": 60.0,
