@@ -71,6 +71,8 @@ async def test_another_sites_page_cannot_upload_load_unload_or_generate(
     for path in (CHAT, "/v1/completions", "/v1/responses", "/v1/messages", "/tokenize"):
         assert (await client.post(path, content=CHAT_BODY, headers=origin | PLAIN)).status_code == 403
     assert (await client.delete("/v1/files/file-1", headers=origin)).status_code == 403
+    anthropic = await client.post("/v1/messages", content=CHAT_BODY, headers=origin | {"content-type": "application/json"})
+    assert anthropic.json()["error"]["type"] == "permission_error" and EVIL in anthropic.json()["error"]["message"]
 
     assert (await client.get("/v1/files")).json()["data"] == []
     assert statuses(pool) == {"alpha": "unloaded", "beta": "unloaded"}
