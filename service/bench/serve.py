@@ -136,7 +136,8 @@ async def benchmark(
 
 async def wait_until_ready(client: aiohttp.ClientSession, config: ServeBenchConfig) -> None:
     """Returns once the server lists its models (a server just started may still be loading),
-    or raises OSError after `ready_check_timeout_s`; as `vllm bench serve`'s ready check."""
+    or raises OSError after `ready_check_timeout_s`, as `vllm bench serve`'s ready check; at once
+    when the server refuses the key (no waiting changes that)."""
     if not config.ready_check_timeout_s:
         return
     deadline = time.monotonic() + config.ready_check_timeout_s
@@ -146,6 +147,8 @@ async def wait_until_ready(client: aiohttp.ClientSession, config: ServeBenchConf
             async with client.get(config.models_url) as response:
                 if response.status == 200:
                     return
+                if response.status in (401, 403):
+                    raise OSError(_refused_key(config, response.status))
                 status = f"HTTP {response.status}"
         except aiohttp.ClientError as exc:
             status = f"{type(exc).__name__}"
@@ -155,6 +158,12 @@ async def wait_until_ready(client: aiohttp.ClientSession, config: ServeBenchConf
             print(f"Waiting up to {config.ready_check_timeout_s:g} s for the server at {config.server_root}...", flush=True)
             is_told = True
         await asyncio.sleep(_READY_POLL_S)
+
+
+def _refused_key(config: ServeBenchConfig, status: int) -> str:
+    if config.api_key:
+        return f"the server at {config.server_root} refused the key given with --api-key (HTTP {status})"
+    return f"the server at {config.server_root} needs an API key (HTTP {status}): give it with --api-key KEY"
 
 
 async def fetch_model_id(client: aiohttp.ClientSession, config: ServeBenchConfig) -> str:

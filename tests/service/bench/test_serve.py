@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,3 +150,30 @@ def test_chat_dataset_streams_natural_requests_of_about_the_asked_length(base_ur
     assert (result["completed"], result["backend"]) == (4, "openai-chat")
     assert all(170 <= n <= 230 for n in result["input_lens"]) and len(set(result["input_lens"])) > 1
     assert result["output_lens"] == [4] * 4
+
+
+class _KeyedServer(http.server.BaseHTTPRequestHandler):
+    """A server behind a key: every request without `Bearer right` gets a 401."""
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.headers.get("Authorization") == "Bearer right" else 401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("key_args", [(), ("--api-key", "wrong")])
+def test_a_server_that_refuses_the_key_ends_the_ready_check_at_once_naming_the_flag(key_args: tuple[str, ...]) -> None:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeyedServer) as server:
+        threading.Thread(target=server.serve_forever, name="keyed-server", daemon=True).start()
+        try:
+            # NOTE: the default ready check waits 600 s; the run's own timeout (120 s) fails the test first.
+            run = bench("--base-url", f"http://127.0.0.1:{server.server_address[1]}", "--num-prompts", "1",
+                        "--random-input-len", "4", *key_args)
+        finally:
+            server.shutdown()
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    (line,) = [line for line in run.stderr.splitlines() if "error" in line]
+    assert "HTTP 401" in line and "--api-key" in line, line
