@@ -73,6 +73,8 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         nonlocal is_stopping
+        if not is_stopping and frame is not None:
+            logger.info("%s: shutting down", signal.Signals(signum).name)
         is_stopping = True
         for server in servers:
             if server.poll() is None:
@@ -97,6 +99,7 @@ def run_api_servers(config: GatewayConfig, argv: Sequence[str]) -> int:
         engines.shutdown()
         listener.close()
         shutil.rmtree(socket_dir, ignore_errors=True)
+        logger.info("stopped")
 
 
 class _Engines:

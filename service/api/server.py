@@ -40,14 +40,17 @@ async def serve(config: GatewayConfig) -> None:
     app, admission, streams = gateway.app, gateway.admission, gateway.streams
     stop = asyncio.Event()
 
-    def on_signal() -> None:
+    def on_signal(name: str) -> None:
         if stop.is_set():
+            logger.warning("%s again: aborting the requests in flight", name)
             admission.abort_all()
+        else:
+            logger.info("%s: shutting down", name)
         stop.set()
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+        loop.add_signal_handler(sig, on_signal, sig.name)
     load: asyncio.Task[AsyncLLM | ModelPool] = asyncio.create_task(
         _load_models(config, gateway) if config.is_multi_model else _load(config, gateway), name="load-engine"
     )
@@ -75,6 +78,7 @@ async def serve(config: GatewayConfig) -> None:
         if gateway.batches is not None:
             await gateway.batches.close()
         await _stop_engine(load)
+        logger.info("stopped")
     if not load.cancelled():
         load.result()  # NOTE: raises why the engine did not load, if it did not.
 

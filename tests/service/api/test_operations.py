@@ -157,12 +157,13 @@ def test_sigterm_drains_finishes_short_streams_aborts_long_ones_and_exits_0(tiny
 
 @pytest.mark.parametrize("num_api_servers", ["1", "2"])
 def test_ctrl_c_to_the_whole_process_group_drains_every_stream_and_exits_0(
-    tiny_model_dir: Path, num_api_servers: str
+    tiny_model_dir: Path, num_api_servers: str, tmp_path: Path
 ) -> None:
     # NOTE: a terminal's Ctrl-C signals every process in its foreground group; the server was
     # started as the leader of a group of its own, as a shell starts `make serve`.
+    log = tmp_path / "server.log"
     with (
-        running_server(tiny_model_dir, "--api-server-count", num_api_servers) as server,
+        running_server(tiny_model_dir, "--api-server-count", num_api_servers, log_file=log) as server,
         httpx.Client(base_url=server.base_url, timeout=60) as client,
         ExitStack() as streams,
     ):
@@ -183,6 +184,9 @@ def test_ctrl_c_to_the_whole_process_group_drains_every_stream_and_exits_0(
             assert finish_reasons(stream_events) == {0: "length"}
         assert server.proc.wait(30) == 0
         wait_for(lambda: all(is_gone(process.pid) for process in processes))
+    lines = log.read_text().splitlines()
+    assert any(line.endswith("SIGINT: shutting down") for line in lines), lines[-10:]
+    assert lines[-1].endswith("stopped"), lines[-10:]
 
 
 def test_a_stream_the_client_dropped_gets_its_request_log_line_and_metric(tiny_model_dir: Path, tmp_path: Path) -> None:
