@@ -131,8 +131,10 @@ class PagedAttention:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        has_window: bool = False,
     ) -> None:
         self._cache_shape = (num_layers, 2, num_kv_heads, num_slots, head_dim)
+        self.has_window = has_window
         self._dtype, self._device = dtype, device
         self.kv_caches: list[torch.Tensor] = []
         self.allocate_cache()
@@ -166,8 +168,9 @@ class PagedAttention:
     def is_row_invariant(self) -> bool:
         """Whether each query row's result is the same bits whatever shares its step: the C++ kernel
         reads a row's keys block by block, in order, as a decode, a prompt chunk or a cached prefix
-        alike (torch's SDPA picks its split by the shapes)."""
-        return self._decode_kernel is not None
+        alike (torch's SDPA picks its split by the shapes). Not with a sliding window (`has_window`): a
+        sequence past it is attended again by torch's SDPA, its shapes set by how its prompt was chunked."""
+        return self._decode_kernel is not None and not self.has_window
 
     def allocate_cache(self) -> None:
         num_layers, *shape = self._cache_shape

@@ -24,6 +24,8 @@ from benchmarks.reference_models import (
     write_hf_folder,
 )
 from benchmarks.tokenizer_corpus import tokenizer_corpus
+from engine_proc.core import EngineCore
+from proto.engine_config import EngineConfig
 from service.model_files.tokenizer import Tokenizer
 
 MAX_NEW_TOKENS = 12
@@ -129,3 +131,14 @@ def _sentencepiece_parsing_special(model_file: Path) -> Callable[[str], list[int
         return ids + processor.encode(text[start:])
 
     return encode
+
+
+def test_a_model_with_windowed_layers_does_not_claim_batch_invariance(
+    model_files: tuple[Path, Path, list[list[int]], Greedy],
+) -> None:
+    """`/version`'s claim: past a sliding window a sequence is attended by torch's SDPA, whose split
+    follows the shapes of the step."""
+    folder, gguf_path, _, _ = model_files
+    core = EngineCore(EngineConfig(model_path=str(gguf_path), kv_cache_memory_gib=0.05, max_model_len=512))
+    claim = core.ready_message().kernel_choices["batch invariant"]
+    assert claim.startswith("no (windowed attention") == (folder.name == "gemma3"), claim
