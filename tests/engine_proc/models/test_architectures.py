@@ -7,6 +7,7 @@ import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sentencepiece
@@ -92,6 +93,22 @@ def test_mistral_folder_with_a_sliding_window_equals_transformers(tokenizer: Tok
     ours = engine_greedy(folder, prompts, MAX_NEW_TOKENS, dtype="float32")
     assert ours.token_ids == expected.token_ids
     assert sum(ours.logprobs, []) == pytest.approx(sum(expected.logprobs, []), abs=1e-4)
+
+
+def test_gemma3_with_linear_rope_scaling_equals_transformers(llama_cpp_tree: Path, tmp_path: Path) -> None:
+    """Gemma 3 4B-27B's rope: its global layers' positions scaled linearly (factor 8), its local layers'
+    not; from the folder and from llama.cpp's conversion of it."""
+    rope_scaling: Any = {"rope_type": "linear", "factor": 8.0}
+    folder = write_hf_folder(tmp_path / "gemma3", "gemma3", None, rope_scaling=rope_scaling)
+    prompts = [Tokenizer.from_model(folder).encode(text) for text in TEXTS]
+    expected = transformers_greedy(folder, prompts, MAX_NEW_TOKENS)
+    unscaled = transformers_greedy(write_hf_folder(tmp_path / "plain", "gemma3"), prompts, MAX_NEW_TOKENS)
+    assert unscaled.logprobs != expected.logprobs  # NOTE: the scaling changes what the model computes
+    gguf_path = convert_to_gguf(folder, tmp_path / "gemma3-f32.gguf", llama_cpp_tree)
+    for source in (folder, gguf_path):
+        ours = engine_greedy(source, prompts, MAX_NEW_TOKENS, dtype="float32")
+        assert ours.token_ids == expected.token_ids, source
+        assert sum(ours.logprobs, []) == pytest.approx(sum(expected.logprobs, []), abs=1e-4), source
 
 
 def test_gguf_tokenizer_equals_the_folders(model_files: tuple[Path, Path, list[list[int]], Greedy]) -> None:
