@@ -52,7 +52,15 @@ def run_generate(args: argparse.Namespace) -> int:
     from service.frontend.llm_engine import LLMEngine
     from service.model_files.model_registry import resolve_model
     from service.model_files.tokenizer import Tokenizer
-    from service.openai.batch_generate import BatchRunner
+    from service.openai.batch_generate import BatchRunner, num_lines_left
+
+    if num_lines_left(args.input, args.output) == 0:
+        # NOTE: said before any engine starts: a rerun of a finished file has nothing to run.
+        logging.getLogger("zeroserve").info(
+            "every line of %s already has its result in %s: nothing to run (remove %s to run them again)",
+            args.input, args.output, args.output,
+        )
+        return 0
 
     settings = setting_values(args, GatewayConfig, names=_SERVE_SETTINGS)
     try:

@@ -253,6 +253,11 @@ def _count_lines(path: Path) -> int:
         return sum(1 for _ in data)
 
 
+def num_lines_left(input_path: Path, output_path: Path) -> int:
+    """How many lines of the input a run would still answer (those past the results already written)."""
+    return max(0, _count_lines(input_path) - _resume_point(output_path))
+
+
 def _resume_point(output_path: Path) -> int:
     """How many results the output already holds; a torn last line (a killed run) is cut off."""
     if not output_path.exists():
