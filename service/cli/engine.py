@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,17 +64,18 @@ def add_keys_parser(commands: Any) -> None:
     generate.add_argument("--name", default="gateway", help="file name stem (default: %(default)s)")
     generate.add_argument(
         "--force", action="store_true",
-        help="write the secret key even inside a git work tree, or over an existing key pair of that name",
+        help="write the secret key even in a git work tree folder git does not ignore, or over an existing key pair",
     )
 
 
 def run_keys(args: argparse.Namespace) -> int:
     work_tree = git_work_tree_of(args.dir)
-    if work_tree is not None and not args.force:
+    secret_path = args.dir.expanduser().resolve() / f"{args.name}.key_secret"
+    if work_tree is not None and not args.force and not is_git_ignored(work_tree, secret_path):
         print(
-            f"zeroserve keys generate: error: {args.dir} is inside the git work tree {work_tree}, where a "
-            "secret key is one `git add` away from being published; write the keys elsewhere "
-            "(--dir ~/.config/zeroserve/keys) or pass --force",
+            f"zeroserve keys generate: error: {args.dir} is inside the git work tree {work_tree} and git does not "
+            "ignore it, so a secret key there is one `git add` away from being published; write the keys in an "
+            "ignored folder or elsewhere (--dir ~/.config/zeroserve/keys), or pass --force",
             file=sys.stderr,
         )
         return 2
@@ -88,6 +90,17 @@ def run_keys(args: argparse.Namespace) -> int:
     public, secret = generate_keys(args.dir, args.name)
     print(f"public key: {public}\nsecret key: {secret}")
     return 0
+
+
+def is_git_ignored(work_tree: Path, path: Path) -> bool:
+    """Whether git ignores `path` in `work_tree` (False where git cannot say: no git, not a repository)."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(work_tree), "check-ignore", "--quiet", "--", str(path)], capture_output=True, timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def git_work_tree_of(directory: Path) -> Path | None:

@@ -1,4 +1,5 @@
-"""`zeroserve keys generate`: key pairs, never a secret key inside a git work tree unless forced."""
+"""`zeroserve keys generate`: key pairs, never a secret key in a git work tree's folder git does not ignore
+unless forced."""
 
 from __future__ import annotations
 
@@ -32,6 +33,19 @@ def test_inside_a_git_work_tree_it_refuses_unless_forced(tmp_path: Path, capsys:
     assert not keys.exists()
     assert main(["keys", "generate", "--dir", str(keys), "--force"]) == 0
     assert (keys / "gateway.key_secret").is_file()
+
+
+def test_an_ignored_folder_of_a_work_tree_is_allowed_and_one_git_would_add_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    subprocess.run(["git", "init", "--quiet", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("deploy/keys/\n")
+    assert main(["keys", "generate", "--dir", str(tmp_path / "deploy" / "keys")]) == 0
+    assert (tmp_path / "deploy" / "keys" / "gateway.key_secret").is_file()
+    assert main(["keys", "generate", "--dir", str(tmp_path / "deploy" / "other")]) == 2
+    error = capsys.readouterr().err
+    assert "git does not ignore it" in error and "--force" in error
+    assert not (tmp_path / "deploy" / "other").exists()
 
 
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs this project's git checkout")
