@@ -35,7 +35,7 @@ SHELL_OPERATOR = re.compile(r"\s(?:&&|\|\||\||;|&|>|<|\)|\})(?:\s|$)|`")
 # The flags the docs name of other tools, and whose they are.
 OTHER_TOOLS_FLAGS = {
     "--no-deps": "pip", "--index-url": "pip", "--no-cache-dir": "pip", "--no-install-recommends": "apt-get",
-    "--interval": "HEALTHCHECK", "--timeout": "HEALTHCHECK", "--start-period": "HEALTHCHECK", "--rm": "docker", "--platform": "docker buildx", "--build": "docker compose",
+    "--interval": "HEALTHCHECK", "--timeout": "HEALTHCHECK", "--retries": "HEALTHCHECK", "--start-period": "HEALTHCHECK", "--rm": "docker", "--platform": "docker buildx", "--build": "docker compose",
     "--from-file": "kubectl", "--replicas": "kubectl", "--trust-request-chat-template": "vLLM",
     "--enable-per-request-metrics": "vLLM", "--kv-cache-metrics": "vLLM", "--models-max": "llama-server",
 }
