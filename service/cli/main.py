@@ -78,8 +78,7 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
     """The command line, with ZEROSERVE_<FLAG> variables as the flags' defaults (ENV_COMMANDS);
     a bad value exits with status 2 and a message naming the flag or the variable."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    command_path = (args.command, *([sub] if (sub := getattr(args, f"{args.command}_command", None)) else []))
+    args, command_path = _parse_command(parser, argv)
     if command_path not in ENV_COMMANDS:
         return args
     command = _subparser(parser, *command_path)
@@ -92,7 +91,17 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
         dest: value for dest, value in defaults.items() if not (isinstance(value, list) and getattr(args, dest))
     }
     command.set_defaults(**defaults)
-    return parser.parse_args(argv)
+    return _parse_command(parser, argv)[0]
+
+
+def _parse_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[argparse.Namespace, tuple[str, ...]]:
+    """The command line and its command's path (("bench", "serve")); an unknown flag exits 2 with that
+    command's usage (argparse would print the top level's, which names none of the command's flags)."""
+    args, unknown = parser.parse_known_args(argv)
+    command_path = (args.command, *([sub] if (sub := getattr(args, f"{args.command}_command", None)) else []))
+    if unknown:
+        _subparser(parser, *command_path).error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args, command_path
 
 
 def _subparser(parser: argparse.ArgumentParser, *path: str) -> argparse.ArgumentParser:

@@ -147,6 +147,26 @@ def test_a_bad_flag_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 @pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["serve", "--max-num-seq=4"], "serve"),
+        (["generate", "--input", "a", "--output", "b", "--max-in-fligth=2"], "generate"),
+        (["bench", "serve", "--num-prompt=2"], "bench serve"),
+        (["keys", "generate", "--dir", "k", "--nmae=x"], "keys generate"),
+    ],
+)
+def test_a_misspelt_flag_gets_its_commands_usage_and_error(
+    argv: list[str], command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_serve_args(argv, {})
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: zeroserve {command} "), err
+    assert err.splitlines()[-1] == f"zeroserve {command}: error: unrecognized arguments: {argv[-1]}"
+
+
+@pytest.mark.parametrize(
     ("argv", "environ", "named"),
     [
         (["serve", "--max-num-queued-requests", "-1"], {}, "--max-num-queued-requests"),
