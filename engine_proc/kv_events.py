@@ -18,6 +18,11 @@ counter from 0; the optional ROUTER replay socket answers a request whose last f
 Engine N tags its batches `data_parallel_rank=N` and, like vLLM, adds N to the endpoints'
 ports (ipc:// and inproc:// get `_dpN`).
 
+Where the PUB socket listens: a loopback host (the default, `tcp://127.0.0.1:5557`) or a path
+binds, and so does a wildcard (`tcp://*:5557`, every interface), with a warning, since the events
+are unauthenticated and carry every cached prompt's token ids; any other host is a collector the
+socket connects to (vLLM's rule, which binds only `*`, `::` and paths).
+
 Block hashes an indexer can recompute from token ids (engine_proc/block_hash.py):
 `digest_0 = sha256(sha256(b"zeroserve-prefix-cache-v1") + int64_le(tokens of block 0))`,
 `digest_i = sha256(digest_{i-1} + int64_le(tokens of block i))`, and the hash on the wire is
@@ -39,7 +44,7 @@ from typing import Any, NamedTuple
 import ormsgpack
 import zmq
 
-from proto.engine_config import KVEventsConfig
+from proto.engine_config import KVEventsConfig, offset_endpoint
 
 logger = logging.getLogger(__name__)
 
@@ -106,21 +111,27 @@ class _Batch(NamedTuple):
     data_parallel_rank: int
 
 
-def offset_endpoint(endpoint: str, engine_index: int) -> str:
-    """Engine N's endpoint: N added to a tcp port, `_dpN` after an ipc or inproc path (vLLM's rule)."""
-    if engine_index <= 0:
-        return endpoint
-    if endpoint.startswith(("ipc://", "inproc://")):
-        return f"{endpoint}_dp{engine_index}"
-    host, _, port = endpoint.rpartition(":")
-    if not endpoint.startswith("tcp://") or not port.isdigit():
-        raise ValueError(f"KV events endpoint {endpoint!r} is not tcp://host:port, ipc:// or inproc://")
-    return f"{host}:{int(port) + engine_index}"
+_WILDCARD_HOSTS = ("*", "0.0.0.0", "[::]", "::")
+_LOOPBACK_HOSTS = ("localhost", "[::1]", "::1")
 
 
-def _binds(endpoint: str) -> bool:
-    """vLLM's rule: a wildcard host or a local path binds; a named host is a collector to connect to."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+def _host(endpoint: str) -> str | None:
+    """The host of a tcp:// endpoint; None for a local path (ipc://, inproc://)."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    return endpoint.removeprefix("tcp://").rpartition(":")[0]
+
+
+def is_wildcard(endpoint: str) -> bool:
+    """Binds every interface: whoever reaches this machine may subscribe."""
+    return _host(endpoint) in _WILDCARD_HOSTS
+
+
+def binds(endpoint: str) -> bool:
+    """A local path, a loopback or a wildcard host binds (listens for subscribers); another host is a
+    collector to connect to (vLLM's rule, which binds only `*`, `::` and paths)."""
+    host = _host(endpoint)
+    return host is None or host in _WILDCARD_HOSTS + _LOOPBACK_HOSTS or host.startswith("127.")
 
 
 class KVEventPublisher:
@@ -142,7 +153,7 @@ class KVEventPublisher:
         self._pub.set_hwm(config.hwm)
         self._replay: zmq.Socket[Any] | None = None
         try:
-            (self._pub.bind if _binds(self.endpoint) else self._pub.connect)(self.endpoint)
+            (self._pub.bind if binds(self.endpoint) else self._pub.connect)(self.endpoint)
             if self.replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.bind(self.replay_endpoint)
@@ -151,7 +162,22 @@ class KVEventPublisher:
             raise ValueError(f"--kv-events-config: cannot open {self.endpoint} / {self.replay_endpoint}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="kv-events-output", daemon=True)
         self._thread.start()
-        logger.info("publishing KV cache events on %s (replay: %s)", self.endpoint, self.replay_endpoint)
+        self._log_where()
+
+    def _log_where(self) -> None:
+        """Says whether subscribers connect here or the events go to a collector, warning of a wildcard bind."""
+        if binds(self.endpoint):
+            where = f"listening for subscribers on {self.endpoint}"
+        else:
+            where = f"connecting to a collector at {self.endpoint} (a named host is connected to, as in vLLM)"
+        replay = "" if self.replay_endpoint is None else f", replay requests on {self.replay_endpoint}"
+        if any(is_wildcard(endpoint or "") for endpoint in (self.endpoint, self.replay_endpoint)):
+            logger.warning(
+                "KV cache events: %s%s: every interface, unauthenticated; whoever reaches the port reads the token "
+                "ids of every cached prompt", where, replay,
+            )
+        else:
+            logger.info("KV cache events: %s%s", where, replay)
 
     def publish(self, events: list[KVCacheEvent], data_parallel_rank: int) -> None:
         """Hands a batch to the thread; never blocks the busy loop (a full queue drops it, leaving a gap in seq)."""

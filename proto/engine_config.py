@@ -113,7 +113,8 @@ class KVEventsConfig:
     enable_kv_cache_events: bool = False
     # NOTE: zmq by default, as vLLM resolves an unset publisher once events are enabled.
     publisher: str = "zmq"
-    endpoint: str = "tcp://*:5557"  # a `*` host (or ipc://) binds, another host connects
+    # NOTE: loopback by default: the events carry every cached prompt's token ids, unauthenticated.
+    endpoint: str = "tcp://127.0.0.1:5557"  # a wildcard or loopback host (or ipc://) binds, another host connects
     replay_endpoint: str | None = None  # a ROUTER socket that resends batches from a sequence number
     buffer_steps: int = 10_000  # batches kept for replay
     hwm: int = 100_000
@@ -145,9 +146,29 @@ class KVEventsConfig:
     def is_publishing(self) -> bool:
         return self.enable_kv_cache_events and self.publisher == "zmq"
 
+    def offset(self, num_ports: int) -> KVEventsConfig:
+        """The same events `num_ports` ports further on (`offset_endpoint`), for engines that share the setting."""
+        replay = None if self.replay_endpoint is None else offset_endpoint(self.replay_endpoint, num_ports)
+        return dataclasses.replace(self, endpoint=offset_endpoint(self.endpoint, num_ports), replay_endpoint=replay)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
     @staticmethod
     def from_json(text: str) -> KVEventsConfig:
         return KVEventsConfig(**_known_keys(KVEventsConfig, _json_object(text)))
+
+
+def offset_endpoint(endpoint: str, engine_index: int) -> str:
+    """Engine N's endpoint: N added to a tcp port, `_dpN` after an ipc or inproc path (vLLM's rule)."""
+    if engine_index <= 0:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{engine_index}"
+    host, _, port = endpoint.rpartition(":")
+    if not endpoint.startswith("tcp://") or not port.isdigit():
+        raise ValueError(f"KV events endpoint {endpoint!r} is not tcp://host:port, ipc:// or inproc://")
+    return f"{host}:{int(port) + engine_index}"
 
 
 def _checks_json_of(
@@ -198,10 +219,11 @@ class EngineConfig:
     )
     kv_events_config: str = setting(
         "", "KV cache events for prefix-aware routers (llm-d, Dynamo, AIBrix) in vLLM's wire format, vLLM's keys: "
-        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
-        '"replay_endpoint": "tcp://*:5558", "topic": "kv-events"}\'; others: buffer_steps, hwm, max_queue_size, '
+        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557", '
+        '"replay_endpoint": "tcp://127.0.0.1:5567", "topic": "kv-events"}\'; others: buffer_steps, hwm, max_queue_size, '
         'event_format ("array", vLLM\'s layout before mid-2026 and most routers\', or "map", newer vLLM\'s); '
-        "engine N adds N to the ports (default: off)",
+        "a loopback host (the default endpoint) or a path binds, tcp://*:PORT binds every interface (unauthenticated: "
+        "a warning), another host is a collector to connect to; engine N adds N to the ports (default: off)",
         check=_checks_json_of(KVEventsConfig), is_json=True,
     )
     device: str = setting("auto", "torch device of the engine: auto (CUDA when present), cpu, cuda, cuda:N")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import re
 import select
 import subprocess
@@ -26,53 +27,17 @@ from engine_proc.kv_events import KVEventPublisher, encode_batch, offset_endpoin
 from engine_proc.request import Request
 from proto.engine_config import EngineConfig, KVEventsConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
+from tests.engine_proc.kv_router import RECV_TIMEOUT_MS, apply_batch, replay
 from tests.server_process import free_port, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
-RECV_TIMEOUT_MS = 10_000
 REQUEST_NUMBERS = itertools.count()
 # NOTE: 12 blocks of 16 tokens (as in test_core.py): the workload below must evict.
 TWELVE_BLOCKS_GIB = 12 * (2 * 2 * 16 * 2 * 16 * 4) / 2**30
 
 
-def apply_batch(cached: set[int], batch: list[Any]) -> None:
-    """A router's bookkeeping, strict: a block is stored only when absent and removed only when present."""
-    _, events, _ = batch
-    for tag, *fields in events:
-        if tag == "BlockStored":
-            block_hashes, _parent, token_ids, block_size, lora_id, medium, lora_name = fields
-            assert len(token_ids) == len(block_hashes) * block_size and medium == "GPU"
-            assert lora_id is None and lora_name is None
-            assert not cached & set(block_hashes), "a block stored twice"
-            cached.update(block_hashes)
-        elif tag == "BlockRemoved":
-            block_hashes, medium = fields
-            assert set(block_hashes) <= cached, "a block removed that was never stored"
-            cached.difference_update(block_hashes)
-        else:
-            assert (tag, fields) == ("AllBlocksCleared", [])
-            cached.clear()
-
-
 def cached_hashes(manager: KVCacheManager) -> set[int]:
     return {external_block_hash(block_hash) for block_hash in manager.block_pool.cached_block_hashes}
-
-
-def replay(ctx: zmq.Context[Any], endpoint: str, start_seq: int) -> dict[int, bytes]:
-    """The batches from `start_seq` on that the publisher still keeps, asked for as vLLM's subscriber does."""
-    socket = ctx.socket(zmq.DEALER)
-    socket.connect(endpoint)
-    socket.send_multipart((b"", start_seq.to_bytes(8, "big")))
-    batches = {}
-    while True:
-        assert socket.poll(RECV_TIMEOUT_MS), "no answer from the replay socket"
-        _, seq_bytes, payload = socket.recv_multipart()
-        seq = int.from_bytes(seq_bytes, "big", signed=True)
-        if seq == -1:
-            break
-        batches[seq] = payload
-    socket.close(linger=0)
-    return batches
 
 
 def receive_by_engine(sub: zmq.Socket[Any], num_batches_of: dict[int, int]) -> dict[int, dict[int, bytes]]:
@@ -222,6 +187,30 @@ def test_engine_n_offsets_the_endpoint_as_vllm_does() -> None:
         offset_endpoint("tcp://*", 1)
 
 
+def test_events_listen_on_loopback_unless_told_otherwise() -> None:
+    assert KVEventsConfig().endpoint == "tcp://127.0.0.1:5557"
+    assert "127.0.0.1" in EngineConfig(kv_events_config='{"enable_kv_cache_events": true}').kv_events.endpoint
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "level", "says"), [
+        ("tcp://127.0.0.1:{port}", logging.INFO, "listening for subscribers on tcp://127.0.0.1:{port}"),
+        ("tcp://localhost:{port}", logging.INFO, "listening for subscribers on tcp://localhost:{port}"),
+        ("tcp://*:{port}", logging.WARNING, "listening for subscribers on tcp://*:{port}: every interface, unauthenticated"),
+        ("tcp://collector.invalid:{port}", logging.INFO, "connecting to a collector at tcp://collector.invalid:{port}"),
+    ],
+)
+def test_the_log_says_whether_events_listen_or_connect(
+    endpoint: str, level: int, says: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    caplog.set_level(logging.INFO, logger="engine_proc.kv_events")
+    publisher = KVEventPublisher(KVEventsConfig(enable_kv_cache_events=True, endpoint=endpoint.format(port=port)), 0)
+    publisher.close()
+    [record] = [record for record in caplog.records if "KV cache events" in record.getMessage()]
+    assert record.levelno == level and says.format(port=port) in record.getMessage(), record.getMessage()
+
+
 def test_an_endpoint_another_engine_holds_fails_the_start_naming_the_setting() -> None:
     config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{free_port()}")
     first = KVEventPublisher(config, engine_index=0)
@@ -309,12 +298,17 @@ def readme_subscriber() -> str:
     return str(snippet)
 
 
+def readme_kv_events_config() -> str:
+    """The README's --kv-events-config, as printed."""
+    match = re.search(r"--kv-events-config\s+'(\{.*?\})'", (ROOT / "README.md").read_text(), re.DOTALL)
+    assert match is not None
+    return " ".join(match.group(1).split())
+
+
 def test_the_readmes_subscriber_counts_an_engines_cached_blocks(tiny_model_dir: Path) -> None:
-    port = free_port()
-    kv_events = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "topic": "kv-events"}
-    core = EngineCore(EngineConfig(
-        model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05, kv_events_config=json.dumps(kv_events),
-    ))
+    port, replay_port = free_port(), free_port()
+    kv_events = readme_kv_events_config().replace(":5557", f":{port}").replace(":5567", f":{replay_port}")
+    core = EngineCore(EngineConfig(model_path=str(tiny_model_dir), kv_cache_memory_gib=0.05, kv_events_config=kv_events))
     script = readme_subscriber().replace(":5557", f":{port}")
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as subscriber:
         try:
@@ -324,6 +318,8 @@ def test_the_readmes_subscriber_counts_an_engines_cached_blocks(tiny_model_dir: 
                 generate(core, [[prompt_number] * 40], max_tokens=1)
                 if select.select([subscriber.stdout], [], [], 0.5)[0]:
                     break
+            else:
+                pytest.fail(f"the README's subscriber heard nothing from {kv_events}")
             line = subscriber.stdout.readline()
             assert re.fullmatch(r"engine 0, batch \d+: [1-9]\d* blocks cached\n", line), line
         finally:
