@@ -10,6 +10,7 @@ from starlette.responses import Response
 from service.api.model_pool import ModelPool, ModelStatus
 from service.api.server_state import ServerState
 from service.observability.merged_registry import MergedRegistry
+from service.observability.picker_metrics import PICKER_FAMILIES, pod_families
 from service.openai.errors import APIError
 
 # NOTE: always the classic format, whatever the Accept header: every Prometheus reads it, and
@@ -29,7 +30,8 @@ async def metrics(request: Request) -> Response:
 
 
 def pool_registry(pool: ModelPool) -> MergedRegistry:
-    """Every loaded model's families, and each model's state and memory (zeroserve:model_*)."""
+    """Every loaded model's families (the picker's as one series over them), and each model's state and
+    memory (zeroserve:model_*)."""
     status = GaugeMetricFamily(
         "zeroserve:model_status", "1 for each model's status now (loaded, loading, unloaded, failed).",
         labels=("model_name", "status"),
@@ -43,4 +45,5 @@ def pool_registry(pool: ModelPool) -> MergedRegistry:
             status.add_metric((slot.id, value.value), float(slot.status is value))
         memory.add_metric((slot.id,), float(slot.memory_bytes if slot.is_holding_memory else 0))
     registries = [state.metrics_registry for state in pool.loaded_states if state.metrics_registry is not None]
-    return MergedRegistry(lambda: registries, (status, memory))
+    # NOTE: the endpoint picker reads one series of each of its families: the pod's, over its models.
+    return MergedRegistry(lambda: registries, (status, memory, *pod_families(registries)), skip=PICKER_FAMILIES)

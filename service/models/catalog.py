@@ -8,6 +8,7 @@ broken file in a shared folder must not keep the others from serving.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 from service.config import GatewayConfig
 from service.model_files.model_registry import ResolvedModel, resolve_model
 from service.models.models_config import ModelSettings, read_models_config
+
+logger = logging.getLogger(__name__)
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 
@@ -64,7 +67,7 @@ def find_models(config: GatewayConfig) -> list[ModelEntry]:
         raise ValueError("no models to serve: name them, or give a --models-dir or --models-config that holds some")
     entries = [_entry(config, model, settings.get(model.id)) for model in found]
     _check_names_are_unique(entries, {model.id: model.origin for model in found}, settings)
-    return entries
+    return _with_own_kv_events_ports(config, entries)
 
 
 def _named(name: str) -> _Found:
@@ -155,6 +158,27 @@ def _entry(base: GatewayConfig, model: _Found, settings: ModelSettings | None) -
         model.id, aliases, config, dict(model.resolved.generation_defaults), model.resolved.path,
         num_file_bytes=num_file_bytes,
     )
+
+
+def _with_own_kv_events_ports(base: GatewayConfig, entries: list[ModelEntry]) -> list[ModelEntry]:
+    """The entries, each model that shares the command line's --kv-events-config on ports of its own: its
+    engines' after those of the models listed before it (one engine each: the configured ports plus its index)."""
+    shared = base.engine.kv_events
+    if not shared.is_publishing:
+        return entries
+    placed, num_engines_before = [], 0
+    for entry in entries:
+        engine = entry.config.engine
+        if engine.kv_events_config == base.engine.kv_events_config:
+            kv_events = shared.offset(num_engines_before)
+            engine = replace(engine, kv_events_config=kv_events.to_json())
+            entry = replace(entry, config=replace(entry.config, engine=engine))
+            if entry.error is None:
+                logger.info("model %s: KV cache events at %s (the configured ports + %d)", entry.id,
+                            kv_events.endpoint, num_engines_before)
+        num_engines_before += max(entry.config.data_parallel_size, 1)
+        placed.append(entry)
+    return placed
 
 
 def _num_file_bytes(path: Path) -> int:

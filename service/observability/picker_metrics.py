@@ -11,14 +11,18 @@ A stat logger of its own, beside a PrometheusStatLogger: it declares its familie
 does (`families_registry`), so a scrape of /metrics has both.
 
 NOTE: one series per family, the pod's figure. The picker reads the newest series of a family
-(by timestamp; none here, so the first), so per-engine series would show it engine 0 alone."""
+(by timestamp; none here, so the first), so per-engine series would show it engine 0 alone, and
+per-model series its first model alone: a multi-model server's /metrics has `pod_families` of its
+loaded models instead of each model's own."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from typing import NamedTuple
 
-from prometheus_client import Gauge
+from prometheus_client import CollectorRegistry, Gauge, Metric
+from prometheus_client.core import GaugeMetricFamily
 
 from proto.engine_output import SchedulerStats
 from service.observability.metrics import PrometheusStatLogger
@@ -82,3 +86,56 @@ class PickerMetrics:
         self._running.set(sum(s.num_running_reqs for s in stats))
         # NOTE: every engine has the same number of blocks, so the mean is the pod's share in use.
         self._kv_cache_usage.set(sum(s.kv_cache_usage for s in stats) / len(stats) if stats else 0.0)
+
+
+def pod_families(registries: Iterable[CollectorRegistry]) -> list[Metric]:
+    """The picker's families for a pod that serves several models, each model's registry holding its own:
+    one series each, the queues and batches summed over the models, the KV cache use as the share of all
+    their blocks in use (each model's use weighted by its blocks), their blocks summed in cache_config_info
+    (its other labels the first model's), no LoRA adapters. With no model loaded: an idle pod, no cache info."""
+    models = [_ModelFigures.read(registry) for registry in registries]
+    num_blocks = sum(model.num_blocks for model in models)
+    used_blocks = sum(model.kv_cache_usage * model.num_blocks for model in models)
+    families: list[Metric] = [
+        GaugeMetricFamily(QUEUED_REQUESTS, "Requests waiting in this pod's engines, over its models.",
+                          value=sum(model.num_waiting for model in models)),
+        GaugeMetricFamily(RUNNING_REQUESTS, "Requests in this pod's engines' running batches, over its models.",
+                          value=sum(model.num_running for model in models)),
+        GaugeMetricFamily(KV_CACHE_USAGE, "KV cache blocks in use over all this pod's models' blocks; 1 means 100 percent.",
+                          value=used_blocks / num_blocks if num_blocks else 0.0),
+    ]
+    lora_info = GaugeMetricFamily(LORA_INFO, "LoRA adapters: none are served (always the time it was set).",
+                                  labels=LORA_INFO_LABELS)
+    lora_info.add_metric(("0", "", ""), min((model.lora_info for model in models), default=time.time()))
+    families.append(lora_info)
+    cache_labels = next((model.cache_labels for model in models if model.cache_labels), None)
+    if cache_labels is not None:
+        labels = {**cache_labels, "num_gpu_blocks": str(num_blocks)}
+        cache_info = GaugeMetricFamily(CACHE_INFO, "This pod's KV cache configuration (always 1).", labels=tuple(labels))
+        cache_info.add_metric(tuple(labels.values()), 1.0)
+        families.append(cache_info)
+    return families
+
+
+class _ModelFigures(NamedTuple):
+    """One model's picker figures, read back from its registry."""
+
+    num_waiting: float
+    num_running: float
+    kv_cache_usage: float
+    lora_info: float
+    num_blocks: int
+    cache_labels: dict[str, str]
+
+    @staticmethod
+    def read(registry: CollectorRegistry) -> _ModelFigures:
+        values: dict[str, float] = {}
+        cache_labels: dict[str, str] = {}
+        for family in registry.collect():
+            for sample in family.samples if family.name in PICKER_FAMILIES else ():
+                values[family.name] = sample.value
+                cache_labels = dict(sample.labels) if family.name == CACHE_INFO else cache_labels
+        return _ModelFigures(
+            values.get(QUEUED_REQUESTS, 0.0), values.get(RUNNING_REQUESTS, 0.0), values.get(KV_CACHE_USAGE, 0.0),
+            values.get(LORA_INFO, time.time()), int(cache_labels.get("num_gpu_blocks", 0)), cache_labels,
+        )

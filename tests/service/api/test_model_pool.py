@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.bench.local_server import ServerProcess, local_server
 from service.observability.picker_metrics import PICKER_FAMILIES
-from tests.engine_proc.test_kv_events import apply_batch, replay
+from tests.engine_proc.kv_router import apply_batch, replay
 from tests.server_process import free_engine_port
-from tests.service.api.test_metrics_picker import VLLM_MAPPING, read_as_the_picker
+from tests.service.api.picker_reader import VLLM_MAPPING, read_as_the_picker
 
 MODEL_IDS = ("alpha", "beta", "gamma")
 SIZES = ("--num-threads", "1", "--kv-cache-memory", "0.05", "--max-model-len", "512")

@@ -1,5 +1,5 @@
 """The endpoint picker's figures: one series per family, the pod's queue, batch and KV cache use
-over its engines, no LoRA adapters, and its KV blocks."""
+over its engines (and over its models on a multi-model server), no LoRA adapters, and its KV blocks."""
 
 from __future__ import annotations
 
@@ -7,14 +7,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from proto.engine_output import SchedulerStats
+from service.api.metrics_route import pool_registry
+from service.api.model_pool import ModelPool
 from service.observability.metrics import PrometheusStatLogger
 from service.observability.picker_metrics import PICKER_FAMILIES, PickerMetrics
+from tests.service.api.picker_reader import VLLM_MAPPING, read_as_the_picker
 
 CACHE_INFO = {"block_size": "16", "num_gpu_blocks": "128", "enable_prefix_caching": "True", "cache_dtype": "auto"}
 
@@ -92,3 +97,43 @@ def test_gateway_processes_show_the_picker_one_series_of_each_family(tmp_path: P
     samples = {f.name: f.samples for f in text_string_to_metric_families(result.stdout) if f.name.startswith("vllm:")}
     assert {name: len(family) for name, family in samples.items()} == dict.fromkeys(PICKER_FAMILIES, 1)
     assert only_value(samples, "vllm:num_requests_waiting") == 2
+
+
+def pool_scrape(models: dict[str, tuple[int, SchedulerStats]]) -> str:
+    """/metrics of a multi-model server whose loaded models (by id: blocks per engine, their one engine's
+    stats) report what they are given."""
+    states = []
+    for model_id, (num_blocks, stats) in models.items():
+        metrics = PrometheusStatLogger(model_id, cache_info={**CACHE_INFO, "num_gpu_blocks": str(num_blocks)})
+        PickerMetrics(metrics).record(0, stats, None)
+        states.append(SimpleNamespace(metrics_registry=metrics.registry))
+    pool = SimpleNamespace(slots={}, loaded_states=states)
+    return generate_latest(pool_registry(cast(ModelPool, pool))).decode()
+
+
+def test_a_multi_model_pod_shows_the_picker_one_series_over_its_models() -> None:
+    text = pool_scrape({
+        "alpha": (128, SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.5)),
+        "beta": (64, SchedulerStats(num_running_reqs=1, num_waiting_reqs=4, kv_cache_usage=0.25)),
+    })
+    samples = {f.name: f.samples for f in text_string_to_metric_families(text) if f.name.startswith("vllm:")}
+    assert {name: len(family) for name, family in samples.items()} == dict.fromkeys(PICKER_FAMILIES, 1)
+    pod = read_as_the_picker(text, VLLM_MAPPING)
+    assert pod.errors == []
+    assert (pod.waiting_queue_size, pod.running_requests_size) == (6, 4)
+    # NOTE: blocks in use over all blocks: (64 + 16) of (128 + 64).
+    assert pod.kv_cache_usage_percent == 80 / 192
+    assert (pod.cache_block_size, pod.cache_num_blocks) == (16, 192)
+    assert (pod.max_active_models, pod.active_models, pod.waiting_models) == (0, {}, {})
+    # NOTE: each model's own figures stay in zeroserve's families, under its name.
+    assert {sample.labels["model_name"] for sample in samples_of(text, "zeroserve:num_requests_waiting")} == {"alpha", "beta"}
+
+
+def test_a_multi_model_pod_with_no_model_loaded_reads_as_idle() -> None:
+    pod = read_as_the_picker(pool_scrape({}), VLLM_MAPPING)
+    assert (pod.waiting_queue_size, pod.running_requests_size, pod.kv_cache_usage_percent) == (0, 0, 0.0)
+    assert pod.errors == ["metric family 'vllm:cache_config_info' not found"]
+
+
+def samples_of(text: str, name: str) -> list[Sample]:
+    return [sample for family in text_string_to_metric_families(text) if family.name == name for sample in family.samples]
