@@ -23,11 +23,23 @@ HF_ARCHITECTURES = {"gemma3_text": "gemma3"}
 ARCHITECTURES = tuple(sorted({*GGUF_ARCHITECTURES, *(HF_ARCHITECTURES.get(t, t) for t in HF_MODEL_TYPES)}))
 # NOTE: architectures whose checkpoints hold Q/K/V and gate/up fused, as the model runs them
 FUSED_CHECKPOINTS = frozenset({"phi3"})
-GGML_TYPES = frozenset(GGMLQuantizationType)
+# ggml tensor types the engine's loader reads: those its kernel forms take as blocks (Q4_0, Q4_1, Q5_0, Q5_1,
+# Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS), the float ones, and those it converts with gguf-py's dequantize (NOTE: held
+# equal to what engine_proc/loader/gguf_loader.py reads by tests/engine_proc/loader/test_gguf_loader.py)
+GGML_TYPES = frozenset(GGMLQuantizationType[name] for name in (
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0",
+    "MXFP4", "NVFP4",
+))
+# architectures whose mixture-of-experts layers the engine runs: none yet (NOTE: the one place a family lifts
+# the refusal of expert tensors and expert configs)
+MIXTURE_OF_EXPERTS_ARCHITECTURES: frozenset[str] = frozenset()
 # `tokenizer.ggml.model` values proto/gguf_tokenizer.py rebuilds (NOTE: declared here, where the engine
 # reads these lists without loading the tokenizer library)
 TOKENIZER_MODELS = ("gpt2", "llama", "gemma4")
 _ROPE_TYPES = "default, linear, llama3"
+# GGUF `{arch}.rope.scaling.type` values the loader reads (llama3's comes as a `rope_freqs` tensor)
+_GGUF_ROPE_SCALING_TYPES = ("none", "linear")
 
 
 class UnsupportedModel(ValueError):
@@ -36,7 +48,8 @@ class UnsupportedModel(ValueError):
 
 def check_servable(path: Path) -> None:
     """Raises UnsupportedModel naming the first thing of this `.gguf` file or Hugging Face folder that
-    zeroserve cannot serve (architecture, tokenizer, tensor type), with what it supports instead."""
+    zeroserve cannot serve (architecture, tokenizer, tensor type, experts, rope scaling), with what it supports
+    instead, or what is wrong with the file (cut short, corrupt), reading none of its tensors' bytes."""
     if path.is_file():
         _check_gguf(path)
     else:
@@ -46,8 +59,10 @@ def check_servable(path: Path) -> None:
 def _check_gguf(path: Path) -> None:
     try:
         header = read_gguf_header(path)
+    except OSError as exc:
+        raise UnsupportedModel(f"{path.name} cannot be read: {exc.strerror or exc}") from None
     except ValueError as exc:
-        raise UnsupportedModel(f"{path.name} is not a readable GGUF file: {exc}") from None
+        raise UnsupportedModel(str(exc)) from None
     metadata = header.metadata
     architecture = metadata.get("general.architecture")
     if architecture not in GGUF_ARCHITECTURES:
@@ -61,15 +76,37 @@ def _check_gguf(path: Path) -> None:
         )
     unknown = next((tensor for tensor in header.tensors if tensor.ggml_type not in GGML_TYPES), None)
     if unknown is not None:
-        known = ", ".join(ggml_type.name for ggml_type in GGMLQuantizationType)
         raise UnsupportedModel(
-            f"{path.name}: tensor {unknown.name!r} has ggml type {unknown.ggml_type}, which is not supported; "
-            f"supported: {known}"
+            f"{path.name}: tensor {unknown.name!r} has ggml type {_type_name(unknown.ggml_type)}, which is not "
+            f"supported; supported: {', '.join(sorted(ggml_type.name for ggml_type in GGML_TYPES))}"
         )
+    has_expert_tensors = any("_exps." in tensor.name for tensor in header.tensors)
+    _check_experts(path, architecture, metadata.get(f"{architecture}.expert_count") or has_expert_tensors)
+    rope_scaling = metadata.get(f"{architecture}.rope.scaling.type", "none")
     if any(tensor.name.startswith("rope_factors_") for tensor in header.tensors):
-        raise UnsupportedModel(f"{path.name}: rope scaling 'longrope' is not supported; supported: {_ROPE_TYPES}")
+        rope_scaling = "longrope"
+    if rope_scaling not in _GGUF_ROPE_SCALING_TYPES:
+        raise UnsupportedModel(f"{path.name}: rope scaling {rope_scaling!r} is not supported; supported: {_ROPE_TYPES}")
     if not header.tensors:
         raise UnsupportedModel(f"{path.name} holds no tensors (a vocabulary-only GGUF); a model file has its weights")
+
+
+def _type_name(ggml_type: int) -> str:
+    """"9 (Q8_1)" for a type gguf-py knows, "250" for one it does not."""
+    try:
+        return f"{ggml_type} ({GGMLQuantizationType(ggml_type).name})"
+    except ValueError:
+        return str(ggml_type)
+
+
+def _check_experts(path: Path, architecture: str, num_experts: int | bool) -> None:
+    """Refuses a model with mixture-of-experts layers (`num_experts`: their count, or True where only its
+    tensors say so) unless its architecture runs them."""
+    if num_experts and architecture not in MIXTURE_OF_EXPERTS_ARCHITECTURES:
+        count = "" if num_experts is True else f" ({num_experts} experts)"
+        raise UnsupportedModel(
+            f"{path.name}: mixture-of-experts layers{count} are not supported yet; supported: dense models"
+        )
 
 
 def _check_hf_folder(path: Path) -> None:
@@ -82,6 +119,8 @@ def _check_hf_folder(path: Path) -> None:
         raise UnsupportedModel(
             f"{path.name}: model_type {model_type!r} is not supported; supported: {', '.join(HF_MODEL_TYPES)}"
         )
+    num_experts = config.get("num_local_experts") or config.get("num_experts")
+    _check_experts(path, HF_ARCHITECTURES.get(model_type, model_type), num_experts)
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     if rope_type not in _ROPE_TYPES:

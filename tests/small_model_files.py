@@ -5,19 +5,35 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import gguf
 import numpy as np
 
 
-def write_gguf(path: Path, *, arch: str = "llama", tokenizer: str = "gpt2", num_tensors: int = 1) -> Path:
-    """A small GGUF: an architecture, a tokenizer model, and `num_tensors` float32 tensors."""
+def write_gguf(
+    path: Path,
+    *,
+    arch: str = "llama",
+    tokenizer: str = "gpt2",
+    num_tensors: int = 1,
+    metadata: Mapping[str, int | str] | None = None,
+    tensor_names: Sequence[str] = (),
+) -> Path:
+    """A small GGUF: an architecture, a tokenizer model, `metadata` (ints as uint32), and `num_tensors`
+    float32 tensors (then one of each of `tensor_names`)."""
     writer = gguf.GGUFWriter(str(path), arch=arch)
     writer.add_string("tokenizer.ggml.model", tokenizer)
     writer.add_array("tokenizer.ggml.tokens", ["a", "b"])
-    for index in range(num_tensors):
-        writer.add_tensor(f"blk.{index}.attn_norm.weight", np.ones(8, dtype=np.float32))
+    for key, value in (metadata or {}).items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_uint32(key, value)
+    names = [f"blk.{index}.attn_norm.weight" for index in range(num_tensors)] + list(tensor_names)
+    for name in names:
+        writer.add_tensor(name, np.ones(8, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -36,11 +52,26 @@ def with_tensor_type(path: Path, tensor_name: str, ggml_type: int) -> Path:
     return path
 
 
+def cut_short(path: Path, num_bytes: int) -> Path:
+    """The file cut to its first `num_bytes` (an interrupted download)."""
+    with path.open("r+b") as file:
+        file.truncate(num_bytes)
+    return path
+
+
 def write_hf_folder(
-    path: Path, *, model_type: str = "llama", has_tokenizer: bool = True, rope_type: str = "default"
+    path: Path,
+    *,
+    model_type: str = "llama",
+    has_tokenizer: bool = True,
+    rope_type: str = "default",
+    config: Mapping[str, object] | None = None,
 ) -> Path:
+    """A Hugging Face folder: config.json of `model_type` and `rope_type` (and `config`), tokenizer.json,
+    an empty safetensors file."""
     path.mkdir()
-    (path / "config.json").write_text(json.dumps({"model_type": model_type, "rope_scaling": {"rope_type": rope_type}}))
+    fields = {"model_type": model_type, "rope_scaling": {"rope_type": rope_type}, **(config or {})}
+    (path / "config.json").write_text(json.dumps(fields))
     if has_tokenizer:
         (path / "tokenizer.json").write_text("{}")
     (path / "model.safetensors").write_bytes(b"")

@@ -368,6 +368,7 @@ def _config_from_header(path: Path, header: GGUFHeader, tensors: list[_Tensor]) 
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         eos_token_ids=tuple(dict.fromkeys(eos_token_ids)),
         bos_token_id=None if bos_token_id is None else int(bos_token_id),
+        rope_scaling=_linear_rope_scaling(metadata, arch),
     )
     if _ROPE_FREQS in tensor_names:
         config = _with_llama3_rope_scaling(path, metadata, tensors, config)
@@ -384,9 +385,6 @@ def _with_gemma3_layers(metadata: dict[str, Any], config: ModelConfig) -> ModelC
         sliding = tuple(bool(is_sliding) for is_sliding in pattern)
     else:
         sliding = tuple(i % int(pattern) < int(pattern) - 1 for i in range(config.num_hidden_layers))
-    scaling = None
-    if _metadata(metadata, "gemma3.rope.scaling.type", None) == "linear":
-        scaling = (("factor", float(_metadata(metadata, "gemma3.rope.scaling.factor"))), ("rope_type", "linear"))
     # NOTE: llama.cpp: 1/sqrt(head_dim), but 1/sqrt(hidden / heads) for the 62-layer (27B) model.
     is_27b = config.num_hidden_layers == 62
     return dataclasses.replace(
@@ -396,8 +394,15 @@ def _with_gemma3_layers(metadata: dict[str, Any], config: ModelConfig) -> ModelC
         sliding_layers=sliding if window else (),
         local_rope_theta=float(_metadata(metadata, "gemma3.rope.freq_base_swa", _GEMMA3_LOCAL_ROPE_THETA)),
         query_pre_attn_scalar=float(config.hidden_size // config.num_attention_heads if is_27b else config.head_dim),
-        rope_scaling=scaling,
     )
+
+
+def _linear_rope_scaling(metadata: dict[str, Any], arch: str) -> tuple[tuple[str, float | str], ...] | None:
+    """Linear rope scaling (positions divided by `factor`), as llama.cpp reads it for every architecture;
+    None for none (proto/model_support.py refuses the types not read here)."""
+    if _metadata(metadata, f"{arch}.rope.scaling.type", None) != "linear":
+        return None
+    return (("factor", float(_metadata(metadata, f"{arch}.rope.scaling.factor"))), ("rope_type", "linear"))
 
 
 def _with_llama3_rope_scaling(

@@ -98,6 +98,10 @@ def resolve_model(name_or_path: str) -> ResolvedModel:
     if path.is_dir() and (path / "config.json").is_file():
         check_servable(path)
         return ResolvedModel(path.name, path, "hf", _hf_generation_defaults(path))
+    if not path.exists() and (path.suffix == ".gguf" or "/" in name_or_path or os.sep in name_or_path):
+        raise ValueError(
+            f"{name_or_path}: no such file or folder (nor a known model name: {', '.join(sorted(KNOWN_MODELS))})"
+        )
     raise ValueError(
         f"Unknown model {name_or_path!r}: not a known name ({', '.join(sorted(KNOWN_MODELS))}), "
         "a .gguf file, or a Hugging Face model folder with config.json."

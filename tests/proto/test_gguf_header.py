@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from proto.gguf_header import read_gguf_header, read_gguf_metadata
+from tests.small_model_files import cut_short, write_gguf
 
 
 def test_reads_back_what_gguf_writer_wrote(tmp_path: Path) -> None:
@@ -68,3 +69,38 @@ def test_tensors_lie_where_gguf_reader_finds_them(tmp_path: Path) -> None:
     ]
     assert [(t.name, t.shape, t.ggml_type, t.offset) for t in header.tensors] == expected
     assert [t.shape for t in header.tensors] == [(7,), (64, 3), (64, 3), (3, 5, 2)]
+
+
+def cut_points(path: Path) -> dict[str, int]:
+    """Where an interrupted download of the small GGUF may end: inside each part of its header, and of its data."""
+    (tensor,) = read_gguf_header(path).tensors
+    num_bytes = path.stat().st_size
+    return {
+        "magic": 2, "counts": 12, "metadata": tensor.offset // 3, "tensor table": tensor.offset - 40,
+        "padding": tensor.offset - 1, "data start": tensor.offset, "data": num_bytes - 4,
+    }
+
+
+@pytest.mark.parametrize("where", ["magic", "counts", "metadata", "tensor table", "padding", "data start", "data"])
+def test_a_file_cut_short_anywhere_is_one_line_naming_it(tmp_path: Path, where: str) -> None:
+    path = write_gguf(tmp_path / "m.gguf")
+    num_bytes = path.stat().st_size
+    cut_short(path, cut_points(path)[where])
+    with pytest.raises(ValueError) as caught:
+        read_gguf_header(path)
+    message = str(caught.value)
+    assert message.startswith("m.gguf is cut short: ") and message.endswith(" (an interrupted download?)")
+    assert "\n" not in message
+    if where in ("padding", "data start", "data"):
+        assert f"its tensors need {num_bytes:,} bytes, the file has {path.stat().st_size:,}" in message
+
+
+def test_an_empty_file_is_cut_short(tmp_path: Path) -> None:
+    (path := tmp_path / "m.gguf").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"^m.gguf is cut short: the file holds 0 bytes"):
+        read_gguf_header(path)
+
+
+def test_a_whole_file_reads(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf")
+    assert [tensor.name for tensor in read_gguf_header(path).tensors] == ["blk.0.attn_norm.weight"]

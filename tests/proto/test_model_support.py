@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gguf import GGMLQuantizationType
 
 from proto.model_support import GGUF_ARCHITECTURES, HF_MODEL_TYPES, TOKENIZER_MODELS, UnsupportedModel, check_servable
-from tests.small_model_files import with_tensor_type, write_gguf, write_hf_folder
+from tests.small_model_files import cut_short, with_tensor_type, write_gguf, write_hf_folder
 
 
 def refusal(path: Path) -> str:
@@ -42,6 +43,51 @@ def test_unknown_tensor_type_is_named_with_the_supported_ones(tmp_path: Path) ->
     assert "Q4_K" in message and "Q8_0" in message
 
 
+def test_a_type_gguf_py_knows_but_the_loader_cannot_read_is_refused(tmp_path: Path) -> None:
+    path = with_tensor_type(write_gguf(tmp_path / "m.gguf"), "blk.0.attn_norm.weight", GGMLQuantizationType.I32)
+    message = refusal(path)
+    assert "'blk.0.attn_norm.weight' has ggml type 26 (I32), which is not supported" in message
+    assert "I32" not in message.split("supported: ")[-1]
+
+
+@pytest.mark.parametrize(
+    ("metadata", "tensor_names", "named"),
+    [
+        ({"llama.expert_count": 8, "llama.expert_used_count": 2}, (), "mixture-of-experts layers (8 experts)"),
+        ({}, ("blk.0.ffn_gate_exps.weight",), "mixture-of-experts layers are not supported yet"),
+    ],
+)
+def test_a_llama_file_with_experts_is_refused(
+    tmp_path: Path, metadata: dict[str, int], tensor_names: tuple[str, ...], named: str
+) -> None:
+    message = refusal(write_gguf(tmp_path / "m.gguf", metadata=metadata, tensor_names=tensor_names))
+    assert message.startswith(f"m.gguf: {named}") and message.endswith("not supported yet; supported: dense models")
+
+
+@pytest.mark.parametrize("config", [{"num_local_experts": 8}, {"num_experts": 64}])
+def test_a_folder_with_experts_is_refused(tmp_path: Path, config: dict[str, int]) -> None:
+    message = refusal(write_hf_folder(tmp_path / "m", model_type="mistral", config=config))
+    assert message.startswith("m: mixture-of-experts layers (") and "not supported yet" in message
+
+
+@pytest.mark.parametrize("scaling", ["yarn", "longrope", "dynamic"])
+def test_a_gguf_rope_scaling_the_loader_does_not_read_is_refused(tmp_path: Path, scaling: str) -> None:
+    message = refusal(write_gguf(tmp_path / "m.gguf", arch="qwen2", metadata={"qwen2.rope.scaling.type": scaling}))
+    assert f"rope scaling {scaling!r} is not supported; supported: default, linear, llama3" in message
+
+
+@pytest.mark.parametrize("scaling", ["none", "linear"])
+def test_a_gguf_rope_scaling_the_loader_reads_passes(tmp_path: Path, scaling: str) -> None:
+    check_servable(write_gguf(tmp_path / "m.gguf", metadata={"llama.rope.scaling.type": scaling}))
+
+
+@pytest.mark.parametrize("num_bytes", [0, 3, 30, 200, -4])
+def test_a_cut_short_file_is_refused_naming_it(tmp_path: Path, num_bytes: int) -> None:
+    path = write_gguf(tmp_path / "m.gguf")
+    message = refusal(cut_short(path, num_bytes % path.stat().st_size))
+    assert message.startswith("m.gguf is cut short: ") and message.endswith("(an interrupted download?)")
+
+
 def test_vocabulary_only_file_is_refused(tmp_path: Path) -> None:
     assert "holds no tensors" in refusal(write_gguf(tmp_path / "m.gguf", num_tensors=0))
 
@@ -49,7 +95,7 @@ def test_vocabulary_only_file_is_refused(tmp_path: Path) -> None:
 def test_not_a_gguf_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     path.write_bytes(b"not a gguf at all")
-    assert "not a readable GGUF file" in refusal(path)
+    assert "m.gguf is not a GGUF file" in refusal(path)
 
 
 def test_folder_of_unknown_model_type_is_named_with_the_supported_ones(tmp_path: Path) -> None:

@@ -11,9 +11,11 @@ import pytest
 import torch
 import transformers
 
-from engine_proc.loader import load_model, load_model_config
+from engine_proc.loader import load_gguf, load_model, load_model_config
+from engine_proc.loader.gguf_loader import _BLOCK_KINDS
 from engine_proc.models.llama import inverse_frequencies
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
+from proto.model_support import GGML_TYPES
 from tests.engine_proc.models.tiny_llama import TINY, run, save_tiny_checkpoint
 
 GGUF_LAYER_NAMES = {
@@ -68,6 +70,9 @@ def write_tiny_gguf(
     writer.add_token_list([f"<t{i}>" for i in range(config.vocab_size)])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    if config.rope_parameters["rope_type"] == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(config.rope_parameters["factor"])
     if config.rope_parameters["rope_type"] == "llama3":
         ours = load_model_config(path.parent)
         unscaled = dataclasses.replace(ours, rope_scaling=None)
@@ -93,7 +98,7 @@ def write_tiny_gguf(
     writer.close()
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-tied-llama3-rope"])
+@pytest.mark.parametrize("kind", ["llama", "llama-tied-llama3-rope", "llama-linear-rope"])
 def test_tiny_gguf_logits_match_hugging_face(tmp_path: Path, kind: str) -> None:
     hf_model = save_tiny_checkpoint(tmp_path, kind)
     gguf_path = tmp_path / "tiny.gguf"
@@ -108,6 +113,41 @@ def test_tiny_gguf_logits_match_hugging_face(tmp_path: Path, kind: str) -> None:
     with torch.no_grad():
         expected = hf_model(prompt[None]).logits[0]
     torch.testing.assert_close(run(model, [prompt]), expected, atol=1e-4, rtol=0)
+
+
+def write_one_tensor_of_each_type(path: Path, types: list[gguf.GGMLQuantizationType]) -> None:
+    """A llama GGUF whose layer i's up projection is 2 rows of 256 zero-byte values of `types[i]`."""
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(len(types))
+    writer.add_context_length(64)
+    writer.add_embedding_length(256)
+    writer.add_feed_forward_length(2)
+    writer.add_head_count(4)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_token_list(["a", "b"])
+    for layer, ggml_type in enumerate(types):
+        block_size, block_bytes = gguf.GGML_QUANT_SIZES[ggml_type]
+        row = np.zeros((2, 256 // block_size * block_bytes), dtype=np.uint8)
+        writer.add_tensor(f"blk.{layer}.ffn_up.weight", row, raw_dtype=ggml_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_the_supported_tensor_types_are_those_the_loader_reads(tmp_path: Path) -> None:
+    """proto's list of supported ggml types (what the gateway accepts) is what this loader reads: each type on
+    it comes back as float32 values, and each type off it has neither a kernel form's blocks nor a conversion."""
+    supported = sorted(GGML_TYPES)
+    write_one_tensor_of_each_type(tmp_path / "types.gguf", supported)
+    _, weights = load_gguf(tmp_path / "types.gguf")
+    for layer, ggml_type in enumerate(supported):
+        values = weights.float(f"model.layers.{layer}.mlp.up_proj.weight")
+        assert (values.dtype, tuple(values.shape)) == (torch.float32, (2, 256)), ggml_type.name
+    assert set(_BLOCK_KINDS) <= GGML_TYPES
+    for ggml_type in set(gguf.GGMLQuantizationType) - GGML_TYPES:
+        with pytest.raises(NotImplementedError):
+            gguf.quants.dequantize(np.zeros((1, gguf.GGML_QUANT_SIZES[ggml_type][1]), dtype=np.uint8), ggml_type)
 
 
 @pytest.mark.parametrize("quant", [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1])

@@ -34,6 +34,9 @@ CHECKPOINTS: dict[str, tuple[type[Any], dict[str, Any]]] = {
         transformers.LlamaConfig,
         dict(tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE),
     ),
+    "llama-linear-rope": (
+        transformers.LlamaConfig, dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0)),
+    ),
     "qwen2-qkv-bias": (transformers.Qwen2Config, {}),
     "qwen3-qk-norm": (transformers.Qwen3Config, dict(head_dim=32)),
 }

@@ -70,6 +70,12 @@ def test_unknown_name_lists_known_names(name: str) -> None:
         resolve_model(name)
 
 
+@pytest.mark.parametrize("name", ["/nonexistent/model.gguf", "model.gguf", "models/smollm2"])
+def test_a_missing_path_is_no_such_file(name: str) -> None:
+    with pytest.raises(ValueError, match=f"^{name}: no such file or folder "):
+        resolve_model(name)
+
+
 @pytest.mark.real_model
 def test_known_name_reuses_cached_file(
     cache: Path, default_model_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -7,12 +7,13 @@ import json
 import shutil
 from pathlib import Path
 
+import httpx
 import pytest
 
 from service.cli.main import config_from_args, parse_args
 from service.config import GatewayConfig
 from service.models.catalog import ModelEntry, find_models
-from tests.small_model_files import write_gguf
+from tests.small_model_files import cut_short, write_gguf
 
 SETTINGS_TOML = """
 [models.llama-a]
@@ -62,9 +63,53 @@ def test_a_models_dir_serves_each_gguf_and_folder_by_its_name_and_lists_a_broken
     assert [entry.id for entry in entries] == ["broken", "llama-a", "llama-b", "small"]
     broken, *servable = entries
     assert broken.path == models_dir / "broken.gguf"
-    assert broken.error is not None and "broken.gguf is not a readable GGUF file" in broken.error
+    assert broken.error is not None and "broken.gguf is not a GGUF file" in broken.error
     assert [entry.error for entry in servable] == [None, None, None]
     assert [entry.path for entry in servable] == [models_dir / "llama-a", models_dir / "llama-b", models_dir / "small.gguf"]
+
+
+def damaged_and_unsupported(folder: Path) -> dict[str, str]:
+    """Files an interrupted download or a model zeroserve does not run leave in the folder, by id: what their
+    reason says."""
+    cut_short(write_gguf(folder / "cut-in-header.gguf"), 100)
+    size = (write_gguf(folder / "cut-in-tensors.gguf", num_tensors=2)).stat().st_size
+    cut_short(folder / "cut-in-tensors.gguf", size - 40)
+    write_gguf(folder / "experts.gguf", metadata={"llama.expert_count": 8}, tensor_names=["blk.0.ffn_up_exps.weight"])
+    return {
+        "cut-in-header": "cut-in-header.gguf is cut short: the file ends inside its header",
+        "cut-in-tensors": f"cut-in-tensors.gguf is cut short: its tensors need {size:,} bytes, the file has {size - 40:,}",
+        "experts": "experts.gguf: mixture-of-experts layers (8 experts) are not supported yet",
+    }
+
+
+def test_a_cut_short_or_unsupported_file_in_a_models_dir_is_listed_with_why(models_dir: Path) -> None:
+    reasons = damaged_and_unsupported(models_dir)
+    entries = by_id(find_models(serve("--models-dir", str(models_dir))))
+    for model_id, reason in reasons.items():
+        error = entries[model_id].error
+        assert error is not None and error.startswith(reason) and "\n" not in error
+    assert [entries[model_id].error for model_id in ("llama-a", "llama-b", "small")] == [None, None, None]
+
+
+async def test_the_models_list_says_failed_with_the_reason_from_the_start(models_dir: Path) -> None:
+    from service.api.gateway import Gateway
+    from service.api.model_pool import ModelPool
+
+    reasons = damaged_and_unsupported(models_dir)
+    config = serve("--models-dir", str(models_dir), "--responses-store", str(models_dir.parent / "store.sqlite"))
+    gateway = Gateway(config)
+    pool = ModelPool(find_models(config), config, gateway.model_state)
+    gateway.serve_models(pool)
+    transport = httpx.ASGITransport(gateway.app, raise_app_exceptions=False)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as client:
+            cards = {card["id"]: card for card in (await client.get("/v1/models")).json()["data"]}
+    finally:
+        await pool.close()
+    for model_id, reason in reasons.items():
+        status = cards[model_id]["status"]
+        assert status["failed"] is True and status["reason"].startswith(reason)
+    assert [cards[model_id]["status"] for model_id in ("llama-a", "llama-b", "small")] == [{"value": "unloaded"}] * 3
 
 
 def test_each_model_has_a_single_model_config_of_its_own_file(models_dir: Path) -> None:
@@ -93,7 +138,7 @@ def test_the_models_named_come_first_and_the_same_file_named_twice_is_one_model(
 
 
 def test_a_named_model_zeroserve_cannot_serve_stops_the_start(models_dir: Path) -> None:
-    with pytest.raises(ValueError, match="broken.gguf is not a readable GGUF file"):
+    with pytest.raises(ValueError, match="broken.gguf is not a GGUF file"):
         find_models(serve(str(models_dir / "broken.gguf"), "--models-dir", str(models_dir)))
 
 
@@ -139,7 +184,7 @@ def test_a_model_only_the_config_names_is_served_from_its_model_path(models_dir:
         ('[models.llama-b]\naliases = ["small"]', "model 'llama-b': aliases: 'small' is already the id of model 'small'"),
         ('[models.small]\nmodel = "DIR/llama-a"', "model 'small' (model = 'DIR/llama-a'): another model has the id"),
         ("[models.ghost]\nmax_num_seqs = 2", "model 'ghost': is named nowhere"),
-        ('[models.ghost]\nmodel = "/no/such.gguf"', "model 'ghost': model: Unknown model '/no/such.gguf'"),
+        ('[models.ghost]\nmodel = "/no/such.gguf"', "model 'ghost': model: /no/such.gguf: no such file or folder"),
         ("[models.llama-a]\nmax_num_seqs = 0", "model 'llama-a': max_num_seqs: must be >= 1, got 0"),
         ("[models.llama-a]\ndata_parallel_size = 0", "model 'llama-a': --data-parallel-size must be >= 1"),
     ],
