@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.service.api.fake_engine import MAX_MODEL_LEN, FakeEngineClient
+from tests.service.api.openai_error import assert_openai_error
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -83,15 +84,6 @@ BAD_REQUESTS: list[tuple[str, Any, int, str | None]] = [
     ("/detokenize", {"tokens": [10**9]}, 400, "tokens"),
     ("/detokenize", {"tokens": "1 2"}, 400, "tokens"),
 ]
-
-
-def assert_openai_error(response: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error: dict[str, Any] = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["message"] and error["type"]
-    assert error["param"] == param
-    return error
 
 
 @pytest.mark.parametrize(("path", "body", "status", "param"), BAD_REQUESTS)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.api.test_errors_inproc import assert_openai_error
+from tests.service.api.openai_error import assert_openai_error
 from tests.service.conftest import Serve
 
 LIMIT = 2 * 2**20

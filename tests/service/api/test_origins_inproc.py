@@ -16,7 +16,7 @@ from service.api.gateway import Gateway
 from service.api.model_pool import ModelPool
 from service.config import GatewayConfig
 from service.models.catalog import ModelEntry
-from tests.service.api.test_errors_inproc import assert_openai_error
+from tests.service.api.openai_error import assert_openai_error
 from tests.service.conftest import Serve
 
 EVIL = "http://evil.example"
