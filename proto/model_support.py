@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from gguf import GGMLQuantizationType
 
@@ -87,8 +88,24 @@ def _check_gguf(path: Path) -> None:
         rope_scaling = "longrope"
     if rope_scaling not in _GGUF_ROPE_SCALING_TYPES:
         raise UnsupportedModel(f"{path.name}: rope scaling {rope_scaling!r} is not supported; supported: {_ROPE_TYPES}")
+    _check_rotary_dims(path, architecture, metadata)
     if not header.tensors:
         raise UnsupportedModel(f"{path.name} holds no tensors (a vocabulary-only GGUF); a model file has its weights")
+
+
+def _check_rotary_dims(path: Path, architecture: str, metadata: dict[str, Any]) -> None:
+    """Refuses rotary embeddings over part of a head (a head's size read as the loader reads it)."""
+    hidden_size = metadata.get(f"{architecture}.embedding_length")
+    num_heads = metadata.get(f"{architecture}.attention.head_count")
+    head_dim = metadata.get(f"{architecture}.attention.key_length") or (
+        hidden_size // num_heads if hidden_size and num_heads else None
+    )
+    rotary_dim = metadata.get(f"{architecture}.rope.dimension_count") or head_dim
+    if head_dim and rotary_dim != head_dim:
+        raise UnsupportedModel(
+            f"{path.name}: partial rotary embeddings ({rotary_dim} of {head_dim} dims a head) are not supported; "
+            "supported: rotary embeddings over every dim of a head"
+        )
 
 
 def _type_name(ggml_type: int) -> str:

@@ -81,6 +81,16 @@ def test_a_gguf_rope_scaling_the_loader_reads_passes(tmp_path: Path, scaling: st
     check_servable(write_gguf(tmp_path / "m.gguf", metadata={"llama.rope.scaling.type": scaling}))
 
 
+@pytest.mark.parametrize(("rotary_dims", "is_refused"), [(8, True), (16, False)])
+def test_rotary_embeddings_over_part_of_a_head_are_refused(tmp_path: Path, rotary_dims: int, is_refused: bool) -> None:
+    metadata = {"llama.embedding_length": 64, "llama.attention.head_count": 4, "llama.rope.dimension_count": rotary_dims}
+    path = write_gguf(tmp_path / "m.gguf", metadata=metadata)
+    if is_refused:
+        assert refusal(path).startswith("m.gguf: partial rotary embeddings (8 of 16 dims a head) are not supported")
+    else:
+        check_servable(path)
+
+
 @pytest.mark.parametrize("num_bytes", [0, 3, 30, 200, -4])
 def test_a_cut_short_file_is_refused_naming_it(tmp_path: Path, num_bytes: int) -> None:
     path = write_gguf(tmp_path / "m.gguf")
