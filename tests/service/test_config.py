@@ -25,7 +25,7 @@ OTHER_VALUES: dict[str, Any] = {
     "tool_call_parser": "hermes", "reasoning_parser": "qwen3",
     "api_keys": ("k1", "k2"), "is_metrics_auth": True, "max_num_queued_requests": 0, "request_timeout_s": 2.5,
     "shutdown_timeout_s": 0.0, "sse_keepalive_s": 0.0, "max_header_bytes": 2048, "stream_retention_s": 60.0,
-    "stream_retention_mib": 16, "responses_store": "off",
+    "stream_retention_mib": 16, "responses_store": "off", "store_owner": "gateway-a", "store_max_bytes": 2**20,
     "max_batch_lines": 4, "models_dir": "/models", "models_config": "/models/models.toml", "max_loaded_models": 2,
     "memory_budget": 16 * 2**30, "idle_unload_s": 300.0,
 }

@@ -15,8 +15,8 @@ from service.client.core_client import EngineDeadError
 from service.model_files.tokenizer import Tokenizer
 from service.openai.batch_generate import BatchLine
 from service.openai.batch_store import BatchStore
+from tests.service.api.batch_client import CHAT, chat_line, create_batch, file_lines, until_status, upload
 from tests.service.api.fake_engine import FakeEngineClient
-from tests.service.api.test_batches_inproc import CHAT, chat_line, create_batch, file_lines, until_status, upload
 from tests.service.conftest import Serve
 
 OWNER = "port 8000"  # NOTE: the serve fixture's server, on GatewayConfig's default port.
