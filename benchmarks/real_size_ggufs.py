@@ -196,16 +196,7 @@ def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0, types: dict[st
             values = rng.normal(0, 0.02, dims).astype(np.float32)
             kind = name.split(".")[-2]
             quant = gguf.GGMLQuantizationType[(types or {}).get(kind, ggml_type)]
-            if quant in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K):
-                values = quantize_q4_k(values, bits=4 if quant == gguf.GGMLQuantizationType.Q4_K else 5)
-            elif quant == gguf.GGMLQuantizationType.Q6_K:
-                values = quantize_q6_k(values)
-            elif quant == gguf.GGMLQuantizationType.IQ4_XS:
-                values = quantize_iq4_xs(values)
-            elif quant == gguf.GGMLQuantizationType.F16:
-                values = values.astype(np.float16)
-            else:
-                values = gguf.quants.quantize(values, quant)
+            values = quantize(values, quant)
             # NOTE: with `raw_dtype` gguf-py takes the shape in bytes per row, as the quantized array has it.
             writer.add_tensor_info(name, values.shape, values.dtype, values.nbytes, raw_dtype=quant)
         arrays.append((name, values))
@@ -214,6 +205,46 @@ def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0, types: dict[st
     writer.write_ti_data_to_file()
     for _, values in arrays:
         writer.write_tensor_data(values)
+    writer.close()
+
+
+def quantize(values: np.ndarray, quant: gguf.GGMLQuantizationType) -> np.ndarray:
+    """`values` [rows, cols] as GGUF `quant` bytes: the k- and i-quants by the plain quantizers above,
+    the others by gguf-py."""
+    if quant in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K):
+        return quantize_q4_k(values, bits=4 if quant == gguf.GGMLQuantizationType.Q4_K else 5)
+    if quant == gguf.GGMLQuantizationType.Q6_K:
+        return quantize_q6_k(values)
+    if quant == gguf.GGMLQuantizationType.IQ4_XS:
+        return quantize_iq4_xs(values)
+    if quant == gguf.GGMLQuantizationType.F16:
+        return values.astype(np.float16)
+    return np.asarray(gguf.quants.quantize(values, quant))
+
+
+def requantize(
+    source: Path, out: Path, ggml_type: str, kinds: tuple[str, ...], extra_tensors: dict[str, np.ndarray] | None = None
+) -> None:
+    """`source` (a GGUF) again, with the matrices of `kinds` (`ffn_down`, ...) dequantized and quantized to
+    `ggml_type`, and `extra_tensors` (float32) added; its metadata and every other tensor as they were."""
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(out, str(reader.fields["general.architecture"].contents()))
+    for name, field in reader.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            value_type = field.types[0]
+            sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(name, field.contents(), value_type, sub_type)
+    quant = gguf.GGMLQuantizationType[ggml_type]
+    for tensor in reader.tensors:
+        data, raw_type = tensor.data, tensor.tensor_type
+        if tensor.name.split(".")[-2] in kinds:
+            data, raw_type = quantize(gguf.quants.dequantize(data, raw_type), quant), quant
+        writer.add_tensor(tensor.name, data, raw_shape=data.shape, raw_dtype=raw_type)
+    for name, values in (extra_tensors or {}).items():
+        writer.add_tensor(name, values.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
     writer.close()
 
 

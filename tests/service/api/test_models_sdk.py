@@ -13,10 +13,12 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import numpy as np
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from benchmarks.real_size_ggufs import requantize
 from service.bench.local_server import ServerProcess, local_server
 
 API_KEY = "sk-test-models"
@@ -35,13 +37,12 @@ TIMEOUT_S = 120.0
 
 @pytest.fixture(scope="module")
 def models_dir(tiny_model_dir: Path, default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """alpha and beta, each the tiny model's folder, and cut.gguf: the default model's file cut short (its header
-    whole, so it is listed as servable and fails only at its load)."""
+    """alpha and beta, each the tiny model's folder, and odd.gguf: the default model's file with a tensor no
+    family has (its header passes every check, so it is listed as servable and fails only at its load)."""
     path = tmp_path_factory.mktemp("models")
     for model_id in ("alpha", "beta"):
         shutil.copytree(tiny_model_dir, path / model_id)
-    with default_model_path.open("rb") as source:
-        (path / "cut.gguf").write_bytes(source.read(3_000_000))
+    requantize(default_model_path, path / "odd.gguf", "Q8_0", (), {"blk.0.mystery.weight": np.ones(8)})
     return path
 
 
@@ -85,7 +86,7 @@ def engine_commands(server: ServerProcess, model: str) -> list[str]:
 
 
 def test_the_sdk_lists_every_model_and_alias_and_answers_by_alias(sdk: openai.OpenAI) -> None:
-    assert sorted(model.id for model in sdk.models.list()) == ["alpha", "beta", "cut", "gpt-4o-mini"]
+    assert sorted(model.id for model in sdk.models.list()) == ["alpha", "beta", "gpt-4o-mini", "odd"]
     completion = sdk.chat.completions.create(model="gpt-4o-mini", messages=HELLO, max_tokens=4, temperature=0)
     assert completion.model == "gpt-4o-mini"
     assert completion.choices[0].message.content
@@ -135,19 +136,19 @@ def test_a_stream_to_an_unloaded_model_gets_pings_while_it_loads(http: httpx.Cli
 
 
 def test_a_stream_whose_model_fails_to_load_ends_with_an_error_event_naming_why(http: httpx.Client) -> None:
-    assert status_of(http, "cut") == "unloaded"
-    body = {"model": "cut", "messages": HELLO, "max_tokens": 4, "stream": True}
+    assert status_of(http, "odd") == "unloaded"
+    body = {"model": "odd", "messages": HELLO, "max_tokens": 4, "stream": True}
     with http.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200  # NOTE: started with pings while the model loaded
         events = [event.splitlines() for event in response.read().decode().split("\n\n") if event]
     assert events[0] == [": ping"] and events[-1] == ["data: [DONE]"]
     error = json.loads(events[-2][0].removeprefix("data: "))["error"]
-    assert error["code"] == "model_load_failed" and "file size" in error["message"]
+    assert error["code"] == "model_load_failed" and "unsupported GGUF tensor" in error["message"]
     cards = {card["id"]: card["status"] for card in http.get("/v1/models").json()["data"]}
-    assert cards["cut"]["value"] == "unloaded" and cards["cut"]["failed"] is True  # NOTE: as llama.cpp's router says it
-    assert "file size" in cards["cut"]["reason"]
-    assert "file size" in http.get("/health/cut").json()["reason"]
-    assert "reason" not in httpx.get(f"{http.base_url}/health/cut", timeout=TIMEOUT_S).json()  # NOTE: no key
+    assert cards["odd"]["value"] == "unloaded" and cards["odd"]["failed"] is True  # NOTE: as llama.cpp's router says it
+    assert "mystery" in cards["odd"]["reason"]
+    assert "mystery" in http.get("/health/odd").json()["reason"]
+    assert "reason" not in httpx.get(f"{http.base_url}/health/odd", timeout=TIMEOUT_S).json()  # NOTE: no key
     assert http.post("/v1/chat/completions", json={**body, "stream": False}).status_code == 503
 
 
