@@ -71,11 +71,18 @@ def build_root() -> Path:
 
 def _build_or_import(name: str, isa: str) -> Any:
     """Imports the build made for these sources and flags, building it first where there is none."""
+    return build_or_import(name, [*_SOURCES, *_EXTRA_SOURCES_BY_ISA[isa]], _CFLAGS_BY_ISA[isa])
+
+
+def build_or_import(name: str, sources: list[Path], cflags: list[str], headers: tuple[Path, ...] = ()) -> Any:
+    """The module of these sources built with these flags (and `headers` beside the kernels' own), from
+    torch's extension cache where it was built before."""
     from torch.utils import cpp_extension
 
-    sources = [*_SOURCES, *_EXTRA_SOURCES_BY_ISA[isa]]
-    cflags = ["-O3", "-fopenmp", *_CFLAGS_BY_ISA[isa]]
-    folder = _build_folder(name, [*sources, *_HEADERS], cflags)
+    # NOTE: no contraction of a multiply and an add into one FMA where the source has two operations:
+    # the compiler's choice would differ between the AVX-512 and AVX2 bodies, and so would their bits.
+    cflags = ["-O3", "-fopenmp", "-ffp-contract=off", *cflags]
+    folder = _build_folder(name, [*sources, *_HEADERS, *headers], cflags)
     is_built = folder / "built"
     if is_built.exists():
         # NOTE: straight from the built library, not through ninja: ninja would rebuild for

@@ -45,7 +45,7 @@ constexpr int64_t kHighBytes = kGroup * kBlock / 8;  // a group's fifth bits for
 constexpr int64_t kSuperGroups = 8;  // groups per Q4_K super-block
 constexpr int kMaxTile = 8;  // rows per pass: their sums stay in registers
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if ZEROSERVE_AVX512
 using Lanes = __m512;  // one block's 16 outputs
 inline Lanes load_half(const uint16_t* src) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))); }
 inline Lanes load_bytes(const uint8_t* src) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)))); }
@@ -94,7 +94,7 @@ struct SuperBlockScales {
   }
 };
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if ZEROSERVE_AVX512
 
 // Rows [0, TILE) of x̂ (`k` apart; scales and sums [TILE, G]) times one block of 16 outputs into
 // `out` (bf16, `out_stride` apart); with HIGH, each code's fifth bit from `high` ([G, 64]).

@@ -53,7 +53,7 @@ struct TileRows {
   const int32_t* sub_sums;  // b [TILE, 2G]
 };
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if ZEROSERVE_AVX512
 
 // d·s of sub-block j for the block's 16 outputs.
 inline __m512 sub_scale(const BlockWeights& w, int64_t j) {

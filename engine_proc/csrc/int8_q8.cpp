@@ -45,7 +45,7 @@ constexpr int kMaxTile = 8;  // rows per pass: their sums stay in registers
 // llama.cpp's kvalues_iq4nl: the values an IQ4_NL or IQ4_XS index stands for.
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if ZEROSERVE_AVX512
 using Bytes = __m512i;  // one block's 16 outputs × 4 inputs
 constexpr int64_t kBytes = 64;
 inline Bytes load_bytes(const void* src) { return _mm512_loadu_si512(src); }
@@ -112,7 +112,7 @@ struct SuperBlockScales {
   }
 };
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if ZEROSERVE_AVX512
 
 // Rows [0, TILE) of x̂ (`k` apart; scales [TILE, G]) times one block of 16 outputs into `out`
 // (bf16, `out_stride` apart).

@@ -8,6 +8,11 @@
 // register); (2) each row's softmax over the keys it may see (`row_limits`: a row's query
 // position + 1); (3) the probabilities times V, read from the cache blocks as bfloat16, up to
 // 4 rows per pass. Float32 throughout, bfloat16 out (rounded to nearest even, as torch does).
+//
+// NOTE: both instruction sets run this same arithmetic (vec16.h), so a row's output is the same bits
+// on any x86 CPU. The AVX-512 build once took its scores by bfloat16 dot products (`vdpbf16ps`: one
+// chain of sums per row where this has two, the scale after the sums, and subnormals flushed), which
+// moved gemma-3-270m's greedy answers on an AVX-512 Xeon away from the AVX2 builds'.
 
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
@@ -41,26 +46,6 @@ inline void score_rows(const float* q, int64_t head_dim, const float* keys_t, fl
   }
   for (int i = 0; i < N; ++i) store16(scores + i * stride, even[i] + odd[i]);
 }
-
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-// scores[i][0..16) = scale · q[i] · keys of one block, for N rows of bfloat16 queries, by bfloat16 dot
-// products over the block's column pairs (`pair_bf16_block`): the products are exact, the sums float32.
-template <int N>
-inline void score_rows_bf16(const uint16_t* q, int64_t head_dim, const __m512i* pairs, float* scores, int64_t stride,
-                            float scale) {
-  __m512 acc[N];
-  for (int i = 0; i < N; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < head_dim / 2; ++p) {
-    const __m512bh keys = reinterpret_cast<__m512bh>(pairs[p]);
-    for (int i = 0; i < N; ++i) {
-      int32_t pair;
-      std::memcpy(&pair, q + i * head_dim + 2 * p, sizeof(pair));
-      acc[i] = _mm512_dpbf16_ps(acc[i], keys, reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair)));
-    }
-  }
-  for (int i = 0; i < N; ++i) _mm512_storeu_ps(scores + i * stride, _mm512_mul_ps(acc[i], _mm512_set1_ps(scale)));
-}
-#endif
 
 // out[i][col, col + 16 G) = probs[i] · values over `length` keys, for N rows and G groups of 16
 // columns; the values are read as bfloat16 from their cache blocks (`value_blocks`, 16 keys each).
@@ -148,13 +133,6 @@ at::Tensor paged_decode_attention(
     std::vector<float> q_buf(num_rows * head_dim + 16), k_buf(kBlockSize * head_dim + 16), s_buf(num_rows * max_keys + 16),
         o_buf(num_rows * head_dim + 16);
     std::vector<const uint16_t*> value_blocks(max_keys / kBlockSize);
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-    // NOTE: the keys' column pairs, for scores by bfloat16 dot products (head sizes of 32s).
-    const bool is_paired = head_dim % 32 == 0;
-    std::vector<__m512i> key_pairs(head_dim / 2);
-#else
-    const bool is_paired = false;
-#endif
     float *q = aligned(q_buf), *keys_t = aligned(k_buf), *scores = aligned(s_buf), *o = aligned(o_buf);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / num_kv_heads, head = item % num_kv_heads;
@@ -162,9 +140,7 @@ at::Tensor paged_decode_attention(
       const int64_t num_keys = *std::max_element(limits, limits + num_rows);
       const int64_t num_blocks = (num_keys + kBlockSize - 1) / kBlockSize, length = num_blocks * kBlockSize;
       const uint16_t* q_in = queries + item * num_rows * head_dim;
-      if (!is_paired) {  // NOTE: the dot products take the bfloat16 queries as they are
-        for (int64_t i = 0; i < num_rows * head_dim; i += 16) store16(q + i, load_bf16(q_in + i) * vscale);
-      }
+      for (int64_t i = 0; i < num_rows * head_dim; i += 16) store16(q + i, load_bf16(q_in + i) * vscale);
       // 1) keys and values of the sequence's blocks, then the scores block by block.
       const uint16_t* k_cache = kv + head * num_slots * head_dim;
       const uint16_t* v_cache = kv + (num_kv_heads + head) * num_slots * head_dim;
@@ -180,16 +156,6 @@ at::Tensor paged_decode_attention(
           prefetch_lines(k_cache + tables[seq * max_blocks + b + kPrefetchBlocks] * block_elems, block_elems);
         }
         prefetch_lines(v_block, block_elems);
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-        if (is_paired) {
-          pair_bf16_block(k_block, head_dim, key_pairs.data());
-          by_row_groups(num_rows, [&](auto n, int64_t r) {
-            score_rows_bf16<decltype(n)::value>(q_in + r * head_dim, head_dim, key_pairs.data(), scores + r * length + b * kBlockSize,
-                                                length, static_cast<float>(scale));
-          });
-          continue;
-        }
-#endif
         load_bf16_block_transposed(k_block, head_dim, keys_t);
         by_row_groups(num_rows, [&](auto n, int64_t r) {
           score_rows<decltype(n)::value>(q + r * head_dim, head_dim, keys_t, scores + r * length + b * kBlockSize, length);

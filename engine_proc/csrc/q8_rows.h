@@ -17,7 +17,7 @@ namespace zeroserve {
 
 constexpr int64_t kQ8Group = 32;
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if ZEROSERVE_AVX512
 
 // 16 floats rounded to the nearest whole number (ties to even), saturated to signed bytes.
 inline void store_int8(int8_t* dst, V16 x) {

@@ -1,16 +1,63 @@
 // 16 floats as one value, for the CPU kernels: one AVX-512 register, or two AVX2 registers.
 // Each build compiles the kernels for one instruction set (engine_proc/cpu_kernels.py passes
-// its flags): with AVX-512 F/BW/VL/BF16 the AVX-512 branch, with AVX2 + FMA + F16C the other.
-// bfloat16 conversions round to nearest even and keep NaNs quiet, as torch does.
+// its flags): with AVX-512 F/BW/VL/BF16/VNNI the AVX-512 bodies (`ZEROSERVE_AVX512`), with
+// AVX2 + FMA + F16C the others.
+//
+// The two bodies give the same bits: every lane does the same IEEE operations in the same order
+// (sums across lanes by one tree, `reduce8`), and neither uses an instruction whose rounding is
+// its own: bfloat16 conversions round to nearest even by integer arithmetic, keeping subnormals
+// and making NaNs quiet as torch does (AVX-512's `vcvtneps2bf16` would flush subnormals to zero),
+// 2^n is built from its bits, and no approximate reciprocal or bfloat16 dot product appears.
+// tests/engine_proc/test_kernel_bodies.py holds this: it builds the AVX-512 bodies through SIMDe
+// (`ZEROSERVE_SIMDE_AVX512`) on an AVX2 CPU and compares every kernel's output bit for bit.
 #pragma once
 
 #include <immintrin.h>
+
+#if defined(ZEROSERVE_SIMDE_AVX512)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+
+#include "simde_extras.h"  // what this SIMDe lacks (the test's folder is on the include path)
+#define ZEROSERVE_AVX512 1
+#elif defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512VNNI__)
+#define ZEROSERVE_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define ZEROSERVE_AVX512 0
+#else
+#error "zeroserve's CPU kernels need AVX-512 BF16 and VNNI, or AVX2 with FMA and F16C"
+#endif
 
 #include <cstdint>
 
 namespace zeroserve {
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// The sum or the largest of 8 floats: halves, then pairs, then the last two (both bodies' one tree).
+inline float reduce8(__m256 x, bool is_max) {
+  __m128 v = is_max ? _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1))
+                    : _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 swapped = _mm_movehl_ps(v, v);
+  v = is_max ? _mm_max_ps(v, swapped) : _mm_add_ps(v, swapped);
+  const __m128 last = _mm_shuffle_ps(v, v, 1);
+  return _mm_cvtss_f32(is_max ? _mm_max_ss(v, last) : _mm_add_ss(v, last));
+}
+
+// The float's bits rounded to the nearest even bfloat16 (in the high half; NaN as a quiet NaN).
+inline __m256i round_bits(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb));
+  const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256i kept = _mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xFFFF0000)));
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(kept), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), is_nan));
+}
+
+// 2^n for whole-number floats n in [-126, 127], from its exponent bits.
+inline __m256 pow2(__m256 n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+
+#if ZEROSERVE_AVX512
 
 struct V16 {
   __m512 v;
@@ -27,8 +74,13 @@ inline V16 operator/(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
 inline V16 fmadd(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline V16 max16(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline V16 min16(V16 a, V16 b) { return {_mm512_min_ps(a.v, b.v)}; }
-inline float reduce_add(V16 x) { return _mm512_reduce_add_ps(x.v); }
-inline float reduce_max(V16 x) { return _mm512_reduce_max_ps(x.v); }
+inline __m256 low_half(V16 x) { return _mm512_castps512_ps256(x.v); }
+inline __m256 high_half(V16 x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1)); }
+inline V16 join_halves(__m256 low, __m256 high) {
+  return {_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(low)), _mm256_castps_pd(high), 1))};
+}
+inline float reduce_add(V16 x) { return reduce8(_mm256_add_ps(low_half(x), high_half(x)), false); }
+inline float reduce_max(V16 x) { return reduce8(_mm256_max_ps(low_half(x), high_half(x)), true); }
 
 // Lanes below `count` from `x`, the others from `fill`.
 inline V16 first_lanes(V16 x, int64_t count, V16 fill) {
@@ -44,18 +96,18 @@ inline V16 load_bf16(const uint16_t* src) {
 
 // 16 floats rounded to bfloat16.
 inline void store_bf16(uint16_t* dst, V16 x) {
-  const __m256bh packed = _mm512_cvtneps_pbh(x.v);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<const __m256i&>(packed));
+  const __m512i rounded = _mm512_castps_si512(join_halves(_mm256_castsi256_ps(round_bits(low_half(x))),
+                                                          _mm256_castsi256_ps(round_bits(high_half(x)))).v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
 
 // The value bfloat16 rounding gives, as float.
 inline V16 round_bf16(V16 x) {
-  const __m256bh packed = _mm512_cvtneps_pbh(x.v);
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(packed)), 16))};
+  return join_halves(_mm256_castsi256_ps(round_bits(low_half(x))), _mm256_castsi256_ps(round_bits(high_half(x))));
 }
 
 // p * 2^n for whole-number floats n in [-126, 127].
-inline V16 scale_pow2(V16 p, V16 n) { return {_mm512_scalef_ps(p.v, n.v)}; }
+inline V16 scale_pow2(V16 p, V16 n) { return p * join_halves(pow2(low_half(n)), pow2(high_half(n))); }
 inline V16 round_nearest(V16 x) { return {_mm512_roundscale_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
 
 // Columns d and d + 1 of 16 bfloat16 rows `row_stride` apart, from `src` = row 0's column d.
@@ -92,17 +144,6 @@ inline void transpose16_dwords(__m512i rows[16]) {
   for (int i = 0; i < 16; ++i) rows[i] = t[i];
 }
 
-// A block of 16 bfloat16 rows (`head_dim` a multiple of 32) as column pairs [head_dim / 2][16]:
-// pair p of row j in 32-bit lane j of pairs[p], the layout `vdpbf16ps` multiplies by a broadcast pair.
-inline void pair_bf16_block(const uint16_t* block, int64_t head_dim, __m512i* pairs) {
-  for (int64_t col = 0; col < head_dim; col += 32) {
-    __m512i rows[16];
-    for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(block + j * head_dim + col);
-    transpose16_dwords(rows);
-    for (int p = 0; p < 16; ++p) pairs[col / 2 + p] = rows[p];
-  }
-}
-
 // The first columns of a block of 16 bfloat16 rows as floats [column][16], 32 at a time by a
 // transpose in registers; returns how many columns it did.
 inline int64_t transpose_bf16_block(const uint16_t* block, int64_t head_dim, float* out) {
@@ -121,7 +162,7 @@ inline int64_t transpose_bf16_block(const uint16_t* block, int64_t head_dim, flo
   return col;
 }
 
-#elif defined(__AVX2__) && defined(__FMA__)
+#else  // AVX2 + FMA + F16C
 
 struct V16 {
   __m256 lo, hi;
@@ -139,14 +180,6 @@ inline V16 fmadd(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo
 inline V16 max16(V16 a, V16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
 inline V16 min16(V16 a, V16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
 
-inline float reduce8(__m256 x, bool is_max) {
-  __m128 v = is_max ? _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1))
-                    : _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  const __m128 swapped = _mm_movehl_ps(v, v);
-  v = is_max ? _mm_max_ps(v, swapped) : _mm_add_ps(v, swapped);
-  const __m128 last = _mm_shuffle_ps(v, v, 1);
-  return _mm_cvtss_f32(is_max ? _mm_max_ss(v, last) : _mm_add_ss(v, last));
-}
 inline float reduce_add(V16 x) { return reduce8(_mm256_add_ps(x.lo, x.hi), false); }
 inline float reduce_max(V16 x) { return reduce8(_mm256_max_ps(x.lo, x.hi), true); }
 
@@ -165,16 +198,6 @@ inline V16 load_bf16(const uint16_t* src) {
           widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8)))};
 }
 
-// The float's bits rounded to the nearest even bfloat16 (in the high half; NaN as a quiet NaN).
-inline __m256i round_bits(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb));
-  const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  const __m256i kept = _mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xFFFF0000)));
-  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(kept), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), is_nan));
-}
-
 inline void store_bf16(uint16_t* dst, V16 x) {
   const __m256i lo = _mm256_srli_epi32(round_bits(x.lo), 16), hi = _mm256_srli_epi32(round_bits(x.hi), 16);
   // NOTE: packus packs within 128-bit lanes (lo0-3, hi0-3, lo4-7, hi4-7); the permute restores the order.
@@ -184,9 +207,6 @@ inline void store_bf16(uint16_t* dst, V16 x) {
 
 inline V16 round_bf16(V16 x) { return {_mm256_castsi256_ps(round_bits(x.lo)), _mm256_castsi256_ps(round_bits(x.hi))}; }
 
-inline __m256 pow2(__m256 n) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-}
 inline V16 scale_pow2(V16 p, V16 n) { return {_mm256_mul_ps(p.lo, pow2(n.lo)), _mm256_mul_ps(p.hi, pow2(n.hi))}; }
 inline V16 round_nearest(V16 x) {
   constexpr int kMode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -250,8 +270,6 @@ inline int64_t transpose_bf16_block(const uint16_t* block, int64_t head_dim, flo
   return col;
 }
 
-#else
-#error "zeroserve's CPU kernels need AVX-512 BF16 or AVX2 with FMA"
 #endif
 
 // A block of 16 bfloat16 rows of `head_dim` (even) as floats [head_dim][16]: transposed in

@@ -34,8 +34,11 @@ class RMSNorm(nn.Module):
         self.kernels: Any | None = None  # the CPU kernels, for bfloat16 rows (see `LlamaForCausalLM.prepack`)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.kernels is not None and x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous():
-            return self.kernels.rms_norm(x, self.weight, self.eps)
+        if self.kernels is not None and x.dim() >= 2 and x.dtype == torch.bfloat16:
+            # NOTE: per-head norms too ([tokens, heads, head_dim], a projection's slice: copied to rows):
+            # torch's sum of squares follows the CPU's vector width, the kernel's is the same on any x86.
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            return self.kernels.rms_norm(rows, self.weight, self.eps).view(x.shape)
         # NOTE: a decode step runs 61 norms, so skip even the no-op conversions of float32,
         # and compute in place in the float32 copy of a 16-bit input (same values, fewer tensors).
         if x.dtype == torch.float32:

@@ -1,0 +1,192 @@
+"""The C++ kernels' AVX-512 and AVX2 bodies give the same bits (vec16.h says how): a machine's answers do
+not depend on which of the two its CPU runs.
+
+On any AVX2 CPU the AVX-512 bodies are built through SIMDe (SIMD Everywhere, Debian's libsimde-dev: each
+AVX-512 intrinsic as AVX2 code) beside the AVX2 build, and every kernel's output is compared bit for bit
+on random inputs; on an AVX-512 CPU its own build is compared too. SIMDe computes each instruction as
+Intel defines it, so this holds the arithmetic the bodies ask for (the same operations in the same order),
+not a CPU's own deviations: the kernels use no instruction whose rounding is the CPU's to choose.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine_proc import cpu_kernels
+from engine_proc.cpu_features import cpu_features
+from engine_proc.models.form_registry import FORMS
+from engine_proc.models.llama import RMSNorm
+from engine_proc.models.weight_blocks import Blocks, Q5KBlocks, Q8Blocks
+from proto import envs
+from tests.engine_proc.models.test_quantized_linear import (
+    random_blocks,
+    random_iq4xs_blocks,
+    random_q4k_blocks,
+    random_q5_blocks,
+    random_q6k_blocks,
+)
+
+SIMDE_HEADER = Path("/usr/include/simde/x86/avx512.h")
+EXTRAS = Path(__file__).parent / "simde" / "simde_extras.h"
+
+pytestmark = pytest.mark.skipif(
+    not cpu_features().has_avx2 or shutil.which("g++") is None or not envs.cpu_kernels(),
+    reason="the kernels' AVX2 build needs an x86 CPU with AVX2, g++ and ZEROSERVE_CPU_KERNELS on",
+)
+
+
+def _avx2_build() -> Any:
+    return cpu_kernels.build_or_import("zeroserve_cpu_kernels_avx2", cpu_kernels._SOURCES, cpu_kernels._CFLAGS_BY_ISA["avx2"])
+
+
+def _simde_build() -> Any:
+    if not SIMDE_HEADER.exists():
+        pytest.skip(f"no SIMDe headers ({SIMDE_HEADER}: apt-get install libsimde-dev)")
+    # NOTE: -fno-tree-sra: GCC 12 stops with an internal error on SIMDe's 512-bit unions in attention without it.
+    cflags = ["-mavx2", "-mfma", "-mf16c", "-DZEROSERVE_SIMDE_AVX512", "-fno-tree-sra", f"-I{EXTRAS.parent}"]
+    try:
+        return cpu_kernels.build_or_import("zeroserve_cpu_kernels_simde_avx512", cpu_kernels._SOURCES, cflags, (EXTRAS,))
+    except Exception as exc:  # noqa: BLE001 - a SIMDe this build does not go with is a skip, named
+        pytest.skip(f"the AVX-512 bodies did not build through SIMDe: {str(exc)[-300:]}")
+
+
+def _bodies() -> list[str]:
+    return ["simde", "native"] if cpu_features().kernel_isa == "avx512_bf16" else ["simde"]
+
+
+@pytest.fixture(scope="module")
+def avx2() -> Any:
+    return _avx2_build()
+
+
+@pytest.fixture(scope="module", params=_bodies())
+def avx512(request: pytest.FixtureRequest) -> Any:
+    if request.param == "native":
+        return cpu_kernels.load_cpu_kernels()
+    return _simde_build()
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
+                                              b.view(torch.int16) if b.dtype == torch.bfloat16 else b)
+
+
+def _rows(num_rows: int, width: int, seed: int) -> torch.Tensor:
+    """bfloat16 rows spanning six orders of magnitude, with zeros, subnormals and both signs."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_rows, width, generator=generator) * torch.logspace(-3, 3, num_rows).unsqueeze(1)
+    x[0, :16] = torch.tensor([0.0, -0.0, 1e-39, -1e-39, 3e-40, 1e-45, 5.0, -5.0, 60.0, -60.0, 100.0, -100.0, 1.0, -1.0, 0.5, 2.0])
+    return x.bfloat16()
+
+
+def test_the_elementwise_kernels(avx2: Any, avx512: Any) -> None:
+    x, other = _rows(37, 640, 1), _rows(37, 640, 2)
+    weight = _rows(1, 640, 3)[0]
+    assert _same_bits(avx2.rms_norm(x, weight, 1e-6), avx512.rms_norm(x, weight, 1e-6))
+    residuals = [other.clone(), other.clone()]
+    normed = [kernels.add_rms_norm(x, residual, weight, 1e-6) for kernels, residual in zip((avx2, avx512), residuals, strict=True)]
+    assert _same_bits(*normed) and _same_bits(*residuals)
+    assert _same_bits(avx2.silu_and_mul(x), avx512.silu_and_mul(x))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_rotary_and_the_cache_write(avx2: Any, avx512: Any, head_dim: int) -> None:
+    num_tokens, num_heads, num_kv_heads = 9, 4, 2
+    qkv = _rows(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, 4)
+    angles = torch.rand(num_tokens, head_dim // 2, generator=torch.Generator().manual_seed(5)) * 100
+    table = torch.cat((angles.cos(), angles.cos(), -angles.sin(), angles.sin()), dim=-1).bfloat16()
+    slots = torch.randperm(64, generator=torch.Generator().manual_seed(6))[:num_tokens]
+    outs = []
+    for kernels in (avx2, avx512):
+        cache = torch.zeros(2, num_kv_heads, 64, head_dim, dtype=torch.bfloat16)
+        outs.append((*kernels.rotary_store_kv(qkv, table, slots, cache, num_heads), cache))
+    assert all(_same_bits(a, b) for a, b in zip(*outs, strict=True))
+
+
+@pytest.mark.parametrize(("head_dim", "num_rows"), [(64, 3), (80, 5), (128, 1), (256, 4), (256, 9)])
+def test_paged_decode_attention(avx2: Any, avx512: Any, head_dim: int, num_rows: int) -> None:
+    """Several sequences of up to 300 keys (a partly filled last block), rows that see fewer keys
+    than their sequence holds (a prompt's chunk), scores of both signs and wide range."""
+    generator = torch.Generator().manual_seed(head_dim + num_rows)
+    num_seqs, num_kv_heads, num_blocks, max_blocks = 3, 2, 64, 19
+    cache = (torch.randn(2, num_kv_heads, num_blocks * 16, head_dim, generator=generator) * 3).bfloat16()
+    query = (torch.randn(num_seqs, num_kv_heads, num_rows, head_dim, generator=generator) * 2).bfloat16()
+    block_table = torch.stack([torch.randperm(num_blocks, generator=generator)[:max_blocks] for _ in range(num_seqs)])
+    row_limits = torch.randint(1, max_blocks * 16 + 1, (num_seqs, num_rows), generator=generator)
+    row_limits[0, 0] = 1
+    for scale in (head_dim**-0.5, 1.0 / 16):
+        outs = [kernels.paged_decode_attention(query, cache, block_table, row_limits, scale) for kernels in (avx2, avx512)]
+        assert _same_bits(*outs)
+
+
+def _q8_blocks(rows: int, cols: int) -> Q8Blocks:
+    generator = torch.Generator().manual_seed(8)
+    codes = torch.randint(-127, 128, (rows, cols), generator=generator).to(torch.int8)
+    return Q8Blocks(codes, (torch.rand(rows, cols // 32, generator=generator) * 1e-2 + 1e-4).half().float())
+
+
+_BLOCKS: dict[str, Callable[[int, int], Blocks]] = {
+    "int4_q8": random_blocks,
+    "int4k_q8": random_q4k_blocks,
+    "int5_q8": random_q5_blocks,
+    "int5k_q8": lambda rows, cols: random_q4k_blocks(rows, cols, Q5KBlocks),
+    "int6k_q8": random_q6k_blocks,
+    "iq4xs_q8": random_iq4xs_blocks,
+    "int8_q8": _q8_blocks,
+}
+
+
+def test_every_kernel_form_has_its_blocks_here() -> None:
+    assert sorted(_BLOCKS) == sorted(name for name, spec in FORMS.items() if spec.kernel is not None)
+
+
+@pytest.mark.parametrize("form", sorted(_BLOCKS))
+def test_the_matmul_forms(avx2: Any, avx512: Any, form: str) -> None:
+    ops = FORMS[form].kernel
+    assert ops is not None
+    blocks = _BLOCKS[form](48, 512)
+    for num_rows in (1, 3, 16):
+        x = _rows(num_rows, 512, num_rows)
+        outs = [ops.run(kernels)(x, *ops.pack(kernels, blocks)) for kernels in (avx2, avx512)]
+        assert _same_bits(*outs)
+
+
+def test_per_head_norms_run_through_the_kernel(avx2: Any) -> None:
+    """Gemma's and Qwen3's query and key norms ([tokens, heads, head_dim], a slice of the projection) take
+    the kernel's rows, not torch's sum of squares (whose order follows the CPU's vector width)."""
+    norm = RMSNorm(256, 1e-6).to(torch.bfloat16)
+    norm.weight.data = _rows(1, 256, 9)[0]
+    norm.kernels = avx2
+    qkv = _rows(2000, 6 * 256, 10)  # NOTE: enough rows that torch's sums would land a value a step away
+    heads = qkv[:, : 4 * 256].view(2000, 4, 256)
+    expected = avx2.rms_norm(heads.reshape(-1, 256).contiguous(), norm.weight, 1e-6).view(2000, 4, 256)
+    assert _same_bits(norm(heads), expected)
+
+
+def test_torch_gelu_gives_the_same_bits_held_to_avx2() -> None:
+    """Gemma's MLP takes torch's GELU (tanh): its tanh is Sleef's at the CPU's vector width, so on an
+    AVX-512 CPU it must give the bits torch held to AVX2 gives."""
+    if cpu_features().capability != "AVX512":
+        pytest.skip(f"torch runs its AVX2 kernels here already ({cpu_features().describe()})")
+    x = _rows(64, 2048, 11)
+    script = (
+        "import sys, torch; x = torch.load(sys.argv[1]); "
+        "torch.save(torch.nn.functional.gelu(x, approximate='tanh'), sys.argv[1])"
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "x.pt"
+        torch.save(x, path)
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+        subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True, timeout=120)
+        held = torch.load(path)
+    assert _same_bits(torch.nn.functional.gelu(x, approximate="tanh"), held)
