@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,17 @@ from engine_proc import cpu_kernels
 from engine_proc.cpu_features import cpu_features
 from engine_proc.models.form_registry import FORMS
 from engine_proc.models.llama import RMSNorm
-from engine_proc.models.weight_blocks import Blocks, Q5KBlocks, Q8Blocks
-from proto import envs
-from tests.engine_proc.models.test_quantized_linear import (
-    random_blocks,
-    random_iq4xs_blocks,
-    random_q4k_blocks,
-    random_q5_blocks,
-    random_q6k_blocks,
+from engine_proc.models.weight_blocks import (
+    Blocks,
+    IQ4XSBlocks,
+    Q4Blocks,
+    Q4KBlocks,
+    Q5Blocks,
+    Q5KBlocks,
+    Q6KBlocks,
+    Q8Blocks,
 )
+from proto import envs
 
 SIMDE_HEADER = Path("/usr/include/simde/x86/avx512.h")
 EXTRAS = Path(__file__).parent / "simde" / "simde_extras.h"
@@ -134,32 +135,47 @@ def test_paged_decode_attention(avx2: Any, avx512: Any, head_dim: int, num_rows:
         assert _same_bits(*outs)
 
 
-def _q8_blocks(rows: int, cols: int) -> Q8Blocks:
-    generator = torch.Generator().manual_seed(8)
-    codes = torch.randint(-127, 128, (rows, cols), generator=generator).to(torch.int8)
-    return Q8Blocks(codes, (torch.rand(rows, cols // 32, generator=generator) * 1e-2 + 1e-4).half().float())
+def _blocks(form: str, rows: int, cols: int) -> Blocks:
+    """Random blocks of the form's kind, as a GGUF holds them (float16-exact scales)."""
+    g = torch.Generator().manual_seed(len(form))
+
+    def codes(top: int) -> torch.Tensor:
+        return torch.randint(0, top, (rows, cols), dtype=torch.uint8, generator=g)
+
+    def halves(per: int, low: float, span: float) -> torch.Tensor:
+        return (torch.rand(rows, cols // per, generator=g) * span + low).half().float()
+
+    def small_ints(per: int, low: int, high: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.randint(low, high, (rows, cols // per), generator=g).to(dtype)
+
+    if form in ("int4_q8", "int5_q8"):
+        kind = Q4Blocks if form == "int4_q8" else Q5Blocks
+        return kind(codes(16 if form == "int4_q8" else 32), halves(32, 1e-3, 0.02), -halves(32, 0.0, 0.2))
+    if form in ("int4k_q8", "int5k_q8"):
+        kind_k = Q4KBlocks if form == "int4k_q8" else Q5KBlocks
+        return kind_k(codes(16 if form == "int4k_q8" else 32), small_ints(32, 1, 64, torch.uint8),
+                      small_ints(32, 0, 64, torch.uint8), halves(256, 1e-4, 1e-3), halves(256, 0.0, 1e-3))
+    if form == "int6k_q8":
+        return Q6KBlocks(codes(64), small_ints(16, -128, 128, torch.int8), halves(256, 1e-4, 1e-3))
+    if form == "iq4xs_q8":
+        return IQ4XSBlocks(codes(16), small_ints(32, -32, 32, torch.int8), halves(256, 1e-4, 1e-3))
+    assert form == "int8_q8", form
+    signed = torch.randint(-127, 128, (rows, cols), generator=g).to(torch.int8)
+    return Q8Blocks(signed, halves(32, 1e-4, 1e-2))
 
 
-_BLOCKS: dict[str, Callable[[int, int], Blocks]] = {
-    "int4_q8": random_blocks,
-    "int4k_q8": random_q4k_blocks,
-    "int5_q8": random_q5_blocks,
-    "int5k_q8": lambda rows, cols: random_q4k_blocks(rows, cols, Q5KBlocks),
-    "int6k_q8": random_q6k_blocks,
-    "iq4xs_q8": random_iq4xs_blocks,
-    "int8_q8": _q8_blocks,
-}
+_FORMS = ("int4_q8", "int4k_q8", "int5_q8", "int5k_q8", "int6k_q8", "iq4xs_q8", "int8_q8")
 
 
 def test_every_kernel_form_has_its_blocks_here() -> None:
-    assert sorted(_BLOCKS) == sorted(name for name, spec in FORMS.items() if spec.kernel is not None)
+    assert sorted(_FORMS) == sorted(name for name, spec in FORMS.items() if spec.kernel is not None)
 
 
-@pytest.mark.parametrize("form", sorted(_BLOCKS))
+@pytest.mark.parametrize("form", _FORMS)
 def test_the_matmul_forms(avx2: Any, avx512: Any, form: str) -> None:
     ops = FORMS[form].kernel
     assert ops is not None
-    blocks = _BLOCKS[form](48, 512)
+    blocks = _blocks(form, 48, 512)
     for num_rows in (1, 3, 16):
         x = _rows(num_rows, 512, num_rows)
         outs = [ops.run(kernels)(x, *ops.pack(kernels, blocks)) for kernels in (avx2, avx512)]
