@@ -5,7 +5,8 @@ On any AVX2 CPU the AVX-512 bodies are built through SIMDe (SIMD Everywhere, Deb
 AVX-512 intrinsic as AVX2 code) beside the AVX2 build, and every kernel's output is compared bit for bit
 on random inputs; on an AVX-512 CPU its own build is compared too. SIMDe computes each instruction as
 Intel defines it, so this holds the arithmetic the bodies ask for (the same operations in the same order),
-not a CPU's own deviations: the kernels use no instruction whose rounding is the CPU's to choose.
+which is why the kernels use no instruction whose rounding is the CPU's own: `vdpbf16ps` (flushes
+subnormals, and SIMDe 0.7 sums its pairs in another order than Intel's manual), `vcvtneps2bf16`, rcp14.
 """
 
 from __future__ import annotations
