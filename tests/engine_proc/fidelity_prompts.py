@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from engine_proc.core import EngineCore
+from engine_proc.models.quantized_linear import Linear
 from proto.engine_input import EngineCoreRequest, SamplingParams
 
 QUESTIONS = [
@@ -42,3 +45,18 @@ def teacher_forced_ranks(core: EngineCore, prompts: list[list[int]], references:
         # prompt_logprobs position j scores token j + 1 of the prompt.
         ranks += logprobs.ranks[len(prompt) - 1 : len(prompt) - 1 + len(reference)]
     return ranks
+
+
+def reference_margin(hf_reference_model: object, token_ids: list[int]) -> float:
+    """How far the reference's most likely next token leads its second, in nats."""
+    with torch.no_grad():
+        logits = hf_reference_model(torch.tensor([token_ids])).logits  # type: ignore[operator]
+    top2 = logits[0, -1].log_softmax(-1).topk(2).values
+    return (top2[0] - top2[1]).item()
+
+
+def planned_forms(core: EngineCore) -> set[str]:
+    """Every form the load-time plan runs for some batch size, the output head's included."""
+    model = core.model_runner.model
+    matmuls = [module.forms for module in model.modules() if isinstance(module, Linear)] + [model.head]
+    return {form for matmul in matmuls if matmul is not None for _, form in matmul.plan}

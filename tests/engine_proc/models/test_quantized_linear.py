@@ -159,17 +159,23 @@ def test_int4_q8_rounds_its_inputs_to_8_bits_per_group(has_min: bool, num_tokens
     with torch.no_grad():
         forms.plan = ((sys.maxsize, "int4_q8"),)
         out = linear(x).double()
-    # What the kernel says it computes, in float64: Σ_g d·a·Σ q·x̂ + m·Σ x.
+    # What the kernel says it computes, in float64: Σ_g d·a·Σ q·x̂ + m·a·Σ x̂, that is x̂ · w.
     q, a = q8_rows(x)
     codes = blocks.codes.double().view(96, -1, 32)
     products = torch.einsum("mgk,ngk->mng", q.double(), codes)
-    sums = x.double().view(num_tokens, -1, 32).sum(-1)
+    sums = q.double().sum(-1) * a.double()
     stated = (products * a.double().unsqueeze(1) * blocks.scales.double()).sum(-1) + sums @ blocks.mins.double().T
     # NOTE: integer products exact, the rest float32 sums, then one bfloat16 rounding (2**-8 relative).
     assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
-    # Against the exact product: no further than half a step of each input's group.
-    expected = x.double() @ blocks.dequantize().double().T
-    steps = torch.einsum("mg,ngk->mn", a.double() / 2, codes * blocks.scales.double().unsqueeze(-1))
+    assert_within_half_a_step_of_each_input(out, x, blocks.dequantize(), a)
+
+
+def assert_within_half_a_step_of_each_input(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, a: torch.Tensor) -> None:
+    """Against the exact product: no further than half a step of each input's group (a / 2) times the
+    weights it meets, then one bfloat16 rounding."""
+    expected = x.double() @ weight.double().T
+    weights = weight.double().abs().view(weight.shape[0], -1, 32)
+    steps = torch.einsum("mg,ngk->mn", a.double() / 2, weights)
     assert ((out - expected).abs() <= steps + 2**-8 * expected.abs() + 1e-4 * expected.abs().max()).all()
 
 
@@ -327,11 +333,11 @@ def test_int5_q8_multiplies_5_bit_codes_as_int4_q8_does_4_bit_ones(has_min: bool
     x = torch.randn(num_tokens, 256).bfloat16()
     x[0, 40] = 30.0
     out = run(x).double()
-    # What the kernel says it computes: Σ_g d·a·Σ q·x̂ + m·Σ x; integer sums exact, then float32 and one
+    # What the kernel says it computes: Σ_g d·a·Σ q·x̂ + m·a·Σ x̂; integer sums exact, then float32 and one
     # bfloat16 rounding.
     q, a = q8_rows(x)
     products = torch.einsum("mgk,ngk->mng", q.double(), codes.double().view(40, -1, 32))
-    sums = x.double().view(num_tokens, -1, 32).sum(-1)
+    sums = q.double().sum(-1) * a.double()
     stated = (products * a.double().unsqueeze(1) * blocks.scales.double()).sum(-1) + sums @ blocks.mins.double().T
     assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
 
@@ -346,19 +352,17 @@ def test_int4k_q8_multiplies_q4_k_blocks_with_their_two_level_scales(kind: type[
     x = torch.randn(num_tokens, 512).bfloat16()
     x[0, 40] = 30.0
     out = run(x).double()
-    # What the kernel says it computes: Σ_g (d·s_g)·a·Σ q·x̂ − (dmin·m_g)·Σ x, the 6-bit scales times the
+    # What the kernel says it computes: Σ_g (d·s_g)·a·Σ q·x̂ − (dmin·m_g)·a·Σ x̂, the 6-bit scales times the
     # super-block's float16 d exact in float32; then float32 sums and one bfloat16 rounding.
     q, a = q8_rows(x)
     codes = blocks.codes.double().view(40, -1, 32)
     products = torch.einsum("mgk,ngk->mng", q.double(), codes)
     scales = blocks.d.double().repeat_interleave(8, dim=1) * blocks.scales.double()
     mins = blocks.dmin.double().repeat_interleave(8, dim=1) * blocks.mins.double()
-    sums = x.double().view(num_tokens, -1, 32).sum(-1)
+    sums = q.double().sum(-1) * a.double()
     stated = (products * a.double().unsqueeze(1) * scales).sum(-1) - sums @ mins.T
     assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
-    expected = x.double() @ blocks.dequantize().double().T
-    steps = torch.einsum("mg,ngk->mn", a.double() / 2, codes * scales.unsqueeze(-1))
-    assert ((out - expected).abs() <= steps + 2**-8 * expected.abs() + 1e-4 * expected.abs().max()).all()
+    assert_within_half_a_step_of_each_input(out, x, blocks.dequantize(), a)
 
 
 @needs_kernels
