@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,10 +224,11 @@ def quantize(values: np.ndarray, quant: gguf.GGMLQuantizationType) -> np.ndarray
 
 
 def requantize(
-    source: Path, out: Path, ggml_type: str, kinds: tuple[str, ...], extra_tensors: dict[str, np.ndarray] | None = None
+    source: Path, out: Path, type_of: Callable[[str], str | None], extra_tensors: dict[str, np.ndarray] | None = None
 ) -> None:
-    """`source` (a GGUF) again, with the matrices of `kinds` (`ffn_down`, ...) dequantized and quantized to
-    `ggml_type`, and `extra_tensors` (float32) added; its metadata and every other tensor as they were."""
+    """`source` (a GGUF) again, each tensor that `type_of(its name)` names a GGML type for (`"Q4_K"`, ...)
+    dequantized and quantized to it, and `extra_tensors` (float32) added; its metadata and every other
+    tensor as they were."""
     reader = gguf.GGUFReader(source)
     writer = gguf.GGUFWriter(out, str(reader.fields["general.architecture"].contents()))
     for name, field in reader.fields.items():
@@ -234,10 +236,11 @@ def requantize(
             value_type = field.types[0]
             sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(name, field.contents(), value_type, sub_type)
-    quant = gguf.GGMLQuantizationType[ggml_type]
     for tensor in reader.tensors:
         data, raw_type = tensor.data, tensor.tensor_type
-        if tensor.name.split(".")[-2] in kinds:
+        ggml_type = type_of(tensor.name)
+        if ggml_type is not None:
+            quant = gguf.GGMLQuantizationType[ggml_type]
             data, raw_type = quantize(gguf.quants.dequantize(data, raw_type), quant), quant
         writer.add_tensor(tensor.name, data, raw_shape=data.shape, raw_dtype=raw_type)
     for name, values in (extra_tensors or {}).items():

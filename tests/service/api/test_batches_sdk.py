@@ -45,9 +45,9 @@ def test_a_batch_of_200_completes_across_a_restart_with_every_line_answered_once
     ]
     input_path = tmp_path / "requests.jsonl"
     input_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    store = ("--responses-store", str(tmp_path / "store.sqlite"), "--served-model-name", "tiny")
-    with running_server(tiny_model_dir, *store) as server:
-        sdk = client(server)
+    # NOTE: the restarted server listens on another free port: the owner name it keeps is given, not its port's.
+    store = ("--responses-store", str(tmp_path / "store.sqlite"), "--served-model-name", "tiny", "--store-owner", "tiny")
+    with running_server(tiny_model_dir, *store) as server, client(server) as sdk:
         with input_path.open("rb") as upload:
             file = sdk.files.create(file=upload, purpose="batch")
         batch = sdk.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -56,8 +56,7 @@ def test_a_batch_of_200_completes_across_a_restart_with_every_line_answered_once
         started = until(sdk, batch.id, lambda b: b.request_counts is not None and b.request_counts.completed > 0)
     assert started.status == "in_progress" and started.request_counts is not None
     assert started.request_counts.completed < NUM_LINES  # NOTE: stopped in the middle.
-    with running_server(tiny_model_dir, *store) as server:
-        sdk = client(server)
+    with running_server(tiny_model_dir, *store) as server, client(server) as sdk:
         done = until(sdk, batch.id, lambda b: b.status not in ("validating", "in_progress", "finalizing"))
         assert done.status == "completed" and done.error_file_id is None and done.output_file_id is not None
         assert done.request_counts is not None
@@ -85,8 +84,7 @@ def test_two_servers_with_default_settings_keep_to_their_own_batches_and_backgro
         for i in range(12)
     ]
     content = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    with running_server(tiny_model_dir, "--served-model-name", "first-name") as first:
-        sdk = client(first)
+    with running_server(tiny_model_dir, "--served-model-name", "first-name") as first, client(first) as sdk:
         with running_server(tiny_model_dir, "--served-model-name", "other-name"):
             file = sdk.files.create(file=("requests.jsonl", content), purpose="batch")
             batch = sdk.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")

@@ -42,7 +42,7 @@ def models_dir(tiny_model_dir: Path, default_model_path: Path, tmp_path_factory:
     path = tmp_path_factory.mktemp("models")
     for model_id in ("alpha", "beta"):
         shutil.copytree(tiny_model_dir, path / model_id)
-    requantize(default_model_path, path / "odd.gguf", "Q8_0", (), {"blk.0.mystery.weight": np.ones(8)})
+    requantize(default_model_path, path / "odd.gguf", lambda name: None, {"blk.0.mystery.weight": np.ones(8)})
     return path
 
 

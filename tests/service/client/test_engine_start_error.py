@@ -15,7 +15,8 @@ from service.client.core_client import EngineDeadError
 async def test_an_engine_whose_file_is_cut_short_fails_its_start_with_the_reason(
     default_model_path: Path, tmp_path: Path
 ) -> None:
-    # NOTE: the header and tensor list are whole (the file passes the checks made before a load), the data is not.
+    # NOTE: the header and tensor list are whole, the data is not: the engine's load refuses it, and its start
+    # error carries why.
     truncated = tmp_path / "truncated.gguf"
     with default_model_path.open("rb") as source:
         truncated.write_bytes(source.read(3_000_000))
@@ -28,4 +29,4 @@ async def test_an_engine_whose_file_is_cut_short_fails_its_start_with_the_reason
         client.shutdown()
     message = str(failure.value)
     assert "did not start" not in message
-    assert "file size" in message
+    assert "truncated.gguf is cut short" in message
