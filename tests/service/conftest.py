@@ -112,6 +112,8 @@ def tiny_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-def sdk(tiny_server: ServerProcess) -> openai.OpenAI:
-    """The official OpenAI client, pointed at the tiny-model server."""
-    return openai.OpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+def sdk(tiny_server: ServerProcess) -> Iterator[openai.OpenAI]:
+    """The official OpenAI client, pointed at the tiny-model server (closed after the test: its kept
+    connection would otherwise be collected, and warned of, in another test)."""
+    with openai.OpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        yield client

@@ -129,12 +129,12 @@ def test_seeded_request_is_the_same_alone_or_among_15_others(sdk: openai.OpenAI,
     alone = complete(sdk, **seeded).choices[0].text
 
     def run(index: int) -> str:
-        client = openai.OpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="unused", max_retries=0)
-        if index == 0:
-            return str(complete(client, **seeded).choices[0].text)
-        noise = {"prompt": f"Other request {index} " * index, "temperature": 1.0, "max_tokens": 12 + index,
-                 "ignore_eos": True, "top_k": 5 + index}
-        return str(complete(client, **noise).choices[0].text)
+        with openai.OpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="unused", max_retries=0) as client:
+            if index == 0:
+                return str(complete(client, **seeded).choices[0].text)
+            noise = {"prompt": f"Other request {index} " * index, "temperature": 1.0, "max_tokens": 12 + index,
+                     "ignore_eos": True, "top_k": 5 + index}
+            return str(complete(client, **noise).choices[0].text)
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         together = list(pool.map(run, range(16)))

@@ -23,15 +23,15 @@ def drafting_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
 
 def stream_text(base_url: str, **params: object) -> tuple[str, int, str | None]:
     """(text, number of chunks with text, finish reason) of a streamed greedy completion."""
-    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60)
     text, num_chunks, finish_reason = "", 0, None
-    for chunk in client.completions.create(
-        model="tiny", prompt=PROMPT, max_tokens=48, temperature=0, stream=True, **params  # type: ignore[call-overload]
-    ):
-        choice = chunk.choices[0]
-        text += choice.text
-        num_chunks += bool(choice.text)
-        finish_reason = choice.finish_reason or finish_reason
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        for chunk in client.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=48, temperature=0, stream=True, **params  # type: ignore[call-overload]
+        ):
+            choice = chunk.choices[0]
+            text += choice.text
+            num_chunks += bool(choice.text)
+            finish_reason = choice.finish_reason or finish_reason
     return text, num_chunks, finish_reason
 
 
