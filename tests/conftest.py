@@ -123,7 +123,9 @@ _ROOT = Path(__file__).resolve().parent.parent
 # (`--dist loadscope --no-loadscope-reorder`), so the longest go first, longest first (seconds on
 # a 2-core Zen 4, both workers busy), and the two workers end together.
 _LONGEST_FIRST = (
+    "tests/engine_proc/models/test_architectures.py",  # six architectures' references and conversions
     "tests/service/api/test_openai_sdk.py",  # 79
+    "tests/service/api/test_batches_sdk.py",  # a 200-line batch across a restart, then two servers
     "tests/service/api/test_openapi_fuzz_inproc.py",  # 59
     "tests/test_emulated_cpus.py",  # 55
     "tests/test_readme.py",  # 52
@@ -139,6 +141,7 @@ _LONGEST_FIRST = (
     "tests/service/client/test_remote_engines.py",  # 16
     "tests/service/openai/test_batch_generate.py",  # 13
     "tests/service/client/test_data_parallel.py",  # 13
+    "tests/engine_proc/test_fidelity_k_quants.py",  # its own transformers reference
 )
 # The modules that use transformers' reference model (14 s to load) run on one worker, as one unit.
 _REFERENCE_MODULES = (
