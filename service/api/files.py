@@ -20,6 +20,8 @@ from service.openai.errors import APIError
 DEFAULT_MAX_UPLOAD_BYTES = 200 * 2**20
 # NOTE: room for the form around the file: its boundaries, part headers and the 'purpose' field.
 _FORM_BYTES = 2**16
+# NOTE: OpenAI's largest page of files.
+MAX_FILES_PAGE = 10_000
 
 
 def store_of(request: Request) -> BatchStore:
@@ -96,9 +98,6 @@ async def list_files(request: Request) -> Response:
         "last_id": files[-1]["id"] if files else None, "has_more": has_more,
     })
 
-
-# NOTE: OpenAI's largest page of files.
-MAX_FILES_PAGE = 10_000
 
 
 async def get_file(request: Request) -> Response:
