@@ -68,6 +68,41 @@ def _gemma3(config: Any) -> Any:
     )
 
 
+def _qwen3_moe(config: Any) -> Any:
+    from transformers import Qwen3MoeConfig
+
+    # NOTE: renormalised weights, as Qwen3-30B-A3B's config and llama.cpp's reading of every qwen3moe file.
+    return Qwen3MoeConfig(
+        **config, head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+        tie_word_embeddings=True,
+    )
+
+
+def _mixtral(config: Any) -> Any:
+    from transformers import MixtralConfig
+
+    return MixtralConfig(
+        **{**config, "intermediate_size": 64}, num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+        tie_word_embeddings=False,
+    )
+
+
+def _olmoe(config: Any) -> Any:
+    from transformers import OlmoeConfig
+
+    return OlmoeConfig(
+        **{**config, "intermediate_size": 64}, num_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
+        pad_token_id=None,
+    )
+
+
+def _smollm3(config: Any) -> Any:
+    from transformers import SmolLM3Config
+
+    # NOTE: four layers, so that one (the fourth) attends without rotary embeddings.
+    return SmolLM3Config(**{**config, "num_hidden_layers": 4}, tie_word_embeddings=True, pad_token_id=None)
+
+
 SLIDING_WINDOW = 8
 # NOTE: llama.cpp's converter reads these architectures' vocabulary from a SentencePiece tokenizer.model;
 # Gemma's, like the real one, puts no space before the text.
@@ -77,9 +112,13 @@ ARCHITECTURES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "gemma3": _gemma3,
     "llama": _llama,
     "mistral": _mistral,
+    "mixtral": _mixtral,
+    "olmoe": _olmoe,
     "phi3": _phi3,
     "qwen2": _qwen2,
     "qwen3": _qwen3,
+    "qwen3_moe": _qwen3_moe,
+    "smollm3": _smollm3,
 }
 
 

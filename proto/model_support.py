@@ -14,16 +14,14 @@ from gguf import GGMLQuantizationType
 
 from proto.gguf_header import read_gguf_header
 
+# NOTE: these lists are the engine's registry (engine_proc/models/registry.py) as the gateway reads it without
+# importing the engine, held equal to it by tests/engine_proc/models/test_registry.py.
 # GGUF `general.architecture` names the engine runs
-GGUF_ARCHITECTURES = ("gemma3", "llama", "phi3", "qwen2", "qwen3")
+GGUF_ARCHITECTURES = ("gemma3", "llama", "olmoe", "phi3", "qwen2", "qwen3", "qwen3moe", "smollm3")
 # Hugging Face `model_type` names the engine runs
-HF_MODEL_TYPES = ("gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3")
-# the engine's name of a model_type, where the two differ
-HF_ARCHITECTURES = {"gemma3_text": "gemma3"}
-# the architectures the engine's model code knows
-ARCHITECTURES = tuple(sorted({*GGUF_ARCHITECTURES, *(HF_ARCHITECTURES.get(t, t) for t in HF_MODEL_TYPES)}))
-# NOTE: architectures whose checkpoints hold Q/K/V and gate/up fused, as the model runs them
-FUSED_CHECKPOINTS = frozenset({"phi3"})
+HF_MODEL_TYPES = ("gemma3_text", "llama", "mistral", "mixtral", "olmoe", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
+# the engine's names of its architectures (ModelConfig.architecture)
+ARCHITECTURES = ("gemma3", "llama", "mistral", "mixtral", "olmoe", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
 # ggml tensor types the engine's loader reads: those its kernel forms take as blocks (Q4_0, Q4_1, Q5_0, Q5_1,
 # Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS), the float ones, and those it converts with gguf-py's dequantize (NOTE: held
 # equal to what engine_proc/loader/gguf_loader.py reads by tests/engine_proc/loader/test_gguf_loader.py)
@@ -32,9 +30,9 @@ GGML_TYPES = frozenset(GGMLQuantizationType[name] for name in (
     "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0",
     "MXFP4", "NVFP4",
 ))
-# architectures whose mixture-of-experts layers the engine runs: none yet (NOTE: the one place a family lifts
-# the refusal of expert tensors and expert configs)
-MIXTURE_OF_EXPERTS_ARCHITECTURES: frozenset[str] = frozenset()
+# GGUF architectures and Hugging Face model_types whose mixture-of-experts layers the engine runs (NOTE: the
+# one place a family lifts the refusal of expert tensors and expert configs)
+MIXTURE_OF_EXPERTS_ARCHITECTURES = frozenset({"llama", "mixtral", "olmoe", "qwen3_moe", "qwen3moe"})
 # `tokenizer.ggml.model` values proto/gguf_tokenizer.py rebuilds (NOTE: declared here, where the engine
 # reads these lists without loading the tokenizer library)
 TOKENIZER_MODELS = ("gpt2", "llama", "gemma4")
@@ -122,7 +120,8 @@ def _check_experts(path: Path, architecture: str, num_experts: int | bool) -> No
     if num_experts and architecture not in MIXTURE_OF_EXPERTS_ARCHITECTURES:
         count = "" if num_experts is True else f" ({num_experts} experts)"
         raise UnsupportedModel(
-            f"{path.name}: mixture-of-experts layers{count} are not supported yet; supported: dense models"
+            f"{path.name}: mixture-of-experts layers{count} are not supported for {architecture!r}; supported: "
+            f"dense models, and experts in {', '.join(sorted(MIXTURE_OF_EXPERTS_ARCHITECTURES))}"
         )
 
 
@@ -137,7 +136,7 @@ def _check_hf_folder(path: Path) -> None:
             f"{path.name}: model_type {model_type!r} is not supported; supported: {', '.join(HF_MODEL_TYPES)}"
         )
     num_experts = config.get("num_local_experts") or config.get("num_experts")
-    _check_experts(path, HF_ARCHITECTURES.get(model_type, model_type), num_experts)
+    _check_experts(path, model_type, num_experts)
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     if rope_type not in _ROPE_TYPES:

@@ -135,3 +135,26 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   });
   return out;
 }
+
+// A mixture-of-experts router's logits: x [M, K] float32 @ w [E, K] float32's transpose -> [M, E] float32.
+// Each logit is summed in one fixed order (16 running sums over K, then a fixed tree), whatever the rows,
+// their number or the instruction set: a row's experts never depend on what shares its step.
+at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && x.is_contiguous() && w.is_contiguous());
+  const int64_t rows = x.size(0), width = x.size(1), num_experts = w.size(0);
+  TORCH_CHECK(w.size(1) == width && width % 16 == 0);
+  auto out = at::empty({rows, num_experts}, x.options());
+  const float* in = x.data_ptr<float>();
+  const float* weight = w.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, rows * num_experts, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* row = in + (i / num_experts) * width;
+      const float* expert = weight + (i % num_experts) * width;
+      V16 sum = zero16();
+      for (int64_t k = 0; k < width; k += 16) sum = sum + load16(row + k) * load16(expert + k);
+      o[i] = reduce_add(sum);
+    }
+  });
+  return out;
+}

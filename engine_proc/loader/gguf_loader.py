@@ -15,7 +15,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.family import Family
 from engine_proc.models.llama import inverse_frequencies
+from engine_proc.models.registry import family_of, gguf_family
 from engine_proc.models.weight_blocks import (
     Blocks,
     BlocksKind,
@@ -48,18 +50,12 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # NOTE: a mixture-of-experts layer's router and its experts, all of them in one tensor (`*`: the expert)
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.*.gate_proj",
+    "ffn_up_exps": "mlp.experts.*.up_proj",
+    "ffn_down_exps": "mlp.experts.*.down_proj",
 }
-# NOTE: names of an architecture's own (fused) tensors, where they differ from the Llama family's.
-_ARCHITECTURE_LAYER_NAMES = {
-    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
-    "gemma3": {
-        "post_attention_norm": "post_attention_layernorm",
-        "ffn_norm": "pre_feedforward_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-    },
-}
-# NOTE: llama.cpp's Gemma 3: every sixth layer global unless the file says, local layers' rotary base.
-_GEMMA3_PATTERN, _GEMMA3_LOCAL_ROPE_THETA = 6, 10_000.0
 # NOTE: llama.cpp stores Llama 3.x rope scaling as per-frequency divisors in this tensor.
 _ROPE_FREQS = "rope_freqs.weight"
 
@@ -78,6 +74,7 @@ class _Tensor:
 
 
 def _tensors(header: GGUFHeader) -> list[_Tensor]:
+    """The file's tensors (a 3-D one, a layer's experts, as it is: see `_experts`)."""
     tensors = []
     for info in header.tensors:
         if info.ggml_type not in GGML_TYPES:
@@ -96,13 +93,16 @@ class GGUFWeights:
 
     def __init__(self, path: str | Path, header: GGUFHeader, config: ModelConfig) -> None:
         self.path = Path(path)
-        # NOTE: convert_hf_to_gguf.py permutes Q/K rows of llama-architecture models only.
-        is_permuted = header.metadata["general.architecture"] == "llama"
+        family = family_of(config.architecture)
         num_heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
-        arch = header.metadata["general.architecture"]
-        self._tensors = {_hf_name(t.name, arch): t for t in _tensors(header) if t.name != _ROPE_FREQS}
+        self._tensors = {
+            name: tensor
+            for whole in _tensors(header) if whole.name != _ROPE_FREQS
+            for name, tensor in _experts(_hf_name(whole.name, family), whole)
+        }
         self._permuted_heads = {
-            name: num_heads[name.split(".")[-2]] for name in self._tensors if is_permuted and name.split(".")[-2] in num_heads
+            name: num_heads[name.split(".")[-2]]
+            for name in self._tensors if family.is_gguf_permuted and name.split(".")[-2] in num_heads
         }
 
     def names(self) -> set[str]:
@@ -317,14 +317,36 @@ _ARRAYS: dict[GGMLQuantizationType, Callable[[np.ndarray], tuple[np.ndarray, ...
 }
 
 
-def _hf_name(gguf_name: str, arch: str) -> str:
+def _hf_name(gguf_name: str, family: Family) -> str:
+    """The model's name of a GGUF tensor (a layer's experts: with `*` for the expert)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".")
-    layer_names = {**_LAYER_NAMES, **_ARCHITECTURE_LAYER_NAMES.get(arch, {})}
+    layer_names = {**_LAYER_NAMES, **family.gguf_layer_names}
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in layer_names and parts[1].isdigit():
         return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
+    # NOTE: older Mixtral files hold each expert on its own: `blk.N.ffn_gate.E.weight`.
+    if len(parts) == 5 and parts[0] == "blk" and parts[2] in ("ffn_gate", "ffn_up", "ffn_down") and parts[3].isdigit():
+        return f"model.layers.{parts[1]}.mlp.experts.{parts[3]}.{layer_names[parts[2]].split('.')[-1]}.{parts[4]}"
     raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
+
+
+def _experts(name: str, tensor: _Tensor) -> list[tuple[str, _Tensor]]:
+    """A tensor under its name; a layer's experts (GGUF shape [inputs, outputs, experts], named with `*`)
+    as one 2-D tensor an expert, each its own stretch of the file's rows."""
+    if "*" not in name:
+        return [(name, tensor)]
+    num_inputs, num_outputs, num_experts = tensor.shape
+    return [
+        (
+            name.replace("*", str(expert)),
+            dataclasses.replace(
+                tensor, shape=(num_inputs, num_outputs), offset=tensor.offset + expert * num_outputs * tensor.row_bytes,
+                num_rows=num_outputs,
+            ),
+        )
+        for expert in range(num_experts)
+    ]
 
 
 def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -334,14 +356,22 @@ def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def _config_from_header(path: Path, header: GGUFHeader, tensors: list[_Tensor]) -> ModelConfig:
+    """The config of the file's family: the fields every family reads alike, then its own (Family.gguf_config)."""
     metadata = header.metadata
     arch = _metadata(metadata, "general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
+    tensor_names = {tensor.name for tensor in tensors}
+    has_experts = bool(metadata.get(f"{arch}.expert_count")) or any("_exps." in name for name in tensor_names)
+    family = gguf_family(arch, has_experts)
+    if family is None:
         raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)}")
-    hidden_size = int(_metadata(metadata, f"{arch}.embedding_length"))
-    num_heads = int(_metadata(metadata, f"{arch}.attention.head_count"))
-    head_dim = int(_metadata(metadata, f"{arch}.attention.key_length", hidden_size // num_heads))
-    rotary_dim = int(_metadata(metadata, f"{arch}.rope.dimension_count", head_dim))
+
+    def read(key: str, default: Any = _REQUIRED) -> Any:
+        return _metadata(metadata, f"{arch}.{key}", default)
+
+    hidden_size = int(read("embedding_length"))
+    num_heads = int(read("attention.head_count"))
+    head_dim = int(read("attention.key_length", hidden_size // num_heads))
+    rotary_dim = int(read("rope.dimension_count", head_dim))
     if rotary_dim != head_dim:
         raise ValueError(f"partial rotary embeddings ({rotary_dim} of {head_dim} dims) are not supported")
     eos_token_ids = tuple(
@@ -350,63 +380,40 @@ def _config_from_header(path: Path, header: GGUFHeader, tensors: list[_Tensor]) 
         if (token_id := _metadata(metadata, key, None)) is not None
     )
     bos_token_id = _metadata(metadata, "tokenizer.ggml.bos_token_id", None)
-    tensor_names = {tensor.name for tensor in tensors}
-    config = ModelConfig(
-        architecture=arch,
+    fields = dict(
         vocab_size=_vocab_size(metadata),
         hidden_size=hidden_size,
-        intermediate_size=int(_metadata(metadata, f"{arch}.feed_forward_length")),
-        num_hidden_layers=int(_metadata(metadata, f"{arch}.block_count")),
+        intermediate_size=int(read("feed_forward_length")),
+        num_hidden_layers=int(read("block_count")),
         num_attention_heads=num_heads,
-        num_key_value_heads=int(_metadata(metadata, f"{arch}.attention.head_count_kv", num_heads)),
+        num_key_value_heads=int(read("attention.head_count_kv", num_heads)),
         head_dim=head_dim,
-        rms_norm_eps=float(_metadata(metadata, f"{arch}.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_metadata(metadata, f"{arch}.rope.freq_base", 10000.0)),
-        max_position_embeddings=int(_metadata(metadata, f"{arch}.context_length")),
+        rms_norm_eps=float(read("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(read("rope.freq_base", 10000.0)),
+        max_position_embeddings=int(read("context_length")),
         tie_word_embeddings="output.weight" not in tensor_names,
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         eos_token_ids=tuple(dict.fromkeys(eos_token_ids)),
         bos_token_id=None if bos_token_id is None else int(bos_token_id),
-        rope_scaling=_linear_rope_scaling(metadata, arch),
+        rope_scaling=_linear_rope_scaling(read),
     )
+    config = ModelConfig(architecture=family.architecture, **family.gguf_config(read, fields))
     if _ROPE_FREQS in tensor_names:
-        config = _with_llama3_rope_scaling(path, metadata, tensors, config)
-    if arch == "gemma3":
-        config = _with_gemma3_layers(metadata, config)
+        config = _with_llama3_rope_scaling(path, read, tensors, config)
     return config
 
 
-def _with_gemma3_layers(metadata: dict[str, Any], config: ModelConfig) -> ModelConfig:
-    """Gemma 3's local and global layers, their rotary bases and its attention scale, as llama.cpp reads them."""
-    window = int(_metadata(metadata, "gemma3.attention.sliding_window", 0))
-    pattern = _metadata(metadata, "gemma3.attention.sliding_window_pattern", _GEMMA3_PATTERN)
-    if isinstance(pattern, list):
-        sliding = tuple(bool(is_sliding) for is_sliding in pattern)
-    else:
-        sliding = tuple(i % int(pattern) < int(pattern) - 1 for i in range(config.num_hidden_layers))
-    # NOTE: llama.cpp: 1/sqrt(head_dim), but 1/sqrt(hidden / heads) for the 62-layer (27B) model.
-    is_27b = config.num_hidden_layers == 62
-    return dataclasses.replace(
-        config,
-        hidden_act="gelu_tanh",
-        sliding_window=window or None,
-        sliding_layers=sliding if window else (),
-        local_rope_theta=float(_metadata(metadata, "gemma3.rope.freq_base_swa", _GEMMA3_LOCAL_ROPE_THETA)),
-        query_pre_attn_scalar=float(config.hidden_size // config.num_attention_heads if is_27b else config.head_dim),
-    )
-
-
-def _linear_rope_scaling(metadata: dict[str, Any], arch: str) -> tuple[tuple[str, float | str], ...] | None:
+def _linear_rope_scaling(read: Callable[..., Any]) -> tuple[tuple[str, float | str], ...] | None:
     """Linear rope scaling (positions divided by `factor`), as llama.cpp reads it for every architecture;
     None for none (proto/model_support.py refuses the types not read here)."""
-    if _metadata(metadata, f"{arch}.rope.scaling.type", None) != "linear":
+    if read("rope.scaling.type", None) != "linear":
         return None
-    return (("factor", float(_metadata(metadata, f"{arch}.rope.scaling.factor"))), ("rope_type", "linear"))
+    return (("factor", float(read("rope.scaling.factor"))), ("rope_type", "linear"))
 
 
 def _with_llama3_rope_scaling(
-    path: Path, metadata: dict[str, Any], tensors: list[_Tensor], config: ModelConfig
+    path: Path, read: Callable[..., Any], tensors: list[_Tensor], config: ModelConfig
 ) -> ModelConfig:
     """Recover llama3 rope scaling parameters from the frequency divisors llama.cpp stores.
 
@@ -418,7 +425,7 @@ def _with_llama3_rope_scaling(
     factor = float(divisors.max())
     if factor == 1.0:
         return config
-    original = int(_metadata(metadata, f"{config.architecture}.rope.scaling.original_context_length", 8192))
+    original = int(read("rope.scaling.original_context_length", 8192))
     scaling: tuple[tuple[str, float | str], ...] = (
         ("factor", factor),
         ("high_freq_factor", 4.0),

@@ -15,12 +15,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from engine_proc.models.families import reset_rotary_tables
 from engine_proc.models.form_registry import KERNEL_FORMS
 from engine_proc.models.llama import LlamaForCausalLM, RowEmbedding
 from engine_proc.models.quantized_linear import Linear, kernel_form, parts_form
+from engine_proc.models.registry import family_of, reset_rotary_tables
 from engine_proc.models.weight_blocks import Blocks, BlocksReader, Q4Blocks, Q8Blocks, cat_blocks
-from proto.model_support import FUSED_CHECKPOINTS
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
 FUSED_PROJECTIONS = (
@@ -246,7 +245,7 @@ def _shard_names(module_name: str, architecture: str) -> list[str]:
     """The Hugging Face names of a projection's weight: its shards' for a fused one (unless the
     architecture's checkpoints hold it fused)."""
     fused = next((item for item in FUSED_PROJECTIONS if module_name.endswith(item[0])), None)
-    if fused is None or architecture in FUSED_CHECKPOINTS:
+    if fused is None or family_of(architecture).is_fused_checkpoint:
         return [f"{module_name}.weight"]
     return [f"{module_name.removesuffix(fused[0])}{shard}.weight" for shard in fused[1]]
 
@@ -254,19 +253,15 @@ def _shard_names(module_name: str, architecture: str) -> list[str]:
 def hf_targets(model: LlamaForCausalLM) -> dict[str, tuple[Tensor, int, int]]:
     """Each Hugging Face name mapped to (parameter, first row, number of rows) it fills."""
     config = model.config
-    shard_rows = {
-        "q_proj": config.q_size,
-        "k_proj": config.kv_size,
-        "v_proj": config.kv_size,
-        "gate_proj": config.intermediate_size,
-        "up_proj": config.intermediate_size,
-    }
     targets: dict[str, tuple[Tensor, int, int]] = {}
     for name, param in model.named_parameters():
         fused = next((item for item in FUSED_PROJECTIONS if f".{item[0]}." in name), None)
-        if fused is None or config.architecture in FUSED_CHECKPOINTS:
+        if fused is None or family_of(config.architecture).is_fused_checkpoint:
             targets[name] = (param, 0, param.shape[0])
             continue
+        # NOTE: gate and up halves of their projection (a dense MLP's or an expert's, whose widths differ)
+        half = param.shape[0] // 2
+        shard_rows = {"q_proj": config.q_size, "k_proj": config.kv_size, "v_proj": config.kv_size, "gate_proj": half, "up_proj": half}
         start = 0
         for shard in fused[1]:
             targets[name.replace(fused[0], shard)] = (param, start, shard_rows[shard])

@@ -37,6 +37,15 @@ class ModelConfig:
     sliding_layers: tuple[bool, ...] = ()
     local_rope_theta: float | None = None
     query_pre_attn_scalar: float | None = None  # softmax scale is its inverse square root (else head_dim's)
+    is_qk_norm_per_head: bool = True  # q/k norms over each head (Qwen3), else over the whole projection (OLMoE)
+    no_rope_layers: tuple[bool, ...] = ()  # layers that attend without rotary embeddings (SmolLM3's every fourth)
+    # NOTE: mixture-of-experts layers where `num_experts` > 0: each token's `num_experts_per_tok` experts of
+    # the router's softmax (their weights renormalised to sum 1 where `norm_topk_prob`), each a gated MLP of
+    # `expert_intermediate_size`.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -76,6 +85,13 @@ class ModelConfig:
             raise ValueError(f"sliding_layers names {len(self.sliding_layers)} layers of {self.num_hidden_layers}")
         if any(self.sliding_layers) and not (self.sliding_window and self.sliding_window > 0):
             raise ValueError(f"sliding layers need a positive sliding_window, got {self.sliding_window}")
+        if self.no_rope_layers and len(self.no_rope_layers) != self.num_hidden_layers:
+            raise ValueError(f"no_rope_layers names {len(self.no_rope_layers)} layers of {self.num_hidden_layers}")
+        if self.num_experts and not (0 < self.num_experts_per_tok <= self.num_experts and self.expert_intermediate_size > 0):
+            raise ValueError(
+                f"{self.num_experts} experts need 0 < num_experts_per_tok ({self.num_experts_per_tok}) <= num_experts "
+                f"and a positive expert_intermediate_size ({self.expert_intermediate_size})"
+            )
 
     @staticmethod
     def _validate_rope_scaling(params: dict[str, float | str]) -> None:
@@ -91,6 +107,10 @@ class ModelConfig:
             raise ValueError(f"llama3 rope scaling is missing numeric {', '.join(missing)}")
         if float(params["high_freq_factor"]) <= float(params["low_freq_factor"]):
             raise ValueError("llama3 rope scaling needs high_freq_factor > low_freq_factor")
+
+    @property
+    def has_experts(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -11,6 +11,8 @@ form llama.cpp's GGUFs store and Gemma's RMSNorm multiplies by (loader adds 1 to
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,8 @@ from torch import Tensor, nn
 
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.family import Family, Fields, MetadataReader
+from engine_proc.models.hf_config import rope
 from engine_proc.models.llama import LlamaForCausalLM, RMSNorm, RotaryEmbedding, RotaryRows, RowEmbedding, apply_rotary
 from engine_proc.models.quantized_linear import Linear
 
@@ -119,3 +123,71 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         for layer in model.layers:
             hidden = layer(hidden, local_rotary if layer.is_sliding else rotary, attn)
         return model.norm(hidden)
+
+
+def _hf_config(raw: Mapping[str, Any], fields: Fields) -> Fields:
+    """Gemma 3's text config: local (sliding) and global layers, each kind with its own rotary parameters."""
+    if raw.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise ValueError(f"unsupported hidden_activation {raw['hidden_activation']!r}; only 'gelu_pytorch_tanh' is")
+    if raw.get("final_logit_softcapping") or raw.get("attn_logit_softcapping"):
+        raise ValueError("logit soft-capping (Gemma 2) is not supported")
+    num_layers = raw["num_hidden_layers"]
+    pattern = raw.get("sliding_window_pattern", 6)
+    layer_types = raw.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)
+    ]
+    parameters = raw.get("rope_parameters") or {}
+    full = dict(parameters.get("full_attention") or {"rope_theta": raw.get("rope_theta", 1_000_000.0),
+                                                        **(raw.get("rope_scaling") or {})})
+    local = parameters.get("sliding_attention") or {"rope_theta": raw.get("rope_local_base_freq", 10_000.0)}
+    rope_theta, rope_scaling = rope({"rope_parameters": full})
+    return {
+        **fields,
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": raw.get("max_position_embeddings", 131072),
+        "tie_word_embeddings": bool(raw.get("tie_word_embeddings", True)),
+        "qk_norm": True,
+        "hidden_act": "gelu_tanh",
+        "sliding_window": raw.get("sliding_window"),
+        "sliding_layers": tuple(kind == "sliding_attention" for kind in layer_types),
+        "local_rope_theta": float(local.get("rope_theta", 10_000.0)),
+        "query_pre_attn_scalar": float(raw.get("query_pre_attn_scalar") or raw.get("head_dim") or 256),
+    }
+
+
+# NOTE: llama.cpp's Gemma 3: every sixth layer global unless the file says, local layers' rotary base.
+_GGUF_PATTERN, _GGUF_LOCAL_ROPE_THETA = 6, 10_000.0
+
+
+def _gguf_config(read: MetadataReader, fields: Fields) -> Fields:
+    """Gemma 3's local and global layers, their rotary bases and its attention scale, as llama.cpp reads them."""
+    window = int(read("attention.sliding_window", 0))
+    pattern = read("attention.sliding_window_pattern", _GGUF_PATTERN)
+    num_layers = fields["num_hidden_layers"]
+    if isinstance(pattern, list):
+        sliding = tuple(bool(is_sliding) for is_sliding in pattern)
+    else:
+        sliding = tuple(i % int(pattern) < int(pattern) - 1 for i in range(num_layers))
+    # NOTE: llama.cpp: 1/sqrt(head_dim), but 1/sqrt(hidden / heads) for the 62-layer (27B) model.
+    is_27b = num_layers == 62
+    hidden_size, num_heads = fields["hidden_size"], fields["num_attention_heads"]
+    return {
+        **fields,
+        "hidden_act": "gelu_tanh",
+        "sliding_window": window or None,
+        "sliding_layers": sliding if window else (),
+        "local_rope_theta": float(read("rope.freq_base_swa", _GGUF_LOCAL_ROPE_THETA)),
+        "query_pre_attn_scalar": float(hidden_size // num_heads if is_27b else fields["head_dim"]),
+    }
+
+
+FAMILY = Family(
+    "gemma3", Gemma3ForCausalLM, hf_model_types=("gemma3_text",), gguf_architectures=("gemma3",),
+    hf_config=_hf_config, gguf_config=_gguf_config, is_norm_shifted=True,
+    gguf_layer_names={
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+)

@@ -15,10 +15,12 @@ from torch import Tensor, nn
 from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.family import Family
 from engine_proc.models.form_registry import KERNEL_FORMS, is_plan_row_invariant
 from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.models.matmul_forms import Int8Rows, MatmulForms
 from engine_proc.models.matmul_plan import TimingBudget, plan_head, plan_linears
+from engine_proc.models.moe import Router, SparseMoeBlock
 from engine_proc.models.quantized_linear import Linear, kernel_form
 from engine_proc.models.weight_blocks import Blocks, BlocksReader
 
@@ -138,8 +140,11 @@ class LlamaAttention(nn.Module):
         qkv_size = config.q_size + 2 * config.kv_size
         self.qkv_proj = Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
         self.o_proj = Linear(config.q_size, config.hidden_size, bias=False)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        # NOTE: per head (Qwen3), or over the whole projection (OLMoE)
+        q_width, k_width = (config.head_dim,) * 2 if config.is_qk_norm_per_head else (config.q_size, config.kv_size)
+        self.q_norm = RMSNorm(q_width, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(k_width, config.rms_norm_eps) if config.qk_norm else None
+        self.has_rope = not (config.no_rope_layers and config.no_rope_layers[layer_idx])
         # NOTE: a folder's Mistral (v0.1) attends to the last `sliding_window` tokens in every layer.
         is_sliding = bool(config.sliding_layers) and config.sliding_layers[layer_idx]
         self.window = config.sliding_window if is_sliding else None
@@ -149,34 +154,39 @@ class LlamaAttention(nn.Module):
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         value = qkv[:, config.q_size + config.kv_size :].view(num_tokens, -1, config.head_dim)
-        # NOTE: without per-head norms the backend may rotate and store K/V in one pass.
-        stored = None if self.q_norm is not None else attn.rotate_and_store(self.layer_idx, qkv, rotary.table)
+        # NOTE: without q/k norms the backend may rotate and store K/V in one pass.
+        is_plain = self.q_norm is None and self.has_rope
+        stored = attn.rotate_and_store(self.layer_idx, qkv, rotary.table) if is_plain else None
         query, key = stored if stored is not None else self._rotate(qkv, rotary)
         out = attn.forward(self.layer_idx, query, key, value, is_stored=stored is not None, window=self.window)
         return self.o_proj(out.view(num_tokens, config.q_size))
 
     def _rotate(self, qkv: Tensor, rotary: RotaryRows) -> tuple[Tensor, Tensor]:
-        """Queries and keys [num_tokens, heads, head_dim] of the fused projection, normed per head if
-        configured, then rotated."""
+        """Queries and keys [num_tokens, heads, head_dim] of the fused projection, normed if configured,
+        then rotated (unless the layer attends without rotary embeddings)."""
         config = self.config
-        num_heads = config.num_attention_heads
+        num_heads, num_tokens = config.num_attention_heads, qkv.shape[0]
         # NOTE: queries and keys side by side, so one rotary call covers both.
-        query_key = qkv[:, : config.q_size + config.kv_size].view(qkv.shape[0], -1, config.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
+        query_key = qkv[:, : config.q_size + config.kv_size].view(num_tokens, -1, config.head_dim)
+        if self.q_norm is not None and self.k_norm is not None and config.is_qk_norm_per_head:
             query_key = torch.cat(
                 (self.q_norm(query_key[:, :num_heads]), self.k_norm(query_key[:, num_heads:])), dim=1
             )
-        query_key = apply_rotary(query_key, rotary.cos, rotary.sin)
+        elif self.q_norm is not None and self.k_norm is not None:
+            normed = (self.q_norm(qkv[:, : config.q_size]), self.k_norm(qkv[:, config.q_size : config.q_size + config.kv_size]))
+            query_key = torch.cat(normed, dim=1).view(num_tokens, -1, config.head_dim)
+        if self.has_rope:
+            query_key = apply_rotary(query_key, rotary.cos, rotary.sin)
         return query_key[:, :num_heads], query_key[:, num_heads:]
 
 
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward with the gate and up projections fused."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
         self.kernels: Any | None = None  # the CPU kernels, for bfloat16 activations
 
     def forward(self, x: Tensor) -> Tensor:
@@ -195,7 +205,10 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = LlamaAttention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
+        self.mlp: nn.Module = (
+            SparseMoeBlock(config, lambda size: LlamaMLP(config.hidden_size, size))
+            if config.has_experts else LlamaMLP(config.hidden_size, config.intermediate_size)
+        )
 
     def forward(
         self, hidden: Tensor, residual: Tensor | None, rotary: RotaryRows, attn: AttentionBackend
@@ -322,6 +335,8 @@ class LlamaForCausalLM(nn.Module):
                 module.kernels = kernels if module.weight.numel() % 16 == 0 else None
             elif isinstance(module, LlamaMLP):
                 module.kernels = kernels if module.down_proj.in_features % 16 == 0 else None
+            elif isinstance(module, Router):
+                module.kernels = kernels
             elif isinstance(module, Linear):
                 module.kernels = kernels
         kernel_forms = tuple(spec.name for spec in KERNEL_FORMS) if kernels is not None else ()
@@ -379,3 +394,6 @@ class LlamaForCausalLM(nn.Module):
         """Also keep the output head (float32 `weight`, as loaded) as int8 rows for few-row logits."""
         rows = Int8Rows.quantize(weight.to(self.lm_head_weight.device), self.lm_head_weight.dtype)
         self.int8_lm_head_weight, self.int8_lm_head_scales = rows.weight, rows.scales
+
+
+FAMILY = Family("llama", LlamaForCausalLM, hf_model_types=("llama",), gguf_architectures=("llama",), is_gguf_permuted=True)

@@ -29,8 +29,10 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
         "has ggml type 26 (I32), which is not supported",
     ),
     "experts": (
-        lambda tmp: write_gguf(tmp / "m.gguf", metadata={"llama.expert_count": 8}, tensor_names=["blk.0.ffn_gate_exps.weight"]),
-        "m.gguf: mixture-of-experts layers (8 experts) are not supported yet",
+        lambda tmp: write_gguf(
+            tmp / "m.gguf", arch="qwen2", metadata={"qwen2.expert_count": 8}, tensor_names=["blk.0.ffn_gate_exps.weight"]
+        ),
+        "m.gguf: mixture-of-experts layers (8 experts) are not supported for 'qwen2'",
     ),
     "folder architecture": (
         lambda tmp: write_hf_folder(tmp / "m", model_type="mamba"),

@@ -74,11 +74,13 @@ def damaged_and_unsupported(folder: Path) -> dict[str, str]:
     cut_short(write_gguf(folder / "cut-in-header.gguf"), 100)
     size = (write_gguf(folder / "cut-in-tensors.gguf", num_tensors=2)).stat().st_size
     cut_short(folder / "cut-in-tensors.gguf", size - 40)
-    write_gguf(folder / "experts.gguf", metadata={"llama.expert_count": 8}, tensor_names=["blk.0.ffn_up_exps.weight"])
+    write_gguf(
+        folder / "experts.gguf", arch="qwen2", metadata={"qwen2.expert_count": 8}, tensor_names=["blk.0.ffn_up_exps.weight"]
+    )
     return {
         "cut-in-header": "cut-in-header.gguf is cut short: the file ends inside its header",
         "cut-in-tensors": f"cut-in-tensors.gguf is cut short: its tensors need {size:,} bytes, the file has {size - 40:,}",
-        "experts": "experts.gguf: mixture-of-experts layers (8 experts) are not supported yet",
+        "experts": "experts.gguf: mixture-of-experts layers (8 experts) are not supported for 'qwen2'",
     }
 
 

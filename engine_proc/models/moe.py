@@ -1,0 +1,110 @@
+"""Mixture-of-experts layers: a router picks each token's experts, each expert a gated MLP on the file's own
+blocks (its projections are Linear layers like any other, so they run the same row-invariant kernel forms).
+
+A token's output never depends on which other tokens share the step: its router logits are summed in one
+fixed order (the C++ kernel's `router_logits`), its experts' rows run on row-invariant forms, and its
+experts' outputs are added in the order the router ranked them, in float32 (as llama.cpp adds them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine_proc.models.config import ModelConfig
+from engine_proc.models.family import Fields, MetadataReader
+
+
+class Router(nn.Module):
+    """A token's logit for each expert from its hidden state, in float32: its weight stays float32 whatever
+    dtype the model takes (llama.cpp's files hold it so), its sums in one fixed order where the kernels run."""
+
+    def __init__(self, hidden_size: int, num_experts: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.kernels: Any | None = None  # the CPU kernels (see `LlamaForCausalLM.prepack`)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Router:
+        super()._apply(fn, recurse)
+        if self.weight.dtype != torch.float32:
+            self.weight.data = self.weight.data.float()
+        return self
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.float().contiguous()
+        if self.kernels is not None and rows.shape[1] % 16 == 0:
+            return self.kernels.router_logits(rows, self.weight)
+        return F.linear(rows, self.weight)
+
+
+def route(logits: Tensor, num_chosen: int, is_renormalised: bool) -> tuple[Tensor, Tensor]:
+    """(weights, expert ids) [tokens, num_chosen] of each token's highest softmax probabilities, highest
+    first; renormalised to sum 1 where `is_renormalised`."""
+    probabilities = logits.softmax(dim=-1)
+    weights, expert_ids = probabilities.topk(num_chosen, dim=-1)
+    if is_renormalised:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, expert_ids
+
+
+class SparseMoeBlock(nn.Module):
+    """A layer's feed-forward as a mixture of experts (Hugging Face's `mlp.gate` and `mlp.experts.N`)."""
+
+    def __init__(self, config: ModelConfig, expert: Callable[[int], nn.Module]) -> None:
+        super().__init__()
+        self.num_chosen = config.num_experts_per_tok
+        self.is_renormalised = config.norm_topk_prob
+        self.gate = Router(config.hidden_size, config.num_experts)
+        self.experts = nn.ModuleList(expert(config.expert_intermediate_size) for _ in range(config.num_experts))
+
+    def forward(self, x: Tensor) -> Tensor:
+        weights, expert_ids = route(self.gate(x), self.num_chosen, self.is_renormalised)
+        num_tokens, hidden_size = x.shape
+        # NOTE: the step's (token, rank) pairs grouped by expert: each expert runs once, on its tokens' rows.
+        flat_ids = expert_ids.flatten()
+        pairs_by_expert = flat_ids.argsort(stable=True)
+        counts = torch.bincount(flat_ids, minlength=len(self.experts)).tolist()
+        outputs = torch.empty(num_tokens * self.num_chosen, hidden_size, dtype=torch.float32, device=x.device)
+        flat_weights = weights.flatten().unsqueeze(1)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            pairs = pairs_by_expert[start : start + count]
+            start += count
+            outputs[pairs] = self.experts[expert](x[pairs // self.num_chosen]).float() * flat_weights[pairs]
+        by_rank = outputs.view(num_tokens, self.num_chosen, hidden_size)
+        summed = by_rank[:, 0].clone()
+        for rank in range(1, self.num_chosen):
+            summed += by_rank[:, rank]
+        return summed.to(x.dtype)
+
+
+def hf_expert_fields(raw: Mapping[str, Any], fields: Fields, *, is_renormalised: bool | None = None) -> Fields:
+    """The expert fields of a Hugging Face config (`num_experts` or `num_local_experts`, ...); `is_renormalised`
+    where the family fixes it, else the config's `norm_topk_prob`."""
+    if raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1:
+        raise ValueError("dense layers among the expert layers (mlp_only_layers, decoder_sparse_step) are not supported")
+    num_experts = raw.get("num_experts") or raw.get("num_local_experts") or 0
+    return {
+        **fields,
+        "num_experts": num_experts,
+        "num_experts_per_tok": raw.get("num_experts_per_tok", 0),
+        "expert_intermediate_size": raw.get("moe_intermediate_size") or raw["intermediate_size"],
+        "norm_topk_prob": bool(raw.get("norm_topk_prob", False)) if is_renormalised is None else is_renormalised,
+    }
+
+
+def gguf_expert_fields(read: MetadataReader, fields: Fields, *, is_renormalised: bool) -> Fields:
+    """The expert fields of a GGUF's metadata (llama.cpp fixes per architecture whether weights are renormalised)."""
+    return {
+        **fields,
+        "num_experts": int(read("expert_count", 0)),
+        "num_experts_per_tok": int(read("expert_used_count", 0)),
+        "expert_intermediate_size": int(read("expert_feed_forward_length", fields["intermediate_size"])),
+        "norm_topk_prob": is_renormalised,
+    }
