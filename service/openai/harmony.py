@@ -167,6 +167,15 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return shaped
 
 
+def template_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools as the harmony template reads them: each function with a description, which it
+    writes as a comment (one without it would fail to render)."""
+    return [
+        {**tool, "function": {"description": "", **tool["function"]}} if isinstance(tool.get("function"), dict) else tool
+        for tool in tools
+    ]
+
+
 def _call_with_value(call: Any) -> Any:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(arguments := function.get("arguments"), str):

@@ -18,7 +18,7 @@ from service.frontend.input_processor import InputProcessor, Prompt, PromptTooLo
 from service.frontend.sampling_params import SamplingParams
 from service.frontend.structured_output import library_of
 from service.openai.errors import APIError
-from service.openai.harmony import STOP_TOKENS, template_messages
+from service.openai.harmony import STOP_TOKENS, template_messages, template_tools
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from service.openai.reasoning import constraint_after_reasoning
 from service.openai.tool_calls import tool_mode
@@ -146,8 +146,12 @@ class Preparer:
                 return prompts
             template_kwargs = _template_kwargs(body)
             messages = [m.to_template_dict() for m in body.messages]
+            if self.is_harmony:
+                messages = template_messages(messages)
+                if "tools" in template_kwargs:
+                    template_kwargs["tools"] = template_tools(template_kwargs["tools"])
             return [processor.chat_prompt(
-                template_messages(messages) if self.is_harmony else messages,
+                messages,
                 add_generation_prompt=body.add_generation_prompt,
                 continue_final_message=body.continue_final_message,
                 add_special_tokens=body.add_special_tokens,
