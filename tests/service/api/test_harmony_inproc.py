@@ -171,3 +171,7 @@ async def test_bad_requests_are_openai_errors(api: httpx.AsyncClient) -> None:
     assert_openai_error(await api.post("/v1/chat/completions", json={"messages": odd_calls}), 400, "messages")
     with pytest.raises(openai.BadRequestError):
         await sdk_of(api).chat.completions.create(model="fake", messages=ASK, tools=[WEATHER], tool_choice="required")  # type: ignore[arg-type,list-item]
+    anthropic_tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}  # type: ignore[index]
+    forced_use = await api.post("/v1/messages", json={"model": "fake", "max_tokens": 50, "messages": ASK,
+                                                      "tools": [anthropic_tool], "tool_choice": {"type": "any"}})
+    assert forced_use.status_code == 400 and forced_use.json()["error"]["type"] == "invalid_request_error"
