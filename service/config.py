@@ -99,14 +99,16 @@ class GatewayConfig:
     )
     max_n: int = setting(16, "most choices one request may ask for", check=at_least(1))
     tool_call_parser: str = setting(
-        "none", "parse the model's own tool calls (tool_choice auto) from its output in this format: hermes "
-        "(<tool_call> JSON, as Qwen2/Qwen3 and Hermes models write them); none: leave them in the content",
-        choices=("none", "hermes"),
+        "auto", "parse the model's own tool calls (tool_choice auto) from its output in this format: hermes "
+        "(<tool_call> JSON, as Qwen2/Qwen3 and Hermes models write them), harmony (gpt-oss's calls to "
+        "functions); none: leave them in the content; auto: harmony for a model whose chat template is "
+        "harmony's, else none", choices=("auto", "none", "hermes", "harmony"),
     )
     reasoning_parser: str = setting(
-        "none", "split the model's <think> reasoning out of the answer into reasoning_content: qwen3 (answers "
-        "that open with <think>), deepseek_r1 (answers that start reasoning); none: leave it in the content",
-        choices=("none", "qwen3", "deepseek_r1"),
+        "auto", "split the model's reasoning out of the answer into reasoning_content: qwen3 (answers that open "
+        "with <think>), deepseek_r1 (answers that start reasoning), harmony (gpt-oss's analysis channel); none: "
+        "leave it in the content; auto: harmony for a model whose chat template is harmony's, else none",
+        choices=("auto", "none", "qwen3", "deepseek_r1", "harmony"),
     )
     max_request_body_bytes: int = setting(
         8 * 2**20, "larger request bodies get 413 before parsing", check=at_least(1)
@@ -215,6 +217,12 @@ class GatewayConfig:
                 "several models (more than one MODEL, --models-dir or --models-config) are served by one gateway "
                 "process with engines it starts: not with --api-server-count > 1, --data-parallel-size 0, "
                 "--engine-address or --served-model-name (name models by aliases in --models-config)"
+            )
+        parsers = {self.tool_call_parser, self.reasoning_parser}
+        if "harmony" in parsers and not parsers <= {"harmony", "auto", "none"}:
+            raise ValueError(
+                "harmony is one format for calls and reasoning: --tool-call-parser and --reasoning-parser "
+                f"cannot take it with another ({self.tool_call_parser} and {self.reasoning_parser})"
             )
         if self.data_parallel_size == 0 and self.link.engine_address is None:
             raise ValueError("--data-parallel-size must be >= 1 (or 0 with --engine-address), got 0")

@@ -23,6 +23,7 @@ from service.observability.metrics import PrometheusStatLogger, cache_info
 from service.observability.picker_metrics import PickerMetrics
 from service.observability.request_log import RequestLogger
 from service.observability.stat_loggers import StatLogger
+from service.openai.answer import resolve_parsers
 from service.openai.batch_store import BatchStore
 from service.openai.prepare import Preparer
 from service.openai.response_store import open_store, store_path
@@ -116,14 +117,16 @@ class Gateway:
             stats_log_interval_s=stats_log_interval_s,
         )
         generation_defaults = {**(model_generation_defaults or {}), **dict(config.generation_config)}
-        reasoning_parser = _parser(config.reasoning_parser)
+        tool_call_parser, reasoning_parser = resolve_parsers(
+            config.tool_call_parser, config.reasoning_parser, tokenizer.chat_template
+        )
         preparer = Preparer(
             llm.input_processor, names, generation_defaults, config.max_n, reasoning_parser,
             is_serving_rank=engine_client.is_serving_rank,
         )
         state = ServerState(
             llm, preparer, config.max_request_body_bytes, metrics_registry=metrics.registry, admission=self.admission,
-            tool_call_parser=_parser(config.tool_call_parser), reasoning_parser=reasoning_parser,
+            tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
             recent_requests=recent_requests,
         )
         return state, metrics
@@ -137,6 +140,3 @@ def _max_batch_lines(config: GatewayConfig) -> int:
     num_engines = max(config.data_parallel_size, 1)
     return max(1, min(DEFAULT_BATCH_LINES_PER_ENGINE, config.engine.max_num_seqs // 2) * num_engines)
 
-
-def _parser(name: str) -> str | None:
-    return None if name == "none" else name

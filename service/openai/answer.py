@@ -1,13 +1,47 @@
 """One chat choice's generated text as OpenAI's message: reasoning (with a reasoning parser),
-then content and tool calls, whole or delta by delta (the same either way)."""
+then content and tool calls, whole or delta by delta (the same either way); a harmony answer
+(gpt-oss) read by its own format."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
+from service.openai.harmony import HarmonyStream, Piece, is_harmony_template
 from service.openai.protocol import ChatCompletionRequest
 from service.openai.reasoning import ReasoningStream, parse_reasoning
-from service.openai.tool_calls import ChoiceTools, tool_mode
+from service.openai.tool_calls import ChoiceTools, ToolCall, tool_mode
+
+HARMONY = "harmony"
+
+
+def resolve_parsers(
+    tool_call_parser: str, reasoning_parser: str, chat_template: str | None
+) -> tuple[str | None, str | None]:
+    """The parsers a model's answers are read with (None: none): "auto" is harmony for a harmony
+    template, else none; harmony is one format, so either parser's harmony makes both harmony."""
+    auto = HARMONY if is_harmony_template(chat_template) else "none"
+    parsers = [auto if name == "auto" else name for name in (tool_call_parser, reasoning_parser)]
+    if HARMONY in parsers:
+        return HARMONY, HARMONY
+    tool, reasoning = (None if name == "none" else name for name in parsers)
+    return tool, reasoning
+
+
+class Answer(Protocol):
+    """A choice's text as message fields (whole) or deltas (streamed)."""
+
+    def whole(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]: ...
+
+    def delta(self, text: str) -> list[dict[str, Any]]: ...
+
+    def finish(self, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]: ...
+
+
+def choice_answer(body: ChatCompletionRequest, tool_call_parser: str | None, reasoning_parser: str | None) -> Answer:
+    """The reader of one choice's answer, as the parsers say."""
+    if HARMONY in (tool_call_parser, reasoning_parser):
+        return HarmonyAnswer(body)
+    return ChoiceAnswer(body, tool_call_parser, reasoning_parser)
 
 
 class ChoiceAnswer:
@@ -45,6 +79,52 @@ class ChoiceAnswer:
 
     def _reasoning_deltas(self, reasoning: str) -> list[dict[str, Any]]:
         return [_reasoning_fields(reasoning)] if reasoning and self.include_reasoning else []
+
+
+class HarmonyAnswer:
+    """A harmony answer: analysis as reasoning, final (and commentary without a recipient) as content,
+    calls to `functions.NAME` as tool calls (when the request offered tools), each streamed as it
+    comes (a call's name first, then its arguments). The whole answer is its deltas joined."""
+
+    def __init__(self, body: ChatCompletionRequest) -> None:
+        self.include_reasoning = body.include_reasoning
+        self.is_calling = bool(body.tools) and body.tool_choice != "none"
+        self._stream = HarmonyStream()
+        self._calls: list[ToolCall] = []
+
+    def whole(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        deltas = self.delta(text)
+        last, finish_reason = self.finish(finish_reason)
+        content = "".join(d.get("content", "") for d in deltas + last)
+        message: dict[str, Any] = {"content": content}
+        if self._calls:
+            message = {"content": content if content.strip() else None, "tool_calls": [c.to_dict() for c in self._calls]}
+        if self._stream.has_reasoned and self.include_reasoning:
+            message |= _reasoning_fields("".join(d.get("reasoning", "") for d in deltas + last))
+        return message, finish_reason
+
+    def delta(self, text: str) -> list[dict[str, Any]]:
+        return self._deltas(self._stream.feed(text))
+
+    def finish(self, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        deltas = self._deltas(self._stream.finish())
+        # NOTE: a call ends generation (`<|call|>` is a stop token): as OpenAI, then "tool_calls".
+        return deltas, "tool_calls" if self._calls and finish_reason == "stop" else finish_reason
+
+    def _deltas(self, pieces: list[Piece]) -> list[dict[str, Any]]:
+        deltas: list[dict[str, Any]] = []
+        for kind, text in pieces:
+            if kind == "reasoning" and self.include_reasoning:
+                deltas.append(_reasoning_fields(text))
+            elif kind == "content":
+                deltas.append({"content": text})
+            elif kind == "call" and self.is_calling:
+                self._calls.append(ToolCall(text, ""))
+                deltas.append({"tool_calls": [self._calls[-1].to_dict(len(self._calls) - 1)]})
+            elif kind == "arguments" and self.is_calling and self._calls:
+                self._calls[-1].arguments += text
+                deltas.append({"tool_calls": [{"index": len(self._calls) - 1, "function": {"arguments": text}}]})
+        return deltas
 
 
 def _reasoning_fields(reasoning: str) -> dict[str, str]:

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from service.frontend.llm_engine import LLMEngine
 from service.frontend.outputs import RequestOutput, accumulate
 from service.model_files.tokenizer import Tokenizer
+from service.openai.answer import resolve_parsers
 from service.openai.errors import APIError, validate_body
 from service.openai.prepare import Prepared, Preparer, new_request_id
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -112,7 +113,11 @@ class BatchRunner:
         max_n: int = 16,
     ) -> None:
         self.engine = engine
-        self.preparer = Preparer(engine.input_processor, [model_name], generation_defaults, max_n, is_any_model_served=True)
+        # NOTE: the parsers' defaults ("auto"): a harmony model's answers are read as harmony, others' left as text.
+        self.parsers = resolve_parsers("auto", "auto", engine.tokenizer.chat_template)
+        self.preparer = Preparer(
+            engine.input_processor, [model_name], generation_defaults, max_n, self.parsers[1], is_any_model_served=True
+        )
         self.max_in_flight = max_in_flight
 
     def run(self, input_path: Path, output_path: Path, use_tqdm: bool = True) -> int:
@@ -171,7 +176,9 @@ class BatchRunner:
                 index = job.line.index
                 del state.jobs[index]
                 outputs = [job.outputs[parent_id] for parent_id in job.prepared.parent_ids]
-                state.results[index] = answer_result(job.line, job.body, job.prepared, outputs, self.engine.tokenizer)
+                state.results[index] = answer_result(
+                    job.line, job.body, job.prepared, outputs, self.engine.tokenizer, *self.parsers
+                )
 
     def _start(self, line: BatchLine) -> BatchJob:
         """Checks and submits one line (a 400-style error if it is bad): every sample of every

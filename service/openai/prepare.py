@@ -18,8 +18,10 @@ from service.frontend.input_processor import InputProcessor, Prompt, PromptTooLo
 from service.frontend.sampling_params import SamplingParams
 from service.frontend.structured_output import library_of
 from service.openai.errors import APIError
+from service.openai.harmony import STOP_TOKENS, template_messages, template_tools
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from service.openai.reasoning import constraint_after_reasoning
+from service.openai.tool_calls import tool_mode
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,9 @@ class Preparer:
         if rank is not None and self.is_serving_rank is not None and not self.is_serving_rank(rank):
             raise APIError(f"'data_parallel_rank' {rank} is not a serving engine.", param="data_parallel_rank")
         body.check_supported()
+        if self.is_harmony and isinstance(body, ChatCompletionRequest) and tool_mode(body.tools, body.tool_choice, None):
+            raise APIError("This model's harmony format takes 'tool_choice' 'auto' or 'none': its calls are not forced.",
+                           param="tool_choice")
         prompts = self._prompts(body)
         params = self._sampling_params(body, prompts)
         parent_ids = [request_id] if len(prompts) == 1 else [f"{request_id}-p{i}" for i in range(len(prompts))]
@@ -140,8 +145,13 @@ class Preparer:
                     raise APIError("The prompt is empty.", param="prompt")
                 return prompts
             template_kwargs = _template_kwargs(body)
+            messages = [m.to_template_dict() for m in body.messages]
+            if self.is_harmony:
+                messages = template_messages(messages)
+                if "tools" in template_kwargs:
+                    template_kwargs["tools"] = template_tools(template_kwargs["tools"])
             return [processor.chat_prompt(
-                [m.to_template_dict() for m in body.messages],
+                messages,
                 add_generation_prompt=body.add_generation_prompt,
                 continue_final_message=body.continue_final_message,
                 add_special_tokens=body.add_special_tokens,
@@ -174,7 +184,21 @@ class Preparer:
             params.structured_output = constraint_after_reasoning(
                 spec, self.reasoning_parser, processor.tokenizer, prompts[0].token_ids
             )
+        if self.is_harmony and isinstance(body, ChatCompletionRequest):
+            # NOTE: the answer is read by its special tokens, and ends on a call or a return.
+            params.skip_special_tokens = False
+            params.stop_token_ids += [t for t in self._harmony_stop_ids if t not in params.stop_token_ids]
         return params
+
+    @property
+    def is_harmony(self) -> bool:
+        """Whether chats are answered in gpt-oss's harmony format."""
+        return self.reasoning_parser == "harmony"
+
+    @property
+    def _harmony_stop_ids(self) -> list[int]:
+        backend = self.input_processor.tokenizer.backend
+        return [i for token in STOP_TOKENS if (i := backend.token_to_id(token)) is not None]
 
 
 def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:

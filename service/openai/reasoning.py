@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from proto.engine_input import StructuredOutput
 from service.model_files.tokenizer import Tokenizer
+from service.openai.harmony import FINAL_HEADER
 from service.openai.tool_calls import partial_prefix
 
 REASONING_PARSERS = ("qwen3", "deepseek_r1")
@@ -33,7 +34,10 @@ def constraint_after_reasoning(
     """`spec` for a reasoning model's answer: it holds once the reasoning has ended (the engine
     watches for `</think>`), or from the first token when the prompt already ended it (thinking
     turned off by the template). The answer reasons from its start when the prompt opened
-    `<think>` or the parser says it always does (deepseek_r1); else (qwen3) it may open it."""
+    `<think>` or the parser says it always does (deepseek_r1, harmony: until its final channel's
+    header); else (qwen3) it may open it."""
+    if parser == "harmony":
+        return replace(spec, reasoning_end_ids=tokenizer.encode(FINAL_HEADER), is_reasoning=True)
     start_ids = tokenizer.encode(THINK_START)
     end_ids = tokenizer.encode(THINK_END)
     last_start, last_end = _last_index(prompt_token_ids, start_ids), _last_index(prompt_token_ids, end_ids)

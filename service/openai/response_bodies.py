@@ -11,7 +11,7 @@ from proto.engine_output import Logprobs
 from service.frontend.input_processor import Prompt
 from service.frontend.outputs import RequestOutput
 from service.model_files.tokenizer import Tokenizer
-from service.openai.answer import ChoiceAnswer
+from service.openai.answer import choice_answer
 from service.openai.logprobs_format import (
     chat_logprobs,
     completion_logprobs,
@@ -27,7 +27,7 @@ Outputs = AsyncIterator[tuple[int, RequestOutput]]
 
 class ChatResponse:
     """A chat request's answer: `chat.completion` whole, or its `chat.completion.chunk`s (a Responses
-    answer is made from these too); reasoning, content and tool calls split by `ChoiceAnswer`."""
+    answer is made from these too); reasoning, content and tool calls split by `choice_answer`'s reader."""
 
     def __init__(
         self, prepared: Prepared, body: ChatCompletionRequest, tokenizer: Tokenizer,
@@ -38,7 +38,7 @@ class ChatResponse:
         self.created = now()
         self.header = {"id": prepared.response_id, "created": self.created, "model": prepared.model}
         self.num_prompt_tokens = prepared.num_prompt_tokens
-        self.answers = [ChoiceAnswer(body, tool_call_parser, reasoning_parser) for _ in range(body.n)]
+        self.answers = [choice_answer(body, tool_call_parser, reasoning_parser) for _ in range(body.n)]
         (prompt,) = prepared.prompts
         # NOTE: vLLM's extras about the prompt: on the whole answer, or on a stream's first chunk.
         self.prompt_fields: dict[str, Any] = {}

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
+import unicodedata
 from pathlib import Path
 from typing import Any
 
 import gguf
 import pytest
+from tokenizers import Regex, pre_tokenizers
 
 from proto.gguf_header import read_gguf_metadata
+from proto.gguf_pretokenizers import PRE_TOKENIZER_SPLITS
 from proto.gguf_tokenizer import UnsupportedTokenizer, build_gguf_backend
 from service.model_files.tokenizer import Tokenizer
+from service.openai.answer import resolve_parsers
 
 _TEXTS = ["hello the world  123456789", "it's   done\n\n\tok", "naïve café 你好 😀", "<|im_start|>user x"]
 
@@ -127,3 +131,56 @@ def test_split_regex_variants_match_transformers(default_model_path: Path, tmp_p
 
     for text in _TEXTS:
         assert ours.encode(text, add_special_tokens=True) == theirs.encode(text)
+
+
+# NOTE: gpt-oss's own split (o200k's, in its tokenizer.json), which llama.cpp rewrites for "gpt-4o"
+# (src/llama-vocab.cpp quotes it there). Its rewrite leaves combining marks (\p{M}) out of words.
+_O200K_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _split(regexes: tuple[str, ...], text: str) -> list[str]:
+    pieces = [text]
+    for regex in regexes:
+        splitter = pre_tokenizers.Split(Regex(regex), behavior="isolated")
+        pieces = [piece for whole in pieces for piece, _ in splitter.pre_tokenize_str(whole)]
+    return pieces
+
+
+def test_gpt_4o_splits_as_gpt_oss_own_regex_but_for_combining_marks(llama_cpp_tree: Path) -> None:
+    """No reference vocabulary of llama.cpp's is "gpt-4o" (gpt-oss's GGUF `tokenizer.ggml.pre`): its
+    split regex is checked against the one it rewrites, on every reference text of the tree."""
+    texts = [text for path in sorted((llama_cpp_tree / "models").glob("ggml-vocab-*.gguf.inp"))
+             for text in path.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")]
+    has_mark = [any(unicodedata.category(char).startswith("M") for char in text) for text in texts]
+    assert len(texts) > 600 and 0 < sum(has_mark) < len(texts) // 5
+    differing = [text for text in texts if _split(PRE_TOKENIZER_SPLITS["gpt-4o"], text) != _split((_O200K_SPLIT,), text)]
+    assert differing and all(has_mark[texts.index(text)] for text in differing)
+
+
+def test_a_gpt_oss_gguf_tokenizer_keeps_harmony_tokens_whole_and_chooses_harmony(
+    default_model_path: Path, llama_cpp_tree: Path, tmp_path: Path
+) -> None:
+    """The default model's vocabulary as gpt-oss's GGUF declares its tokenizer: pre "gpt-4o", harmony's
+    tokens as control tokens, gpt-oss's chat template."""
+    metadata = read_gguf_metadata(default_model_path)
+    tokens, token_types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
+    harmony = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+    num_plain = len(tokens)
+    tokens += harmony
+    token_types += [3] * len(harmony)
+    template = (llama_cpp_tree / "models" / "templates" / "openai-gpt-oss-120b.jinja").read_text(encoding="utf-8")
+    overrides = {"tokenizer.ggml.pre": "gpt-4o", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": token_types,
+                 "tokenizer.chat_template": template}
+    _write_variant(default_model_path, tmp_path / "gpt-oss-like.gguf", overrides)
+    tokenizer = Tokenizer.from_model(tmp_path / "gpt-oss-like.gguf")
+    text = "<|start|>assistant<|channel|>final<|message|>It's 20 °C in Paris.<|return|>"
+    ids = tokenizer.encode(text)
+    assert [tokenizer.backend.id_to_token(i) for i in ids if i >= num_plain] == [
+        "<|start|>", "<|channel|>", "<|message|>", "<|return|>"]
+    assert tokenizer.decode(ids, skip_special_tokens=False) == text
+    assert tokenizer.decode(ids) == "assistantfinalIt's 20 °C in Paris."
+    assert resolve_parsers("auto", "auto", tokenizer.chat_template) == ("harmony", "harmony")

@@ -157,7 +157,7 @@ def test_models_config_settings_override_the_command_line_for_their_model_only(m
     assert configured.config.generation_config == (("temperature", 0.2),)
     assert other.names == ("llama-b",)
     assert (other.config.engine.max_model_len, other.config.engine.kv_cache_memory_gib) == (None, 0.1)
-    assert (other.config.reasoning_parser, other.config.generation_config) == ("none", ())
+    assert (other.config.reasoning_parser, other.config.generation_config) == ("auto", ())
 
 
 def test_the_toml_and_yaml_forms_give_the_same_models(models_dir: Path) -> None:
