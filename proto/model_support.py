@@ -25,7 +25,7 @@ ARCHITECTURES = tuple(sorted({*GGUF_ARCHITECTURES, *(HF_ARCHITECTURES.get(t, t) 
 # NOTE: architectures whose checkpoints hold Q/K/V and gate/up fused, as the model runs them
 FUSED_CHECKPOINTS = frozenset({"phi3"})
 # ggml tensor types the engine's loader reads: those its kernel forms take as blocks (Q4_0, Q4_1, Q5_0, Q5_1,
-# Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS), the float ones, and those it converts with gguf-py's dequantize (NOTE: held
+# Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4), the float ones, and those it converts with gguf-py's dequantize (NOTE: held
 # equal to what engine_proc/loader/gguf_loader.py reads by tests/engine_proc/loader/test_gguf_loader.py)
 GGML_TYPES = frozenset(GGMLQuantizationType[name] for name in (
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
