@@ -1,8 +1,9 @@
 """zeroserve's C++ kernels for x86 CPUs (AVX-512 BF16 or AVX2 + FMA): decode attention that reads
 the paged cache in place, fused RMSNorm (alone or after the residual add), SiLU·up, and rotary
 with the K/V cache write for bfloat16 activations, the matmul forms of form_registry (bfloat16 rows
-rounded to 8 bits per group of 32 times a GGUF's 4-bit or 8-bit blocks, integer products by AVX-512
-VNNI or AVX2), and (AVX-512 build, run only with AMX) greedy picks straight from the output head.
+rounded to 8 bits per group of 32 times a GGUF's blocks as the file holds them: Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS and MXFP4; integer products by AVX-512 VNNI or AVX2), and (AVX-512 build,
+run only with AMX) greedy picks straight from the output head.
 
 The same sources build for either instruction set (csrc/vec16.h holds the one part that
 differs). Built once per machine and instruction set with torch's extension builder (g++ and
@@ -29,7 +30,10 @@ logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [
     _CSRC / name
-    for name in ("bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "int4_q8.cpp", "int6k_q8.cpp", "int8_q8.cpp")
+    for name in (
+        "bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "int4_q8.cpp", "int6k_q8.cpp", "int8_q8.cpp",
+        "mxfp4_q8.cpp",
+    )
 ]
 _HEADERS = [_CSRC / "vec16.h", _CSRC / "q8_rows.h", _CSRC / "nibble_layout.h"]
 # NOTE: explicit instruction sets rather than -march=native, and one build per instruction set
@@ -99,7 +103,7 @@ def build_or_import(name: str, sources: list[Path], cflags: list[str], headers: 
 @functools.cache
 def load_cpu_kernels() -> Any | None:
     """The built module (`paged_decode_attention`, `rms_norm`, `add_rms_norm`, `silu_and_mul`,
-    `rotary_store_kv`, `pack_int4_q8`, `int4_q8`, `pack_int8_q8`, `int8_q8`, and in the AVX-512 build
+    `rotary_store_kv`, each kernel form's pack and run (`pack_int4_q8`, `int4_q8`, ...), and in the AVX-512 build
     `pack_greedy_head` and `greedy_head`, run only where `has_amx`), or None where unavailable."""
     if not envs.cpu_kernels():
         return None

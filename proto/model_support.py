@@ -23,7 +23,7 @@ HF_MODEL_TYPES = ("gemma3_text", "llama", "mistral", "mixtral", "olmoe", "phi3",
 # the engine's names of its architectures (ModelConfig.architecture)
 ARCHITECTURES = ("gemma3", "llama", "mistral", "mixtral", "olmoe", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
 # ggml tensor types the engine's loader reads: those its kernel forms take as blocks (Q4_0, Q4_1, Q5_0, Q5_1,
-# Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS), the float ones, and those it converts with gguf-py's dequantize (NOTE: held
+# Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4), the float ones, and those it converts with gguf-py's dequantize (NOTE: held
 # equal to what engine_proc/loader/gguf_loader.py reads by tests/engine_proc/loader/test_gguf_loader.py)
 GGML_TYPES = frozenset(GGMLQuantizationType[name] for name in (
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",

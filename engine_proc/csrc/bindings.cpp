@@ -32,6 +32,8 @@ at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 std::vector<at::Tensor> pack_iq4xs_q8(const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d);
 at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d,
                     const at::Tensor& offsets);
+std::vector<at::Tensor> pack_mxfp4_q8(const at::Tensor& codes, const at::Tensor& exponents);
+at::Tensor mxfp4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& exponents);
 #ifdef ZEROSERVE_AMX
 at::Tensor pack_greedy_head(const at::Tensor& weight);
 at::Tensor greedy_head(const at::Tensor& hidden, const at::Tensor& packed_weight, int64_t vocab_size);
@@ -58,6 +60,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_q8", &int8_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ an 8-bit weight's transpose, integer products");
   m.def("pack_iq4xs_q8", &pack_iq4xs_q8, "GGUF IQ4_XS blocks (4-bit indices, signed 6-bit scales, float16-exact d) in iq4xs_q8's layout");
   m.def("iq4xs_q8", &iq4xs_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ an IQ4_XS weight's transpose, integer products");
+  m.def("pack_mxfp4_q8", &pack_mxfp4_q8, "GGUF MXFP4 blocks (4-bit e2m1 codes, 8-bit exponents) in mxfp4_q8's layout");
+  m.def("mxfp4_q8", &mxfp4_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ an MXFP4 weight's transpose, integer products");
 #ifdef ZEROSERVE_AMX
   m.def("pack_greedy_head", &pack_greedy_head, "an output head's weight in greedy_head's AMX tile layout");
   m.def("greedy_head", &greedy_head, "each row's first argmax of bf16(hidden @ weight.T), logits never written (AMX)");

@@ -1,7 +1,7 @@
 // bfloat16 rows rounded to 8 bits per group of 32 inputs, as llama.cpp rounds activations for its
 // integer dot products (Q8): a scale a = max|x| / 127 per row and group, x̂ = round(x / a) (ties to
-// even) in -127..127. Both integer matmul forms (int4_q8.cpp, int8_q8.cpp) round through here, so a
-// row's x̂ depends on that row alone.
+// even) in -127..127. Every integer matmul form (int4_q8.cpp, int6k_q8.cpp, int8_q8.cpp, mxfp4_q8.cpp)
+// rounds through here, so a row's x̂ depends on that row alone.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -37,8 +37,9 @@ inline void store_int8(int8_t* dst, V16 x) {
 // One group of 32 bfloat16 inputs -> 32 signed bytes x̂, their scale a and the sum of the rounded
 // inputs, a · Σ x̂ (as llama.cpp's Q8_1 keeps it: a weight's minimum then meets the same rounded x as
 // its codes do, and the group's product is x̂ · w, whose error follows the weight, not the codes'
-// offset). Σ x̂ is an integer (at most 32 · 127), summed in order: the same bits in every build.
-inline void quantize_group(const uint16_t* x, int8_t* q, float* scale, float* sum) {
+// offset), and Σ x̂ itself (mxfp4_q8 takes its codes' offset back out in integers). Σ x̂ is an integer
+// (at most 32 · 127), summed in order: the same bits in every build.
+inline void quantize_group(const uint16_t* x, int8_t* q, float* scale, float* sum, int32_t* total_out) {
   const V16 low = load_bf16(x), high = load_bf16(x + 16);
   const V16 zero = zero16();
   const float max_abs = reduce_max(max16(max16(low, zero - low), max16(high, zero - high)));
@@ -49,22 +50,25 @@ inline void quantize_group(const uint16_t* x, int8_t* q, float* scale, float* su
   int32_t total = 0;
   for (int i = 0; i < 32; ++i) total += q[i];
   *sum = *scale * static_cast<float>(total);
+  *total_out = total;
 }
 
-// A batch of bfloat16 rows x [m, k] rounded: x̂ [m, k] int8, and a scale and the sum a · Σ x̂ per row and group.
+// A batch of bfloat16 rows x [m, k] rounded: x̂ [m, k] int8, and a scale, the sum a · Σ x̂ and Σ x̂ per row and group.
 struct Q8Rows {
   int64_t m, k, num_groups;
   // NOTE: uninitialized (vectors would zero them first, each call): every element is written here.
   std::unique_ptr<int8_t[]> q;
   std::unique_ptr<float[]> scales, sums;
+  std::unique_ptr<int32_t[]> totals;
 
   explicit Q8Rows(const at::Tensor& x)
       : m(x.size(0)), k(x.size(1)), num_groups(x.size(1) / kQ8Group), q(new int8_t[x.size(0) * x.size(1)]),
-        scales(new float[x.size(0) * num_groups]), sums(new float[x.size(0) * num_groups]) {
+        scales(new float[x.size(0) * num_groups]), sums(new float[x.size(0) * num_groups]),
+        totals(new int32_t[x.size(0) * num_groups]) {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && k % kQ8Group == 0);
     const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr());
     at::parallel_for(0, m * num_groups, 256, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) quantize_group(xs + i * kQ8Group, q.get() + i * kQ8Group, &scales[i], &sums[i]);
+      for (int64_t i = begin; i < end; ++i) quantize_group(xs + i * kQ8Group, q.get() + i * kQ8Group, &scales[i], &sums[i], &totals[i]);
     });
   }
 };

@@ -23,6 +23,7 @@ from engine_proc.models.weight_blocks import (
     BlocksKind,
     BlocksReader,
     IQ4XSBlocks,
+    MXFP4Blocks,
     Q4Blocks,
     Q4KBlocks,
     Q5Blocks,
@@ -143,8 +144,8 @@ class GGUFWeights:
     def blocks(self, name: str, rows: slice = slice(None)) -> Blocks | None:
         """The tensor's blocks (see weight_blocks), its outermost `rows` only where its rows are not
         permuted, in Hugging Face's row order: as the file holds them for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-        Q5_K, Q6_K, IQ4_XS and Q8_0; for the other quantized types (IQ4_NL, Q2_K, Q3_K, MXFP4, ...: no
-        kernel form of their own yet) their
+        Q5_K, Q6_K, IQ4_XS, MXFP4 and Q8_0; for the other quantized types (IQ4_NL, Q2_K, Q3_K, NVFP4, ...:
+        no kernel form of their own yet) their
         values rounded to Q8_0, whose 8 bits a weight with a scale per 32 are finer than theirs; None for
         float tensors."""
         tensor = self._tensors[name]
@@ -185,7 +186,7 @@ _BLOCK_KINDS: dict[GGMLQuantizationType, BlocksKind] = {
     GGMLQuantizationType.Q4_0: Q4Blocks, GGMLQuantizationType.Q4_1: Q4Blocks, GGMLQuantizationType.Q8_0: Q8Blocks,
     GGMLQuantizationType.Q5_0: Q5Blocks, GGMLQuantizationType.Q5_1: Q5Blocks,
     GGMLQuantizationType.Q4_K: Q4KBlocks, GGMLQuantizationType.Q5_K: Q5KBlocks, GGMLQuantizationType.Q6_K: Q6KBlocks,
-    GGMLQuantizationType.IQ4_XS: IQ4XSBlocks,
+    GGMLQuantizationType.IQ4_XS: IQ4XSBlocks, GGMLQuantizationType.MXFP4: MXFP4Blocks,
 }
 
 
@@ -296,6 +297,15 @@ def _iq4xs_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
     return codes, scales, d
 
 
+def _mxfp4_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(codes, exponents) of an MXFP4 tensor. A block of 32 is an 8-bit exponent (e8m0), then 16 bytes of
+    codes, element j in the low nibble of byte j and element j + 16 in its high one."""
+    num_rows = raw_bytes.shape[0]
+    raw = raw_bytes.reshape(num_rows, -1, 17)
+    codes = np.concatenate((raw[..., 1:] & 0x0F, raw[..., 1:] >> 4), axis=-1).reshape(num_rows, -1)
+    return codes, raw[..., 0]
+
+
 def _q8_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
     """(codes, scales) of a Q8_0 tensor: w = code * scale per block of 32 (a float16 scale, then 32 int8 codes)."""
     raw = raw_bytes.reshape(raw_bytes.shape[0], -1, 34)
@@ -313,6 +323,7 @@ _ARRAYS: dict[GGMLQuantizationType, Callable[[np.ndarray], tuple[np.ndarray, ...
     GGMLQuantizationType.Q5_K: lambda raw: _k_arrays(raw, has_fifth_bit=True),
     GGMLQuantizationType.Q6_K: _q6k_arrays,
     GGMLQuantizationType.IQ4_XS: _iq4xs_arrays,
+    GGMLQuantizationType.MXFP4: _mxfp4_arrays,
     GGMLQuantizationType.Q8_0: _q8_arrays,
 }
 

@@ -20,6 +20,7 @@ from engine_proc.models.weight_blocks import (
     Blocks,
     BlocksKind,
     IQ4XSBlocks,
+    MXFP4Blocks,
     Q4Blocks,
     Q4KBlocks,
     Q5Blocks,
@@ -122,6 +123,15 @@ def _trial_iq4xs(kernels: Any) -> bool:
     return _is_close(kernels, FORMS["iq4xs_q8"], IQ4XSBlocks(codes, scales, torch.full((16, 1), 2.0**-10)))
 
 
+def _trial_mxfp4(kernels: Any) -> bool:
+    """mxfp4_q8 on 16 outputs × 64 inputs, every code, steps 2^−4 .. 2^3, 3 rows, against the dequantized weight's product."""
+    # NOTE: the positive codes twice as often as the negative ones: MXFP4's values are symmetric, and a
+    # weight whose every sign comes as often would cancel to sums that the 8-bit inputs move by more.
+    codes = (torch.arange(16 * 64) * 7 % 24 % 16).to(torch.uint8).view(16, 64)
+    exponents = (124 + torch.arange(16 * 2) % 8).to(torch.uint8).view(16, 2)
+    return _is_close(kernels, FORMS["mxfp4_q8"], MXFP4Blocks(codes, exponents))
+
+
 def _is_close(kernels: Any, spec: FormSpec, blocks: Blocks) -> bool:
     assert spec.kernel is not None
     num_inputs = blocks.codes.shape[1]
@@ -178,6 +188,12 @@ FORMS = {spec.name: spec for spec in (
         "iq4xs_q8", "iq4xs blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
         kernel=KernelOps(
             IQ4XSBlocks, lambda kernels, b: kernels.pack_iq4xs_q8(*b), lambda kernels: kernels.iq4xs_q8, _trial_iq4xs,
+        ),
+    ),
+    FormSpec(
+        "mxfp4_q8", "mxfp4 blocks", is_row_invariant=True, fidelity=ROUNDED_ACTIVATIONS,
+        kernel=KernelOps(
+            MXFP4Blocks, lambda kernels, b: kernels.pack_mxfp4_q8(*b), lambda kernels: kernels.mxfp4_q8, _trial_mxfp4,
         ),
     ),
     FormSpec(

@@ -6,7 +6,8 @@ minimums) are float16 in the file, so every value here is one a float16 holds. A
 of 256 holds eight such groups of 4-bit codes whose scales and minimums are 6-bit integers times the
 super-block's float16 d and dmin. Q5_0, Q5_1 and Q5_K are their 4-bit kin with 5-bit codes. A Q6_K super-block of 256 holds 6-bit codes in sixteen sub-blocks
 of 16, each with a signed 8-bit scale times the super-block's float16 d. An IQ4_XS super-block of 256
-holds 4-bit indices into a table of 16 values, in groups of 32 with a signed 6-bit scale each.
+holds 4-bit indices into a table of 16 values, in groups of 32 with a signed 6-bit scale each. An
+MXFP4 block of 32 (gpt-oss's experts) holds 4-bit floats (e2m1) and a power-of-two scale, an 8-bit exponent.
 """
 
 from __future__ import annotations
@@ -157,11 +158,37 @@ class IQ4XSBlocks(NamedTuple):
         return _affine(values, steps, torch.zeros_like(steps))
 
 
+# ggml's kvalues_mxfp4: the values an MXFP4 code stands for, e2m1's doubled (so that 2^(E − 128) scales them).
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+class MXFP4Blocks(NamedTuple):
+    """A weight [rows, cols] as GGUF's MXFP4 holds it: 4-bit codes standing for MXFP4_VALUES in groups of 32,
+    each group with an 8-bit exponent E (e8m0): w = MXFP4_VALUES[q]·2^(E − 128)."""
+
+    codes: Tensor  # [rows, cols] uint8, values 0..15
+    exponents: Tensor  # [rows, cols // 32] uint8
+
+    def dequantize(self) -> Tensor:
+        rows, cols = self.codes.shape
+        values = torch.tensor(MXFP4_VALUES, dtype=torch.float32)[self.codes.long()]
+        return (values.view(rows, cols // GROUP_SIZE, GROUP_SIZE) * mxfp4_steps(self.exponents).unsqueeze(-1)).view(rows, cols)
+
+
+def mxfp4_steps(exponents: Tensor) -> Tensor:
+    """2^(E − 128) per exponent E as float32 from its bits (E 0 and 1: subnormal), as ggml's
+    ggml_e8m0_to_fp32_half computes it."""
+    e = exponents.int()
+    bits = torch.where(e < 2, torch.full_like(e, 0x00200000).bitwise_left_shift(e), (e - 1).bitwise_left_shift(23))
+    return bits.view(torch.float32)
+
+
 SUPER_BLOCK = 256
 SUB_BLOCK = 16
-Blocks = Q4Blocks | Q5Blocks | Q8Blocks | Q4KBlocks | Q5KBlocks | Q6KBlocks | IQ4XSBlocks
+Blocks = Q4Blocks | Q5Blocks | Q8Blocks | Q4KBlocks | Q5KBlocks | Q6KBlocks | IQ4XSBlocks | MXFP4Blocks
 BlocksKind = (
     type[Q4Blocks] | type[Q5Blocks] | type[Q8Blocks] | type[Q4KBlocks] | type[Q5KBlocks] | type[Q6KBlocks] | type[IQ4XSBlocks]
+    | type[MXFP4Blocks]
 )
 
 

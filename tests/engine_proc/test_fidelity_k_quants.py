@@ -1,10 +1,10 @@
-"""The k-quant and i-quant forms (int4k_q8, int5k_q8, int6k_q8, iq4xs_q8) held to the bounds the form
-registry declares for them, on a real model: the default model with its FFN down projections (rows of
-1536, the only ones whose rows are whole 256-value super-blocks) quantized again, layer by layer in turn
-to Q4_K, Q5_K, Q6_K and IQ4_XS (benchmarks/real_size_ggufs.py's plain quantizers, llama.cpp's block
-layouts), served with default flags, against transformers' float32 on the same file (which dequantizes
-the blocks). One file runs every form: one reference to load and decode, where a file a form would take
-four (each form alone measured within the same bounds: the README has the figures).
+"""The k-quant, i-quant and MXFP4 forms (int4k_q8, int5k_q8, int6k_q8, iq4xs_q8, mxfp4_q8) held to the
+bounds the form registry declares for them, on a real model: the default model with its FFN down projections
+(rows of 1536, the only ones whose rows are whole 256-value super-blocks) quantized again, layer by layer in
+turn to Q4_K, Q5_K, Q6_K, IQ4_XS and MXFP4 (benchmarks/real_size_ggufs.py's plain quantizers, llama.cpp's
+block layouts; MXFP4 by gguf-py), served with default flags, against transformers' float32 on the same file
+(which dequantizes the blocks). One file runs every form: one reference to load and decode, where a file a
+form would take five (each form alone measured within the same bounds: the README has the figures).
 
 As test_fidelity_int4.py holds the default file's own forms: fed the reference's own greedy continuation
 (teacher forcing), our most likely next token is the reference's at >= 90% of positions, the
@@ -32,7 +32,7 @@ from proto.engine_config import EngineConfig
 from service.model_files.tokenizer import Tokenizer
 from tests.engine_proc.fidelity_prompts import planned_forms, reference_margin, teacher_forced_ranks
 
-K_QUANT_FORMS = {"Q4_K": "int4k_q8", "Q5_K": "int5k_q8", "Q6_K": "int6k_q8", "IQ4_XS": "iq4xs_q8"}
+K_QUANT_FORMS = {"Q4_K": "int4k_q8", "Q5_K": "int5k_q8", "Q6_K": "int6k_q8", "IQ4_XS": "iq4xs_q8", "MXFP4": "mxfp4_q8"}
 # NOTE: fewer than the int4 test's 40 a prompt: four files, each with its own reference to load and decode.
 NUM_REFERENCE_TOKENS = 24
 

@@ -29,6 +29,7 @@ from engine_proc.models.llama import RMSNorm
 from engine_proc.models.weight_blocks import (
     Blocks,
     IQ4XSBlocks,
+    MXFP4Blocks,
     Q4Blocks,
     Q4KBlocks,
     Q5Blocks,
@@ -160,12 +161,16 @@ def _blocks(form: str, rows: int, cols: int) -> Blocks:
         return Q6KBlocks(codes(64), small_ints(16, -128, 128, torch.int8), halves(256, 1e-4, 1e-3))
     if form == "iq4xs_q8":
         return IQ4XSBlocks(codes(16), small_ints(32, -32, 32, torch.int8), halves(256, 1e-4, 1e-3))
+    if form == "mxfp4_q8":
+        exponents = small_ints(32, 110, 140, torch.uint8)
+        exponents[0, :4] = torch.tensor([0, 1, 2, 252], dtype=torch.uint8)  # subnormal steps, the largest one taken
+        return MXFP4Blocks(codes(16), exponents)
     assert form == "int8_q8", form
     signed = torch.randint(-127, 128, (rows, cols), generator=g).to(torch.int8)
     return Q8Blocks(signed, halves(32, 1e-4, 1e-2))
 
 
-_FORMS = ("int4_q8", "int4k_q8", "int5_q8", "int5k_q8", "int6k_q8", "iq4xs_q8", "int8_q8")
+_FORMS = ("int4_q8", "int4k_q8", "int5_q8", "int5k_q8", "int6k_q8", "iq4xs_q8", "mxfp4_q8", "int8_q8")
 
 
 def test_every_kernel_form_has_its_blocks_here() -> None:

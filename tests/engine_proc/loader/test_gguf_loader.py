@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from engine_proc.loader import load_gguf, load_model, load_model_config
-from engine_proc.loader.gguf_loader import _BLOCK_KINDS
+from engine_proc.loader.gguf_loader import _ARRAYS, _BLOCK_KINDS
 from engine_proc.models.llama import inverse_frequencies
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
 from proto.model_support import GGML_TYPES
@@ -148,6 +148,18 @@ def test_the_supported_tensor_types_are_those_the_loader_reads(tmp_path: Path) -
     for ggml_type in set(gguf.GGMLQuantizationType) - GGML_TYPES:
         with pytest.raises(NotImplementedError):
             gguf.quants.dequantize(np.zeros((1, gguf.GGML_QUANT_SIZES[ggml_type][1]), dtype=np.uint8), ggml_type)
+
+
+def test_mxfp4_blocks_hold_gguf_pys_values_for_every_exponent_and_code() -> None:
+    mxfp4 = gguf.GGMLQuantizationType.MXFP4
+    raw = np.random.default_rng(0).integers(0, 256, (16, 16 * 17), dtype=np.uint8)
+    raw.reshape(16, 16, 17)[..., 0] = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    with np.errstate(over="ignore"):  # NOTE: from exponent 253 on, 12 · 2^(E − 128) is past float32's range
+        theirs = gguf.quants.dequantize(raw, mxfp4)
+    blocks = _BLOCK_KINDS[mxfp4](*(torch.from_numpy(np.ascontiguousarray(a)) for a in _ARRAYS[mxfp4](raw)))
+    ours = blocks.dequantize().numpy()
+    assert ours.shape == theirs.shape == (16, 512) and np.isinf(theirs).any() and (theirs[theirs != 0] < 1e-38).any()
+    np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
 
 @pytest.mark.parametrize("quant", [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1])

@@ -30,7 +30,7 @@ SMALL = Shape(256, 2, 512, 4, 2, 64, is_tied=True)
 @needs_kernels
 @pytest.mark.parametrize(("ggml_type", "form"), [
     ("Q4_0", "int4_q8"), ("Q5_1", "int5_q8"), ("Q8_0", "int8_q8"), ("Q4_K", "int4k_q8"), ("Q5_K", "int5k_q8"),
-    ("Q6_K", "int6k_q8"), ("IQ4_XS", "iq4xs_q8"),
+    ("Q6_K", "int6k_q8"), ("IQ4_XS", "iq4xs_q8"), ("MXFP4", "mxfp4_q8"),
 ])
 def test_projections_loaded_as_blocks_alone_give_the_logits_of_a_load_that_keeps_their_values(
     tmp_path: Path, ggml_type: str, form: str
@@ -58,9 +58,9 @@ def test_projections_loaded_as_blocks_alone_give_the_logits_of_a_load_that_keeps
 
 @needs_kernels
 def test_a_type_without_a_kernel_form_of_its_own_runs_as_8_bit_blocks(tmp_path: Path) -> None:
-    # NOTE: MXFP4 (gpt-oss's 4-bit floats, a power-of-two scale per 32) is rounded to Q8_0 at load, tensor by tensor.
-    path = tmp_path / "small-mxfp4.gguf"
-    write(SMALL, "MXFP4", path)
+    # NOTE: TQ2_0 (ternary weights, a float16 scale per 256) is rounded to Q8_0 at load, tensor by tensor.
+    path = tmp_path / "small-tq2_0.gguf"
+    write(SMALL, "TQ2_0", path)
     lean = load_model(path, dtype=None, quantization="auto")
     exact = load_model(path, dtype=torch.float32, quantization="none")
     projections = [module for module in lean.modules() if isinstance(module, Linear)]
@@ -85,7 +85,7 @@ def test_a_fused_projection_of_two_types_keeps_each_part_in_its_own_blocks(tmp_p
     assert (got - expected).abs().max() < 0.05 * expected.abs().max()
 
 
-@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "MXFP4"])
 def test_the_files_blocks_hold_the_values_gguf_py_reads(tmp_path: Path, ggml_type: str) -> None:
     path = tmp_path / f"small-{ggml_type}.gguf"
     write(SMALL, ggml_type, path)
@@ -96,6 +96,26 @@ def test_the_files_blocks_hold_the_values_gguf_py_reads(tmp_path: Path, ggml_typ
         if "q_proj" not in name:  # NOTE: a llama file's Q and K rows are permuted: read whole
             part = weights.blocks(name, slice(16, 48))
             assert part is not None and torch.equal(part.dequantize(), weights.float(name)[16:48]), name
+
+
+@needs_kernels
+def test_an_mxfp4_file_runs_on_its_own_blocks_at_17_bytes_per_32_weights(tmp_path: Path) -> None:
+    # NOTE: gpt-oss's experts: doubled to Q8_0's 34 bytes per 32, gpt-oss-20b's would not fit a 24 GB machine.
+    path = tmp_path / "small-mxfp4.gguf"
+    write(SMALL, "MXFP4", path)
+    model = load_model(path, dtype=None, quantization="auto")
+    projections = [module for module in model.modules() if isinstance(module, Linear)]
+    assert projections and all(p.forms is not None and p.forms.plan == ((sys.maxsize, "mxfp4_q8"),) for p in projections)
+    assert model.head is not None and model.head.plan == ((sys.maxsize, "mxfp4_q8"),)
+    _, weights = load_gguf(path)
+    spec, kernels = FORMS["mxfp4_q8"], load_cpu_kernels()
+    assert spec.kernel is not None
+    matrices = [name for name in weights.names() if name.endswith(("proj.weight", "embed_tokens.weight"))]
+    for name in matrices:
+        blocks = weights.blocks(name)
+        assert blocks is not None
+        packed = spec.kernel.pack(kernels, blocks)
+        assert sum(t.nbytes for t in packed) == blocks.codes.numel() * 17 // 32, name
 
 
 @needs_kernels

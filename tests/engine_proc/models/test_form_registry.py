@@ -24,9 +24,11 @@ def test_every_form_has_a_fidelity_bound_and_only_kernel_forms_claim_row_invaria
         assert spec.is_row_invariant == (spec.kernel is not None or spec.name == "parts"), spec.name
         assert spec.source in (
             "weight", "q4 blocks", "q5 blocks", "q8 blocks", "q4k blocks", "q5k blocks", "q6k blocks", "iq4xs blocks",
-            "blocks of several kinds",
+            "mxfp4 blocks", "blocks of several kinds",
         ), spec.name
-    assert {spec.name for spec in KERNEL_FORMS} == {"int4_q8", "int4k_q8", "int5_q8", "int5k_q8", "int6k_q8", "iq4xs_q8", "int8_q8"}
+    assert {spec.name for spec in KERNEL_FORMS} == {
+        "int4_q8", "int4k_q8", "int5_q8", "int5k_q8", "int6k_q8", "iq4xs_q8", "mxfp4_q8", "int8_q8",
+    }
 
 
 @needs_kernels

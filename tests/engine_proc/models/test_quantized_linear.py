@@ -20,6 +20,7 @@ from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_
 from engine_proc.models.weight_blocks import (
     IQ4_VALUES,
     IQ4XSBlocks,
+    MXFP4Blocks,
     Q4Blocks,
     Q4KBlocks,
     Q5Blocks,
@@ -253,6 +254,14 @@ def random_iq4xs_blocks(rows: int, cols: int) -> IQ4XSBlocks:
     return IQ4XSBlocks(codes, scales, d)
 
 
+def random_mxfp4_blocks(rows: int, cols: int) -> MXFP4Blocks:
+    """MXFP4 blocks as gpt-oss's experts hold them: 4-bit e2m1 codes, exponents of steps 2^-10 .. 2^-3 per 32."""
+    generator = torch.Generator().manual_seed(8)
+    codes = torch.randint(0, 16, (rows, cols), dtype=torch.uint8, generator=generator)
+    exponents = torch.randint(118, 126, (rows, cols // 32), dtype=torch.uint8, generator=generator)
+    return MXFP4Blocks(codes, exponents)
+
+
 def row_invariant_form(form: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The run of each form the registry says is row-invariant, on a random weight of 96 outputs and 256 inputs."""
     if form == "parts":  # NOTE: 32 rows of Q4_K above 16 of Q6_K and 48 of Q4_K again
@@ -265,7 +274,7 @@ def row_invariant_form(form: str) -> Callable[[torch.Tensor], torch.Tensor]:
     makers = {
         Q4Blocks: random_blocks, Q5Blocks: random_q5_blocks, Q4KBlocks: random_q4k_blocks,
         Q5KBlocks: lambda n, k: random_q4k_blocks(n, k, Q5KBlocks), Q6KBlocks: random_q6k_blocks,
-        IQ4XSBlocks: random_iq4xs_blocks,
+        IQ4XSBlocks: random_iq4xs_blocks, MXFP4Blocks: random_mxfp4_blocks,
         Q8Blocks: lambda n, k: Q8Blocks.quantize(random_q8_weight(n, k)),
     }
     blocks = makers[spec.kernel.blocks](96, 256)
@@ -411,6 +420,40 @@ def test_iq4xs_q8_multiplies_table_values_with_their_group_scales(num_tokens: in
     steps = blocks.d.double().repeat_interleave(8, dim=1) * blocks.scales.double()
     stated = (products * a.double().unsqueeze(1) * steps).sum(-1)
     assert ((out - stated).abs() <= 2**-8 * stated.abs() + 1e-4 * stated.abs().max()).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("num_tokens", [1, 8, 9, 40])
+def test_mxfp4_q8_multiplies_the_dequantized_weight_by_the_rounded_rows(num_tokens: int) -> None:
+    blocks = random_mxfp4_blocks(40, 512)  # NOTE: 40 outputs: padded to 48 for the kernel, cut again
+    exponents = blocks.exponents.clone()
+    exponents[3] = torch.arange(16) % 4  # NOTE: subnormal steps (2^-128, 2^-127) and the smallest normal ones
+    exponents[4, 8] = 252  # NOTE: the largest step whose weights float32 holds (12 · 2^124)
+    blocks = MXFP4Blocks(blocks.codes, exponents)
+    run = kernel_form(load_cpu_kernels(), FORMS["mxfp4_q8"], blocks)
+    assert run is not None
+    x = torch.randn(num_tokens, 512).bfloat16()
+    x[0, 40] = 30.0
+    x[:, 256:288] *= 2.0**-100  # NOTE: the huge group meets tiny inputs: its products stay in range
+    out = run(x).double()
+    assert out.shape == (num_tokens, 40)
+    # What the kernel says it computes: the dequantized weight (values · 2^(E − 128)) times the rounded rows
+    # x̂ · a, integer sums exact, then float32 (at most 2^-20 of the terms' magnitudes) and one bfloat16 rounding.
+    q, a = q8_rows(x)
+    rounded = (q.double() * a.double().unsqueeze(-1)).view(num_tokens, -1)
+    weight = blocks.dequantize().double()
+    stated, magnitude = rounded @ weight.T, rounded.abs() @ weight.abs().T
+    assert stated.isfinite().all() and (stated[:, 4].abs() > 2.0**16).all() and (stated[:, 3].abs() < 1e-30).all()
+    assert ((out - stated).abs() <= 2**-8 * stated.abs() + 2**-20 * magnitude).all()
+
+
+@needs_kernels
+def test_mxfp4_q8_refuses_exponents_whose_weights_pass_float32() -> None:
+    blocks = random_mxfp4_blocks(16, 64)
+    exponents = blocks.exponents.clone()
+    exponents[7, 1] = 253  # NOTE: 12 · 2^125 is past float32's largest (e8m0's 255 is not a number)
+    with pytest.raises(RuntimeError, match="exponent is 253: above 252"):
+        kernel_form(load_cpu_kernels(), FORMS["mxfp4_q8"], MXFP4Blocks(blocks.codes, exponents))
 
 
 @needs_kernels
