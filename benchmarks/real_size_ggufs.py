@@ -17,6 +17,7 @@ file by llama.cpp's `llama-quantize --allow-requantize` (`--llama-quantize`, bui
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -48,12 +49,21 @@ class Shape:
     has_qkv_bias: bool = False
     architecture: str = "llama"
     rope_theta: float = 500000.0
+    has_qk_norm: bool = False
+    # NOTE: mixture-of-experts layers where `num_experts` > 0 (each layer's feed-forward is then its experts)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    expert_intermediate_size: int = 0
 
 
 SHAPES = {
     "llama-3.2-1b": Shape(2048, 16, 8192, 32, 8, 64, is_tied=True),
     "qwen2.5-3b": Shape(2048, 36, 11008, 16, 2, 128, is_tied=True, has_qkv_bias=True, architecture="qwen2", rope_theta=1e6),
     "llama-3.1-8b": Shape(4096, 32, 14336, 32, 8, 128, is_tied=False),
+    "qwen3-30b-a3b": Shape(
+        2048, 48, 6144, 32, 4, 128, is_tied=False, architecture="qwen3moe", rope_theta=1e6, has_qk_norm=True,
+        num_experts=128, num_experts_per_tok=8, expert_intermediate_size=768,
+    ),
 }
 
 
@@ -146,9 +156,19 @@ def tensors(shape: Shape, vocab_size: int) -> list[tuple[str, tuple[int, ...]]]:
         ]
         if shape.has_qkv_bias:
             names += [(f"{block}.attn_q.bias", (q,)), (f"{block}.attn_k.bias", (kv,)), (f"{block}.attn_v.bias", (kv,))]
+        if shape.has_qk_norm:
+            names += [(f"{block}.attn_q_norm.weight", (shape.head_dim,)), (f"{block}.attn_k_norm.weight", (shape.head_dim,))]
+        names += [(f"{block}.attn_output.weight", (shape.hidden_size, q)), (f"{block}.ffn_norm.weight", (shape.hidden_size,))]
+        if shape.num_experts:
+            experts, width = shape.num_experts, shape.expert_intermediate_size
+            names += [
+                (f"{block}.ffn_gate_inp.weight", (experts, shape.hidden_size)),
+                (f"{block}.ffn_gate_exps.weight", (experts, width, shape.hidden_size)),
+                (f"{block}.ffn_up_exps.weight", (experts, width, shape.hidden_size)),
+                (f"{block}.ffn_down_exps.weight", (experts, shape.hidden_size, width)),
+            ]
+            continue
         names += [
-            (f"{block}.attn_output.weight", (shape.hidden_size, q)),
-            (f"{block}.ffn_norm.weight", (shape.hidden_size,)),
             (f"{block}.ffn_gate.weight", (shape.intermediate_size, shape.hidden_size)),
             (f"{block}.ffn_up.weight", (shape.intermediate_size, shape.hidden_size)),
             (f"{block}.ffn_down.weight", (shape.hidden_size, shape.intermediate_size)),
@@ -159,9 +179,13 @@ def tensors(shape: Shape, vocab_size: int) -> list[tuple[str, tuple[int, ...]]]:
     return names
 
 
-def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0, types: dict[str, str] | None = None) -> None:
-    """A GGUF of `shape` with random weights, matrices in `ggml_type` (norms and biases float32), or in
-    `types[kind]` for the matrices of a kind (`attn_v`, `ffn_down`, `token_embd`: a k-quant mix's own)."""
+def write(
+    shape: Shape, ggml_type: str, out: Path, seed: int = 0, types: dict[str, str] | Callable[[str], str | None] | None = None
+) -> None:
+    """A GGUF of `shape` with random weights, matrices in `ggml_type` (norms, biases and routers float32), or in
+    `types[kind]` for the matrices of a kind (`attn_v`, `ffn_down`, `token_embd`: a k-quant mix's own; or
+    `types(name)`, a tensor's own or None). Each tensor is made twice from its own seed (once for the file's
+    table, once to write it), so the file never needs to be in memory whole."""
     metadata = read_gguf_metadata(resolve_model(DEFAULT_MODEL).path)
     vocab_size = len(metadata["tokenizer.ggml.tokens"])
     arch = shape.architecture
@@ -178,6 +202,10 @@ def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0, types: dict[st
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_vocab_size(vocab_size)
+    if shape.num_experts:
+        writer.add_expert_count(shape.num_experts)
+        writer.add_expert_used_count(shape.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(shape.expert_intermediate_size)
     writer.add_tokenizer_model(metadata["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(metadata["tokenizer.ggml.pre"])
     writer.add_token_list(metadata["tokenizer.ggml.tokens"])
@@ -187,26 +215,45 @@ def write(shape: Shape, ggml_type: str, out: Path, seed: int = 0, types: dict[st
         writer.add_uint32(f"tokenizer.ggml.{key}", int(metadata[f"tokenizer.ggml.{key}"]))
     writer.add_add_bos_token(bool(metadata.get("tokenizer.ggml.add_bos_token", False)))
     writer.add_chat_template(metadata["tokenizer.chat_template"])
-    rng = np.random.default_rng(seed)
-    arrays: list[tuple[str, np.ndarray]] = []
-    for name, dims in tensors(shape, vocab_size):
-        if len(dims) == 1:
+    type_of = types if callable(types) else (lambda name: (types or {}).get(name.split(".")[-2]))
+
+    def tensor(index: int, name: str, dims: tuple[int, ...]) -> tuple[np.ndarray, gguf.GGMLQuantizationType | None]:
+        rng = np.random.default_rng((seed, index))
+        if len(dims) == 1 or name.endswith("ffn_gate_inp.weight"):
             values = np.ones(dims, np.float32) if name.endswith("norm.weight") else rng.normal(0, 0.02, dims).astype(np.float32)
-            writer.add_tensor_info(name, dims, np.dtype(np.float32), values.nbytes)
-        else:
-            values = rng.normal(0, 0.02, dims).astype(np.float32)
-            kind = name.split(".")[-2]
-            quant = gguf.GGMLQuantizationType[(types or {}).get(kind, ggml_type)]
-            values = quantize(values, quant)
-            # NOTE: with `raw_dtype` gguf-py takes the shape in bytes per row, as the quantized array has it.
-            writer.add_tensor_info(name, values.shape, values.dtype, values.nbytes, raw_dtype=quant)
-        arrays.append((name, values))
+            return values, None
+        quant = gguf.GGMLQuantizationType[type_of(name) or ggml_type]
+        values = rng.normal(0, 0.02, (int(np.prod(dims[:-1])), dims[-1])).astype(np.float32)
+        return quantize(values, quant).reshape(*dims[:-1], -1), quant
+
+    names = tensors(shape, vocab_size)
+    for index, (name, dims) in enumerate(names):
+        values, quant = tensor(index, name, dims)
+        # NOTE: with `raw_dtype` gguf-py takes the shape in bytes per row, as the quantized array has it.
+        writer.add_tensor_info(name, values.shape, values.dtype, values.nbytes, raw_dtype=quant)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for _, values in arrays:
-        writer.write_tensor_data(values)
+    for index, (name, dims) in enumerate(names):
+        writer.write_tensor_data(tensor(index, name, dims)[0])
     writer.close()
+
+
+def q4_k_m(num_layers: int) -> Callable[[str], str | None]:
+    """llama.cpp's Q4_K_M mix (llama-quantize's rules for it): Q6_K for the output head and for the value and
+    feed-forward-down matrices of the first and last eighth of the layers and every third between, Q4_K else."""
+
+    def type_of(name: str) -> str | None:
+        if name == "output.weight":
+            return "Q6_K"
+        parts = name.split(".")
+        if parts[0] != "blk" or parts[2] not in ("attn_v", "ffn_down", "ffn_down_exps"):
+            return "Q4_K"
+        layer = int(parts[1])
+        is_more = layer < num_layers // 8 or layer >= 7 * num_layers // 8 or (layer - num_layers // 8) % 3 == 2
+        return "Q6_K" if is_more else "Q4_K"
+
+    return type_of
 
 
 def quantize(values: np.ndarray, quant: gguf.GGMLQuantizationType) -> np.ndarray:
@@ -257,10 +304,17 @@ def main() -> None:
     parser.add_argument("--type", choices=[*DIRECT_TYPES, *REQUANTIZED_TYPES], required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--llama-quantize", type=Path, default=LLAMA_QUANTIZE)
+    parser.add_argument("--layers", type=int, help="this many of the shape's layers (a smaller file of the same widths)")
     args = parser.parse_args()
     shape = SHAPES[args.shape]
+    if args.layers:
+        shape = dataclasses.replace(shape, num_layers=args.layers)
     if args.type in DIRECT_TYPES:
         write(shape, args.type, args.out)
+        return
+    if shape.num_experts and args.type == "Q4_K_M":
+        # NOTE: a 30B model's Q8_0 source would be 32 GB: its mix is written directly (plain quantizers).
+        write(shape, "Q4_K", args.out, types=q4_k_m(shape.num_layers))
         return
     if not args.llama_quantize.exists():
         parser.error(f"no llama-quantize at {args.llama_quantize}: build it with ../shared/tools/build-llama-cpp")
