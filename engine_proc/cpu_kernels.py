@@ -32,7 +32,7 @@ _SOURCES = [
     _CSRC / name
     for name in (
         "bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "int4_q8.cpp", "int6k_q8.cpp", "int8_q8.cpp",
-        "mxfp4_q8.cpp",
+        "mxfp4_q8.cpp", "moe_experts.cpp",
     )
 ]
 _HEADERS = [_CSRC / "vec16.h", _CSRC / "q8_rows.h", _CSRC / "nibble_layout.h"]

@@ -8,6 +8,9 @@ at::Tensor paged_decode_attention(
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w);
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights,
+                       int64_t gate_up_form, const std::vector<std::vector<at::Tensor>>& gate_up,
+                       int64_t down_form, const std::vector<std::vector<at::Tensor>>& down, int64_t width);
 at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 std::vector<at::Tensor> rotary_store_kv(
     const at::Tensor& qkv, const at::Tensor& cos_sin, const at::Tensor& slots, at::Tensor& cache, int64_t num_heads);
@@ -44,6 +47,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "weight * bf16(x / rms(x)) for bfloat16 rows");
   m.def("silu_and_mul", &silu_and_mul, "bf16(silu(gate)) * up for bfloat16 [rows, 2 * width]");
   m.def("router_logits", &router_logits, "float32 rows @ a float32 router's transpose, each sum in one fixed order");
+  m.def("moe_experts", &moe_experts, "a mixture-of-experts layer's experts for bfloat16 rows, on their kernel forms");
   m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then rms_norm(residual), for bfloat16 rows");
   m.def("rotary_store_kv", &rotary_store_kv, "rotary on a fused QKV's queries and keys, K/V stored in a paged cache");
   m.def("pack_int4_q8", &pack_int4_q8, "4-bit group-32 blocks (codes, float16-exact scales and minimums) in int4_q8's layout");

@@ -352,6 +352,12 @@ class LlamaForCausalLM(nn.Module):
             # NOTE: its sums run in AMX tiles, in another order than the head's form: a greedy row's
             # pick would depend on whether the other rows let the step take it.
             self.greedy_head = GreedyHead.if_faster(kernels, weight, self.compute_raw_logits)
+        moe_blocks = [module for module in self.modules() if isinstance(module, SparseMoeBlock)]
+        for block in moe_blocks:
+            block.fuse(kernels)
+        if moe_blocks:
+            is_fused = all(block.fused is not None for block in moe_blocks)
+            self.choices["experts"] = "one C++ call a layer (moe_experts)" if is_fused else "a torch loop over experts"
         self.choices["norms"] = "zeroserve C++ kernels" if kernels is not None else "torch ops"
         if self.greedy_head is not None:
             self.choices["greedy"] = "from the head (AMX kernel)"
@@ -383,6 +389,8 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.unpack()
+            elif isinstance(module, SparseMoeBlock):
+                module.fused = None
         self.head = None
         self.greedy_head = None
 

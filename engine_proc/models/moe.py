@@ -4,6 +4,8 @@ blocks (its projections are Linear layers like any other, so they run the same r
 A token's output never depends on which other tokens share the step: its router logits are summed in one
 fixed order (the C++ kernel's `router_logits`), its experts' rows run on row-invariant forms, and its
 experts' outputs are added in the order the router ranked them, in float32 (as llama.cpp adds them).
+Where every expert's projections run one kernel form each, the C++ kernels' `moe_experts` does all of a
+step's experts in one call, with the same bits as the loop here.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ from torch import Tensor, nn
 
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.family import Fields, MetadataReader
+from engine_proc.models.form_registry import FORMS
+from engine_proc.models.quantized_linear import KernelRun
+
+# The kernel forms `moe_experts` runs an expert's projections on, numbered as its C++ switch numbers them.
+FUSED_FORMS = ("int4_q8", "int4k_q8", "int5_q8", "int5k_q8", "int6k_q8", "int8_q8", "iq4xs_q8", "mxfp4_q8")
 
 
 class Router(nn.Module):
@@ -60,9 +67,32 @@ class SparseMoeBlock(nn.Module):
         self.is_renormalised = config.norm_topk_prob
         self.gate = Router(config.hidden_size, config.num_experts)
         self.experts = nn.ModuleList(expert(config.expert_intermediate_size) for _ in range(config.num_experts))
+        self.width = config.expert_intermediate_size
+        self.fused: tuple[Any, ...] | None = None  # `moe_experts`' arguments after the rows and routes (see `fuse`)
+
+    def fuse(self, kernels: Any | None) -> None:
+        """Runs the experts through `moe_experts` where every expert's gate/up and down projections each run
+        one kernel form of FUSED_FORMS at every size (a batch-invariant plan), the same for all experts."""
+        self.fused = None
+        if kernels is None or self.width % 16:
+            return
+        fused = []
+        for name in ("gate_up_proj", "down_proj"):
+            runs = [_planned_run(getattr(expert, name)) for expert in self.experts]
+            forms = {run.form for run in runs if run is not None}
+            if None in runs or len(forms) != 1 or any(run.bias is not None for run in runs if run is not None):
+                return
+            fused.append((FUSED_FORMS.index(forms.pop()), [run.packed for run in runs if run is not None]))
+        (gate_up_form, gate_up), (down_form, down) = fused
+        self.fused = (kernels, gate_up_form, gate_up, down_form, down)
 
     def forward(self, x: Tensor) -> Tensor:
         weights, expert_ids = route(self.gate(x), self.num_chosen, self.is_renormalised)
+        if self.fused is not None and x.dtype == torch.bfloat16:
+            kernels, gate_up_form, gate_up, down_form, down = self.fused
+            return kernels.moe_experts(
+                x.contiguous(), expert_ids, weights.float(), gate_up_form, gate_up, down_form, down, self.width
+            )
         num_tokens, hidden_size = x.shape
         # NOTE: the step's (token, rank) pairs grouped by expert: each expert runs once, on its tokens' rows.
         flat_ids = expert_ids.flatten()
@@ -82,6 +112,15 @@ class SparseMoeBlock(nn.Module):
         for rank in range(1, self.num_chosen):
             summed += by_rank[:, rank]
         return summed.to(x.dtype)
+
+
+def _planned_run(linear: nn.Module) -> KernelRun | None:
+    """The kernel run a projection's plan takes at every size, where that is one of FUSED_FORMS."""
+    forms = getattr(linear, "forms", None)
+    if forms is None or len(forms.plan) != 1 or forms.plan[0][1] not in FUSED_FORMS:
+        return None
+    run = forms.runs[forms.plan[0][1]]
+    return run if isinstance(run, KernelRun) and FORMS[run.form].is_row_invariant else None
 
 
 def hf_expert_fields(raw: Mapping[str, Any], fields: Fields, *, is_renormalised: bool | None = None) -> Fields:

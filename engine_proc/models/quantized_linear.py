@@ -47,14 +47,21 @@ def kernel_form(
     packed = _packed(kernels, spec, reader)
     if packed is None:
         return None
-    run, num_rows = ops.run(kernels), reader.num_rows
+    return KernelRun(spec.name, ops.run(kernels), packed, reader.num_rows, bias)
 
-    def matmul(x: Tensor) -> Tensor:
-        out = run(x.contiguous(), *packed)
-        out = out[:, :num_rows] if out.shape[1] != num_rows else out
-        return out if bias is None else out + bias
 
-    return matmul
+class KernelRun:
+    """A weight's run on one kernel form: its packing, kept where a fused layer (moe.py's experts) can reach it."""
+
+    def __init__(
+        self, form: str, run: Callable[..., Tensor], packed: list[Tensor], num_rows: int, bias: Tensor | None
+    ) -> None:
+        self.form, self.run, self.packed, self.num_rows, self.bias = form, run, packed, num_rows, bias
+
+    def __call__(self, x: Tensor) -> Tensor:
+        out = self.run(x.contiguous(), *self.packed)
+        out = out[:, : self.num_rows] if out.shape[1] != self.num_rows else out
+        return out if self.bias is None else out + self.bias
 
 
 def parts_form(kernels: Any, parts: list[Blocks], bias: Tensor | None = None) -> Callable[[Tensor], Tensor] | None:

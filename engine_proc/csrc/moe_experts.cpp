@@ -1,0 +1,97 @@
+// A mixture-of-experts layer's experts for one step in one call (engine_proc/models/moe.py): each expert's
+// tokens gathered, its gate/up projection, SiLU·up and down projection on the same kernel forms a lone
+// projection runs (so the same bits), each output times its router weight in float32, and a token's
+// experts added in the order the router ranked them, rounded once to bfloat16: what moe.py's loop of torch
+// ops computes, without a Python call per expert.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
+at::Tensor int4k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                    const at::Tensor& d, const at::Tensor& dmin);
+at::Tensor int5_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& high, const at::Tensor& scales,
+                   const at::Tensor& mins);
+at::Tensor int5k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& high, const at::Tensor& scales,
+                    const at::Tensor& mins, const at::Tensor& d, const at::Tensor& dmin);
+at::Tensor int6k_q8(const at::Tensor& x, const at::Tensor& low, const at::Tensor& high, const at::Tensor& scales,
+                    const at::Tensor& d);
+at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets);
+at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d,
+                    const at::Tensor& offsets);
+at::Tensor mxfp4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& exponents);
+
+namespace {
+
+// `x` @ a weight packed for the form numbered `form` (its index in moe.py's FUSED_FORMS), its first `width` outputs.
+at::Tensor run_form(int64_t form, const at::Tensor& x, const std::vector<at::Tensor>& p, int64_t width) {
+  at::Tensor out;
+  switch (form) {
+    case 0: out = int4_q8(x, p[0], p[1], p[2]); break;
+    case 1: out = int4k_q8(x, p[0], p[1], p[2], p[3], p[4]); break;
+    case 2: out = int5_q8(x, p[0], p[1], p[2], p[3]); break;
+    case 3: out = int5k_q8(x, p[0], p[1], p[2], p[3], p[4], p[5]); break;
+    case 4: out = int6k_q8(x, p[0], p[1], p[2], p[3]); break;
+    case 5: out = int8_q8(x, p[0], p[1], p[2]); break;
+    case 6: out = iq4xs_q8(x, p[0], p[1], p[2], p[3]); break;
+    case 7: out = mxfp4_q8(x, p[0], p[1]); break;
+    default: TORCH_CHECK(false, "moe_experts: unknown form ", form);
+  }
+  return out.size(1) == width ? out : out.narrow(1, 0, width).contiguous();
+}
+
+}  // namespace
+
+// x [T, H] bf16, expert_ids [T, K] int64 and weights [T, K] float32 (each token's experts, best first) ->
+// [T, H] bf16. `gate_up[e]` and `down[e]`: expert e's packings for forms `gate_up_form` and `down_form`.
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights,
+                       int64_t gate_up_form, const std::vector<std::vector<at::Tensor>>& gate_up,
+                       int64_t down_form, const std::vector<std::vector<at::Tensor>>& down, int64_t width) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.dim() == 2);
+  TORCH_CHECK(expert_ids.scalar_type() == at::kLong && weights.scalar_type() == at::kFloat);
+  TORCH_CHECK(expert_ids.sizes() == weights.sizes() && expert_ids.size(0) == x.size(0) && gate_up.size() == down.size());
+  const int64_t num_tokens = x.size(0), hidden = x.size(1), num_chosen = expert_ids.size(1);
+  const int64_t num_experts = static_cast<int64_t>(gate_up.size());
+  const auto ids = expert_ids.contiguous();
+  const auto scales = weights.contiguous();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const float* scale = scales.data_ptr<float>();
+  // (token, rank) pairs by expert, each expert's in token order
+  std::vector<std::vector<int64_t>> pairs(num_experts);
+  for (int64_t i = 0; i < num_tokens * num_chosen; ++i) {
+    TORCH_CHECK(id[i] >= 0 && id[i] < num_experts, "moe_experts: expert id ", id[i], " of ", num_experts);
+    pairs[id[i]].push_back(i);
+  }
+  auto outputs = at::empty({num_tokens * num_chosen, hidden}, x.options().dtype(at::kFloat));
+  float* out = outputs.data_ptr<float>();
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const auto& mine = pairs[e];
+    if (mine.empty()) continue;
+    const int64_t count = static_cast<int64_t>(mine.size());
+    auto tokens = at::empty({count}, ids.options());
+    int64_t* token = tokens.data_ptr<int64_t>();
+    for (int64_t j = 0; j < count; ++j) token[j] = mine[j] / num_chosen;
+    const auto rows = x.index_select(0, tokens);
+    const auto act = silu_and_mul(run_form(gate_up_form, rows, gate_up[e], 2 * width));
+    const auto result = run_form(down_form, act, down[e], hidden);
+    const auto* values = reinterpret_cast<const c10::BFloat16*>(result.data_ptr());
+    for (int64_t j = 0; j < count; ++j) {
+      float* row = out + mine[j] * hidden;
+      const float weight = scale[mine[j]];
+      for (int64_t h = 0; h < hidden; ++h) row[h] = static_cast<float>(values[j * hidden + h]) * weight;
+    }
+  }
+  auto summed = at::empty({num_tokens, hidden}, x.options());
+  auto* sum = reinterpret_cast<c10::BFloat16*>(summed.data_ptr());
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const float* first = out + t * num_chosen * hidden;
+    for (int64_t h = 0; h < hidden; ++h) {
+      float total = first[h];
+      for (int64_t r = 1; r < num_chosen; ++r) total += first[r * hidden + h];
+      sum[t * hidden + h] = c10::BFloat16(total);
+    }
+  }
+  return summed;
+}
