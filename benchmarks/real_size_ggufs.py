@@ -184,8 +184,8 @@ def write(
 ) -> None:
     """A GGUF of `shape` with random weights, matrices in `ggml_type` (norms, biases and routers float32), or in
     `types[kind]` for the matrices of a kind (`attn_v`, `ffn_down`, `token_embd`: a k-quant mix's own; or
-    `types(name)`, a tensor's own or None). Each tensor is made twice from its own seed (once for the file's
-    table, once to write it), so the file never needs to be in memory whole."""
+    `types(name)`, a tensor's own or None). Each tensor is made from its own seed as it is written, so the
+    file never needs to be in memory whole."""
     metadata = read_gguf_metadata(resolve_model(DEFAULT_MODEL).path)
     vocab_size = len(metadata["tokenizer.ggml.tokens"])
     arch = shape.architecture
@@ -227,10 +227,15 @@ def write(
         return quantize(values, quant).reshape(*dims[:-1], -1), quant
 
     names = tensors(shape, vocab_size)
-    for index, (name, dims) in enumerate(names):
-        values, quant = tensor(index, name, dims)
+    for name, dims in names:
+        if len(dims) == 1 or name.endswith("ffn_gate_inp.weight"):
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), int(np.prod(dims)) * 4)
+            continue
+        quant = gguf.GGMLQuantizationType[type_of(name) or ggml_type]
+        block_size, block_bytes = gguf.GGML_QUANT_SIZES[quant]
+        row_bytes = dims[-1] // block_size * block_bytes
         # NOTE: with `raw_dtype` gguf-py takes the shape in bytes per row, as the quantized array has it.
-        writer.add_tensor_info(name, values.shape, values.dtype, values.nbytes, raw_dtype=quant)
+        writer.add_tensor_info(name, (*dims[:-1], row_bytes), np.dtype(np.uint8), int(np.prod(dims[:-1])) * row_bytes, raw_dtype=quant)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

@@ -198,19 +198,27 @@ def convert_to_gguf(folder: Path, target: Path, llama_cpp_tree: Path, outtype: s
 
 class Greedy(NamedTuple):
     """Greedy continuations of some prompts, the log-probability each chosen token had, and (the
-    reference's) how far ahead of the runner-up it was."""
+    reference's) how far ahead of the runner-up it was; for a mixture-of-experts model, how close each
+    step came to choosing other experts (the smallest gap, over every layer and every token read so far,
+    between the router logits of the last expert chosen and the first one not)."""
 
     token_ids: list[list[int]]
     logprobs: list[list[float]]
     margins: list[list[float]] = []
+    router_margins: list[list[float]] = []
 
 
-def first_difference_is_a_near_tie(ours: Greedy, reference: Greedy, margin: float) -> bool:
+def first_difference_is_a_near_tie(ours: Greedy, reference: Greedy, margin: float, router_margin: float = 0.0) -> bool:
     """Whether every continuation equals the reference's up to a step where the reference's top two
-    were within `margin` (nats) of each other (after which the two continue from different text)."""
-    for token_ids, expected, margins in zip(ours.token_ids, reference.token_ids, reference.margins, strict=True):
+    were within `margin` (nats) of each other (after which the two continue from different text), or
+    (mixture-of-experts) where a router's choice of experts up to that step was within `router_margin`
+    (logits) of another."""
+    router_margins = reference.router_margins or [[] for _ in reference.token_ids]
+    for token_ids, expected, margins, routers in zip(
+        ours.token_ids, reference.token_ids, reference.margins, router_margins, strict=True
+    ):
         step = next((i for i, (a, b) in enumerate(zip(token_ids, expected, strict=True)) if a != b), None)
-        if step is not None and margins[step] >= margin:
+        if step is not None and margins[step] >= margin and not (routers and routers[step] < router_margin):
             return False
     return True
 
@@ -220,7 +228,7 @@ def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: 
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    token_ids, logprobs, margins = [], [], []
+    token_ids, logprobs, margins, router_margins = [], [], [], []
     for prompt in prompts:
         ids = torch.tensor([prompt])
         with torch.no_grad():
@@ -234,7 +242,21 @@ def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: 
         logprobs.append(steps.gather(1, new_ids.unsqueeze(1)).flatten().tolist())
         top_two = steps.topk(2, dim=-1).values
         margins.append((top_two[:, 0] - top_two[:, 1]).tolist())
-    return Greedy(token_ids, logprobs, margins)
+        if getattr(model.config, "num_experts_per_tok", None):
+            router_margins.append(_router_margins(model, generated.sequences[0], len(prompt)))
+    return Greedy(token_ids, logprobs, margins, router_margins)
+
+
+def _router_margins(model: Any, sequence: torch.Tensor, prompt_len: int) -> list[float]:
+    """For each generated step, the smallest gap over layers, for the tokens that step reads (the prompt at
+    the first step, the token before after it), between the logits of the k-th and (k+1)-th expert (k chosen
+    a token)."""
+    with torch.no_grad():
+        routers = model(sequence[:-1].unsqueeze(0), output_router_logits=True).router_logits
+    k = model.config.num_experts_per_tok
+    ranked = torch.stack([logits.float() for logits in routers]).sort(dim=-1, descending=True).values
+    gaps = (ranked[..., k - 1] - ranked[..., k]).amin(dim=0)  # [positions]
+    return [float(gaps[:prompt_len].min())] + gaps[prompt_len:].tolist()
 
 
 def engine_greedy(model_path: Path, prompts: list[list[int]], max_new_tokens: int, **settings: Any) -> Greedy:

@@ -65,6 +65,10 @@ def test_greedy_equals_transformers(model_files: tuple[Path, Path, list[list[int
 # NOTE: where the reference's top two tokens are closer than this, bfloat16 activations and 8-bit or
 # 16-bit weights may pick the other one; from there on the two continue from different text.
 NEAR_TIE = 0.5
+# NOTE: a mixture-of-experts model's rounded weights and activations move its router logits too: where a
+# token's last chosen expert led the first unchosen one by less than this (logits) in some layer, the
+# other expert may run for it, and the text from there on differs (OLMoE's Q8_0 file: 0.02).
+ROUTER_NEAR_TIE = 0.05
 
 
 @pytest.mark.parametrize("outtype", ["f16", "q8_0"])
@@ -75,14 +79,14 @@ def test_converted_file_serves_with_default_flags(
     kernel forms where the CPU has them): the reference's greedy tokens but at near ties."""
     folder, _, prompts, expected = model_files
     path = convert_to_gguf(folder, tmp_path / f"model-{outtype}.gguf", llama_cpp_tree, outtype)
-    assert first_difference_is_a_near_tie(engine_greedy(path, prompts, MAX_NEW_TOKENS), expected, NEAR_TIE)
+    assert first_difference_is_a_near_tie(engine_greedy(path, prompts, MAX_NEW_TOKENS), expected, NEAR_TIE, ROUTER_NEAR_TIE)
 
 
 def test_folder_rounded_to_q8_0_at_load(model_files: tuple[Path, Path, list[list[int]], Greedy]) -> None:
     """`--quantization q8_0` on a float folder: the reference's greedy tokens but at near ties."""
     folder, _, prompts, expected = model_files
     ours = engine_greedy(folder, prompts, MAX_NEW_TOKENS, quantization="q8_0")
-    assert first_difference_is_a_near_tie(ours, expected, NEAR_TIE)
+    assert first_difference_is_a_near_tie(ours, expected, NEAR_TIE, ROUTER_NEAR_TIE)
 
 
 def test_mistral_folder_with_a_sliding_window_equals_transformers(tokenizer: Tokenizer, tmp_path: Path) -> None:
