@@ -8,13 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.torch_attention import additive_mask, decode_attention, mask_per_row, prefill_attention, seen_keys
 
-# NOTE: measured on 2 Zen 4 cores: the fused kernel is ~4x faster for one sequence, on par at
-# 16, and a third slower than two batched matmuls at 64 sequences (3 query heads per KV head).
-_SDPA_MAX_DECODES = 16
 # NOTE: where the C++ kernel runs, prompts are attended in chunks of this many tokens, each chunk
 # one of the kernel's "sequences" reading the keys up to its last token: work for every core, and
 # causal at chunk granularity. 230-token prompts of the default model: 1.24 ms a layer by SDPA
@@ -120,6 +117,8 @@ class PagedAttention:
     offset. Reads gather whole blocks (block_size × head_dim, contiguous) per (sequence,
     kv head) from the [kv_heads * num_blocks, block_size * head_dim] view, so a batch's
     keys come out as [seqs, kv_heads, blocks × block_size, head_dim], ready for matmuls.
+    Where the C++ kernel runs it reads the blocks in place instead, each row over its own key
+    range (a sliding window's first key to its position), so windowed layers need no other path.
     """
 
     def __init__(
@@ -131,10 +130,8 @@ class PagedAttention:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        has_window: bool = False,
     ) -> None:
         self._cache_shape = (num_layers, 2, num_kv_heads, num_slots, head_dim)
-        self.has_window = has_window
         self._dtype, self._device = dtype, device
         self.kv_caches: list[torch.Tensor] = []
         self.allocate_cache()
@@ -144,8 +141,7 @@ class PagedAttention:
         self.head_dim = head_dim
         self._metadata: AttentionMetadata | None = None
         self._decode_rows: torch.Tensor | None = None
-        self._decode_mask: torch.Tensor | None = None
-        self._decode_row_mask: torch.Tensor | None = None  # the draft mask per (query head, token) row
+        self._decode_masks: dict[int | None, torch.Tensor | None] = {}  # the torch path's, per window
         self._prefill_rows: list[torch.Tensor] = []
         # NOTE: the C++ kernel reads blocks in place: bfloat16 on x86 with AVX-512 BF16.
         kernels = load_cpu_kernels() if dtype == torch.bfloat16 and device.type == "cpu" else None
@@ -159,18 +155,16 @@ class PagedAttention:
         # NOTE: rotary and the cache write in one pass, for bfloat16 (head_dim a multiple of 32).
         self._rotary_kernel = kernels.rotary_store_kv if kernels is not None and head_dim % 32 == 0 else None
         self._decode_token_limits: torch.Tensor | None = None  # [num_decodes, max_query_len] keys each token sees
-        self._decode_row_limits: torch.Tensor | None = None  # the same per (query head, token) row
         self._prefill_chunks: PrefillChunks | None = None  # the prefill spans for the kernel, where it runs
-        self._prefill_row_limits: torch.Tensor | None = None
-        self._windowed: dict[int, list[WindowedSequence]] = {}  # this step's sequences past each window
+        # the kernel's (row limits, row starts) per (decodes or prefill chunks, window)
+        self._row_ranges: dict[tuple[str, int | None], tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     @property
     def is_row_invariant(self) -> bool:
         """Whether each query row's result is the same bits whatever shares its step: the C++ kernel
         reads a row's keys block by block, in order, as a decode, a prompt chunk or a cached prefix
-        alike (torch's SDPA picks its split by the shapes). Not with a sliding window (`has_window`): a
-        sequence past it is attended again by torch's SDPA, its shapes set by how its prompt was chunked."""
-        return self._decode_kernel is not None and not self.has_window
+        alike, with or without a window (torch's SDPA picks its split by the shapes)."""
+        return self._decode_kernel is not None
 
     def allocate_cache(self) -> None:
         num_layers, *shape = self._cache_shape
@@ -189,10 +183,8 @@ class PagedAttention:
     def metadata(self, metadata: AttentionMetadata | None) -> None:
         """Sets this step's metadata and derives, once for all layers, the blocks to gather."""
         self._metadata = metadata
-        self._decode_rows, self._decode_mask, self._prefill_rows = None, None, []
-        self._decode_row_mask, self._decode_token_limits, self._decode_row_limits = None, None, None
-        self._prefill_chunks, self._prefill_row_limits = None, None
-        self._windowed = {}
+        self._decode_rows, self._decode_masks, self._prefill_rows = None, {}, []
+        self._decode_token_limits, self._prefill_chunks, self._row_ranges = None, None, {}
         if metadata is None:
             return
         if self._decode_kernel is not None and metadata.prefills:
@@ -202,11 +194,6 @@ class PagedAttention:
             self._decode_token_limits = metadata.decode_lens.unsqueeze(1) if positions is None else positions + 1
         elif metadata.decode_block_table is not None and metadata.decode_lens is not None:
             self._decode_rows = self._block_rows(metadata.decode_block_table)
-            num_blocks = metadata.decode_block_table.shape[1]
-            if metadata.decode_query_positions is None:
-                self._decode_mask = self._additive_mask(metadata.decode_lens, num_blocks)
-            else:
-                self._decode_mask = self._causal_mask(metadata.decode_query_positions, num_blocks)
         if self._prefill_chunks is None:
             self._prefill_rows = [self._block_rows(span.block_ids) for span in metadata.prefills]
 
@@ -214,21 +201,6 @@ class PagedAttention:
         """Rows [2, ..., kv_heads, num_blocks_used] of the block view for the K and V of `block_ids` [..., num_blocks_used]."""
         heads = torch.arange(2 * self.num_kv_heads, device=block_ids.device).view(2, *[1] * (block_ids.dim() - 1), -1, 1)
         return heads * self.num_blocks + block_ids.unsqueeze(-2)
-
-    def _additive_mask(self, lens: torch.Tensor, num_blocks: int) -> torch.Tensor | None:
-        """[num_decodes, 1, 1, num_blocks * block_size]: 0 where a decode attends, -inf past its context."""
-        padded_len = num_blocks * self.block_size
-        is_valid = torch.arange(padded_len, device=lens.device) < lens.unsqueeze(1)
-        if bool(is_valid.all()):
-            return None
-        mask = torch.zeros(is_valid.shape, dtype=self._dtype, device=lens.device)
-        return mask.masked_fill_(~is_valid, float("-inf")).view(lens.shape[0], 1, 1, padded_len)
-
-    def _causal_mask(self, query_positions: torch.Tensor, num_blocks: int) -> torch.Tensor:
-        """[num_decodes, 1, max_query_len, num_blocks * block_size]: 0 up to each query's own position, -inf after."""
-        is_valid = torch.arange(num_blocks * self.block_size, device=query_positions.device) <= query_positions.unsqueeze(-1)
-        mask = torch.zeros(is_valid.shape, dtype=self._dtype, device=query_positions.device)
-        return mask.masked_fill_(~is_valid, float("-inf")).unsqueeze(1)
 
     def _gather(self, cache: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [..., kv_heads, blocks * block_size, head_dim] for rows [2, ..., kv_heads, blocks]."""
@@ -251,7 +223,7 @@ class PagedAttention:
 
     def forward(
         self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_stored: bool = False,
-        window: int | None = None,
+        window: int | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         meta = self._metadata
         assert meta is not None, "attention metadata must be set before the forward"
@@ -259,93 +231,94 @@ class PagedAttention:
         if not is_stored:
             # NOTE: one copy for K and V: [num_tokens, 2, kv_heads, head_dim] -> [2, kv_heads, num_tokens, head_dim].
             cache.index_copy_(2, meta.slot_mapping, torch.stack((key, value), dim=1).permute(1, 2, 0, 3))
-        out = self._attend(cache, query, key, value, meta)
-        if window is not None:
-            # NOTE: sequences whose context reaches past the window are attended again over their window
-            # alone, each on its own (so a row's result depends on its own sequence only, as without one).
-            for sequence in self._sequences_past(window, meta):
-                out.index_copy_(0, sequence.tokens, self._windowed_attention(cache, query, sequence, window))
-        return out
-
-    def _attend(
-        self, cache: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        """Causal attention over each sequence's whole context."""
         num_decode_tokens = meta.num_decode_tokens
         if meta.num_decodes:
-            decoded = self._decode(cache, query[:num_decode_tokens] if meta.prefills else query, meta)
+            decoded = self._decode(cache, query[:num_decode_tokens] if meta.prefills else query, meta, window, sinks)
             if not meta.prefills:
                 return decoded
         out = torch.empty_like(query)
         if meta.num_decodes:
             out[:num_decode_tokens] = decoded
         if self._prefill_chunks is not None:
-            return out.index_copy_(0, self._prefill_chunks.tokens, self._kernel_prefill_attention(cache, query))
+            prefilled = self._kernel_prefill_attention(cache, query, window, sinks)
+            return out.index_copy_(0, self._prefill_chunks.tokens, prefilled)
         for span, rows in zip(meta.prefills, self._prefill_rows, strict=True):
             end = span.start + span.num_tokens
-            q = query[span.start : end].transpose(0, 1)
-            if span.mask is None:
+            mask = span.mask
+            if window is not None and span.context_len > window:
+                positions = torch.arange(span.context_len - span.num_tokens, span.context_len, device=query.device)
+                mask = seen_keys(positions, span.context_len, window)
+            if span.mask is None:  # the span is the whole context
                 k, v = key[span.start : end].transpose(0, 1), value[span.start : end].transpose(0, 1)
             else:
                 k, v = (kv[:, : span.context_len] for kv in self._gather(cache, rows))
-            # NOTE: with a batch dimension SDPA takes its fused CPU kernel; 3-D inputs fall back
-            # to the unfused math (230 tokens: 0.7 vs 2.8 ms a layer, 512: 1.6 vs 17.9).
-            o = F.scaled_dot_product_attention(
-                q[None], k[None], v[None], attn_mask=span.mask, is_causal=span.mask is None, enable_gqa=True
-            )
+            o = prefill_attention(query[span.start : end].transpose(0, 1)[None], k[None], v[None], mask, sinks)
             out[span.start : end] = o[0].transpose(0, 1)
         return out
 
-    def _sequences_past(self, window: int, meta: AttentionMetadata) -> list[WindowedSequence]:
-        """This step's sequences with a query token more than `window` positions past a key it would see."""
-        if window not in self._windowed:
-            sequences = [s for s in _step_sequences(meta) if int(s.positions.max()) >= window]
-            self._windowed[window] = sequences
-        return self._windowed[window]
-
-    def _windowed_attention(
-        self, cache: torch.Tensor, query: torch.Tensor, sequence: WindowedSequence, window: int
+    def _decode(
+        self, cache: torch.Tensor, query: torch.Tensor, meta: AttentionMetadata, window: int | None,
+        sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        """One sequence's tokens [n, H, D], each attending to the keys of its last `window` positions (only
-        the blocks holding those are read)."""
-        context_len = int(sequence.positions.max()) + 1
-        first_block = max(0, int(sequence.positions.min()) - window + 1) // self.block_size
-        first_key = first_block * self.block_size
-        rows = self._block_rows(sequence.block_ids[first_block : -(-context_len // self.block_size)])
-        keys, values = (kv[:, : context_len - first_key] for kv in self._gather(cache, rows))
-        key_positions = torch.arange(first_key, context_len, device=query.device)
-        distance = sequence.positions.unsqueeze(1) - key_positions
-        is_seen = (distance >= 0) & (distance < window)
-        mask = torch.zeros(is_seen.shape, dtype=query.dtype, device=query.device).masked_fill_(~is_seen, float("-inf"))
-        q = query.index_select(0, sequence.tokens).transpose(0, 1)
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)
-        return out[0].transpose(0, 1)
-
-    def _decode(self, cache: torch.Tensor, query: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The decodes' attention: by the C++ kernel where it runs, else over gathered blocks."""
         if self._decode_token_limits is not None:
-            return self._kernel_decode_attention(cache, query, meta)
+            return self._kernel_decode_attention(cache, query, meta, window, sinks)
         assert self._decode_rows is not None
         keys, values = self._gather(cache, self._decode_rows)
-        if meta.decode_query_positions is None:
-            return _decode_attention(query, keys, values, self._decode_mask)
-        if self._decode_row_mask is None:
-            assert self._decode_mask is not None
-            self._decode_row_mask = _mask_per_row(self._decode_mask, query.shape[1] // self.num_kv_heads)
-        return _multi_query_decode_attention(query, keys, values, self._decode_row_mask, meta)
+        rows = _query_rows(query, meta, self.num_kv_heads)
+        group = query.shape[1] // self.num_kv_heads
+        max_query_len = 1 if meta.decode_query_positions is None else meta.decode_query_positions.shape[1]
+        row_sinks = _row_sinks(sinks, self.num_kv_heads, max_query_len)
+        out = decode_attention(
+            rows, keys, values, self._fallback_decode_mask(meta, window, group),
+            None if row_sinks is None else row_sinks[None, :, :, None], is_one_token=max_query_len == 1,
+        )
+        return _from_query_rows(out, meta, query.shape[1])
 
-    def _kernel_decode_attention(self, cache: torch.Tensor, query: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def _fallback_decode_mask(self, meta: AttentionMetadata, window: int | None, group: int) -> torch.Tensor | None:
+        """The torch path's additive decode mask, made once a step for all layers of a `window`: [B, 1, 1, L]
+        for one token each, else [B, 1, group × Q, L] per row; None where every decode sees every key read."""
+        if window not in self._decode_masks:
+            assert meta.decode_lens is not None and meta.decode_block_table is not None
+            positions = meta.decode_query_positions
+            if positions is None:
+                positions = (meta.decode_lens - 1).unsqueeze(1)
+            is_seen = seen_keys(positions, meta.decode_block_table.shape[1] * self.block_size, window)
+            mask = None if bool(is_seen.all()) else additive_mask(is_seen, self._dtype).unsqueeze(1)
+            if mask is not None and meta.decode_query_positions is not None:
+                mask = mask_per_row(mask, group)
+            self._decode_masks[window] = mask
+        return self._decode_masks[window]
+
+    def _kernel_rows(
+        self, name: str, token_limits: torch.Tensor, group: int, window: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The kernel's key range of each (query head, token) row, made once a step for all layers of a
+        `window`: how many keys it sees ([S, group × Q], from `token_limits` [S, Q]) and, with a window,
+        the first of them (its position - window + 1)."""
+        if (name, window) not in self._row_ranges:
+            limits = token_limits.repeat(1, group)
+            starts = None if window is None else (limits - window).clamp_(min=0)
+            self._row_ranges[name, window] = (limits, starts)
+        return self._row_ranges[name, window]
+
+    def _kernel_decode_attention(
+        self, cache: torch.Tensor, query: torch.Tensor, meta: AttentionMetadata, window: int | None,
+        sinks: torch.Tensor | None,
+    ) -> torch.Tensor:
         """The decodes' attention by the C++ kernel, straight from the cache blocks."""
         assert self._decode_kernel is not None and self._decode_token_limits is not None
         assert meta.decode_block_table is not None
-        if self._decode_row_limits is None:
-            group = query.shape[1] // self.num_kv_heads
-            self._decode_row_limits = self._decode_token_limits.repeat(1, group)
+        group = query.shape[1] // self.num_kv_heads
+        limits, starts = self._kernel_rows("decode", self._decode_token_limits, group, window)
+        row_sinks = _row_sinks(sinks, self.num_kv_heads, self._decode_token_limits.shape[1])
         rows = _query_rows(query, meta, self.num_kv_heads).contiguous()
-        out = self._decode_kernel(rows, cache, meta.decode_block_table, self._decode_row_limits, self.head_dim**-0.5)
+        out = self._decode_kernel(rows, cache, meta.decode_block_table, limits, self.head_dim**-0.5, starts, row_sinks)
         return _from_query_rows(out, meta, query.shape[1])
 
-    def _kernel_prefill_attention(self, cache: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    def _kernel_prefill_attention(
+        self, cache: torch.Tensor, query: torch.Tensor, window: int | None, sinks: torch.Tensor | None
+    ) -> torch.Tensor:
         """The prefill spans' attention [num_prefill_tokens, H, D] by the C++ kernel, chunk by chunk
         (each chunk's rows laid out as a decode's with drafts, see `_query_rows`)."""
         chunks = self._prefill_chunks
@@ -353,84 +326,21 @@ class PagedAttention:
         num_chunks, chunk = chunks.token_limits.shape
         num_heads, head_dim = query.shape[1:]
         group = num_heads // self.num_kv_heads
-        if self._prefill_row_limits is None:
-            self._prefill_row_limits = chunks.token_limits.repeat(1, group)
+        limits, starts = self._kernel_rows("prefill", chunks.token_limits, group, window)
         rows = query.index_select(0, chunks.cells).view(num_chunks, chunk, self.num_kv_heads, group, head_dim)
         rows = rows.permute(0, 2, 3, 1, 4).reshape(num_chunks, self.num_kv_heads, group * chunk, head_dim).contiguous()
-        out = self._decode_kernel(rows, cache, chunks.block_table, self._prefill_row_limits, head_dim**-0.5)
+        row_sinks = _row_sinks(sinks, self.num_kv_heads, chunk)
+        out = self._decode_kernel(rows, cache, chunks.block_table, limits, head_dim**-0.5, starts, row_sinks)
         out = out.view(num_chunks, self.num_kv_heads, group, chunk, head_dim).permute(0, 3, 1, 2, 4)
         return out.reshape(num_chunks * chunk, num_heads, head_dim).index_select(0, chunks.token_cells)
 
 
-@dataclass
-class WindowedSequence:
-    """One sequence of a step, for attention over a window: its flat tokens, their positions, its blocks."""
-
-    tokens: torch.Tensor  # [n] indexes into the flat batch
-    positions: torch.Tensor  # [n]
-    block_ids: torch.Tensor  # [num_blocks] the cache blocks holding its context
-
-
-def _step_sequences(meta: AttentionMetadata) -> list[WindowedSequence]:
-    """Every sequence of the step: the decodes (drafts included), then the prefill spans."""
-    sequences = []
-    if meta.num_decodes and meta.decode_block_table is not None and meta.decode_lens is not None:
-        device = meta.decode_lens.device
-        if meta.decode_query_positions is None:
-            cells = torch.arange(meta.num_decodes, device=device)
-            positions = meta.decode_lens - 1
-            max_query_len = 1
-        else:
-            max_query_len = meta.decode_query_positions.shape[1]
-            cells = meta.decode_unpad_index
-            if cells is None:
-                cells = torch.arange(meta.decode_query_positions.numel(), device=device)
-            positions = meta.decode_query_positions.reshape(-1).index_select(0, cells)
-        rows = cells // max_query_len
-        for row in range(meta.num_decodes):
-            tokens = torch.nonzero(rows == row).flatten()
-            sequences.append(WindowedSequence(tokens, positions.index_select(0, tokens), meta.decode_block_table[row]))
-    for span in meta.prefills:
-        tokens = torch.arange(span.start, span.start + span.num_tokens, device=meta.slot_mapping.device)
-        positions = tokens - span.start + (span.context_len - span.num_tokens)
-        sequences.append(WindowedSequence(tokens, positions, span.block_ids))
-    return sequences
-
-
-def _decode_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """One query token per sequence: query [B, H, D], keys/values [B, KVH, L, D], mask [B, 1, 1, L] additive."""
-    num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads = keys.shape[1]
-    # NOTE: the query heads that share a KV head become that head's "query positions", so GQA
-    # needs no repeated K/V and every one of them sees the sequence's whole (masked) context.
-    q = query.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    if num_seqs <= _SDPA_MAX_DECODES:
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-    else:
-        scores = torch.matmul(q, keys.transpose(2, 3)) * head_dim**-0.5
-        if mask is not None:
-            scores = scores + mask
-        probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
-        out = torch.matmul(probs, values)
-    return out.view(num_seqs, num_heads, head_dim)
-
-
-def _mask_per_row(mask: torch.Tensor, group: int) -> torch.Tensor:
-    """[B, 1, Q, L] per query token → [B, 1, group * Q, L] per (query head of a KV head, token) row."""
-    num_seqs, _, max_query_len, length = mask.shape
-    return mask.unsqueeze(2).expand(num_seqs, 1, group, max_query_len, length).reshape(
-        num_seqs, 1, group * max_query_len, length
-    )
-
-
-def _multi_query_decode_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, row_mask: torch.Tensor, meta: AttentionMetadata
-) -> torch.Tensor:
-    """Decodes with draft tokens: query [T, H, D] flat, laid out as a [B, Q] grid; row_mask from `_mask_per_row`."""
-    out = F.scaled_dot_product_attention(_query_rows(query, meta, keys.shape[1]), keys, values, attn_mask=row_mask)
-    return _from_query_rows(out, meta, query.shape[1])
+def _row_sinks(sinks: torch.Tensor | None, num_kv_heads: int, num_tokens: int) -> torch.Tensor | None:
+    """Each query head's sink logit [H] per (query head, token) row of its KV head: float32 [KVH, group × Q]
+    (rows as `_query_rows` lays them out)."""
+    if sinks is None:
+        return None
+    return sinks.float().view(num_kv_heads, -1, 1).expand(-1, -1, num_tokens).reshape(num_kv_heads, -1).contiguous()
 
 
 def _query_rows(query: torch.Tensor, meta: AttentionMetadata, num_kv_heads: int) -> torch.Tensor:

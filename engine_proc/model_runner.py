@@ -63,7 +63,6 @@ class ModelRunner:
             config.block_size,
             self.dtype,
             self.device,
-            has_window=any(mc.sliding_layers),
         )
         self.sampler = Sampler()
         # NOTE: set by the engine core with its first constrained request.
@@ -84,8 +83,6 @@ class ModelRunner:
         order no other row changes (the sampler does: each row's draw is its own)."""
         if not self.config.batch_invariant:
             return "no (--no-batch-invariant)"
-        if self.attention.has_window:
-            return "no (windowed attention: a sequence past its window is attended by torch SDPA)"
         missing = [
             piece for piece, is_invariant in (
                 ("matmuls and norms", self.model.is_batch_invariant), ("attention", self.attention.is_row_invariant),

@@ -4,7 +4,8 @@
 
 at::Tensor paged_decode_attention(
     const at::Tensor& query, const at::Tensor& cache, const at::Tensor& block_table,
-    const at::Tensor& row_limits, double scale);
+    const at::Tensor& row_limits, double scale, const std::optional<at::Tensor>& row_starts,
+    const std::optional<at::Tensor>& row_sinks);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w);
@@ -40,7 +41,9 @@ at::Tensor greedy_head(const at::Tensor& hidden, const at::Tensor& packed_weight
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged bfloat16 K/V cache");
+  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged bfloat16 K/V cache",
+        pybind11::arg("query"), pybind11::arg("cache"), pybind11::arg("block_table"), pybind11::arg("row_limits"),
+        pybind11::arg("scale"), pybind11::arg("row_starts") = pybind11::none(), pybind11::arg("row_sinks") = pybind11::none());
   m.def("rms_norm", &rms_norm, "weight * bf16(x / rms(x)) for bfloat16 rows");
   m.def("silu_and_mul", &silu_and_mul, "bf16(silu(gate)) * up for bfloat16 [rows, 2 * width]");
   m.def("router_logits", &router_logits, "float32 rows @ a float32 router's transpose, each sum in one fixed order");

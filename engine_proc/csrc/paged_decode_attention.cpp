@@ -6,8 +6,15 @@
 // [head_dim][16] floats in registers and every query row's
 // scores, up to 4 rows per pass over the keys (16 keys of a block = the 16 lanes of a
 // register); (2) each row's softmax over the keys it may see (`row_limits`: a row's query
-// position + 1); (3) the probabilities times V, read from the cache blocks as bfloat16, up to
-// 4 rows per pass. Float32 throughout, bfloat16 out (rounded to nearest even, as torch does).
+// position + 1; with a sliding window `row_starts`: the first key it sees) and, with attention
+// sinks, its sink logit as one more term of the denominator (`row_sinks`: gpt-oss's learned logit
+// per query head, which weighs no value); (3) the probabilities times V, read from the cache
+// blocks as bfloat16, up to 4 rows per pass. Float32 throughout, bfloat16 out (rounded to nearest
+// even, as torch does).
+//
+// Keys are read from the block of the item's first start on, in order; a key a row does not see
+// weighs an exact 0 in its sums, and every key keeps its lane (position % 16), so a row's bits do
+// not depend on the other rows of its item or step (a decode, a prompt chunk, a cached prefix alike).
 //
 // NOTE: both instruction sets run this same arithmetic (vec16.h), so a row's output is the same bits
 // on any x86 CPU. The AVX-512 build once took its scores by bfloat16 dot products (`vdpbf16ps`: one
@@ -98,6 +105,18 @@ inline void prefetch_lines(const uint16_t* src, int64_t count) {
   for (int64_t i = 0; i < count; i += 32) _mm_prefetch(reinterpret_cast<const char*>(src + i), _MM_HINT_T0);
 }
 
+// Lanes of x in [lo, hi) (counted from this vector's first), the others from `fill`.
+inline V16 lanes_between(V16 x, int64_t lo, int64_t hi, V16 fill) {
+  return first_lanes(fill, lo, first_lanes(x, hi, fill));
+}
+
+// e^x for one float, by exp16's arithmetic.
+inline float exp1(float x) {
+  alignas(64) float lanes[16];
+  store16(lanes, exp16(set16(x)));
+  return lanes[0];
+}
+
 float* aligned(std::vector<float>& buffer) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
 }
@@ -106,16 +125,29 @@ float* aligned(std::vector<float>& buffer) {
 
 // query [S, KVH, R, D] (R rows per KV head: its query heads × the sequence's query tokens),
 // cache [2, KVH, num_slots, D] (slot = block * 16 + offset), block_table [S, max_blocks],
-// row_limits [S, R] (how many keys each row sees); returns [S, KVH, R, D].
+// row_limits [S, R] (how many keys each row sees), row_starts [S, R] or None (the first key each
+// row sees; None: key 0), row_sinks [KVH, R] float32 or None (each row's sink logit, in the
+// scaled scores' units); returns [S, KVH, R, D].
 at::Tensor paged_decode_attention(
     const at::Tensor& query, const at::Tensor& cache, const at::Tensor& block_table,
-    const at::Tensor& row_limits, double scale) {
+    const at::Tensor& row_limits, double scale, const std::optional<at::Tensor>& row_starts,
+    const std::optional<at::Tensor>& row_sinks) {
   TORCH_CHECK(query.scalar_type() == at::kBFloat16 && cache.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(block_table.scalar_type() == at::kLong && row_limits.scalar_type() == at::kLong, "int64 tables");
   TORCH_CHECK(query.is_contiguous() && cache.is_contiguous() && block_table.is_contiguous() && row_limits.is_contiguous());
   const int64_t num_seqs = query.size(0), num_kv_heads = query.size(1), num_rows = query.size(2), head_dim = query.size(3);
   TORCH_CHECK(head_dim % 16 == 0 && cache.size(3) == head_dim && cache.size(1) == num_kv_heads, "head_dim must be a multiple of 16");
   TORCH_CHECK(row_limits.size(0) == num_seqs && row_limits.size(1) == num_rows && block_table.size(0) == num_seqs);
+  if (row_starts) {
+    TORCH_CHECK(row_starts->scalar_type() == at::kLong && row_starts->is_contiguous() && row_starts->sizes() == row_limits.sizes(),
+                "row_starts: int64, contiguous, shaped as row_limits");
+  }
+  if (row_sinks) {
+    TORCH_CHECK(row_sinks->scalar_type() == at::kFloat && row_sinks->is_contiguous() && row_sinks->dim() == 2 &&
+                row_sinks->size(0) == num_kv_heads && row_sinks->size(1) == num_rows, "row_sinks: float32 [KVH, R], contiguous");
+  }
+  const int64_t* starts_all = row_starts ? row_starts->data_ptr<int64_t>() : nullptr;
+  const float* sinks_all = row_sinks ? row_sinks->data_ptr<float>() : nullptr;
   const int64_t num_slots = cache.size(2), max_blocks = block_table.size(1);
   auto out = at::empty_like(query);
   const auto* queries = reinterpret_cast<const uint16_t*>(query.data_ptr());
@@ -137,19 +169,23 @@ at::Tensor paged_decode_attention(
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / num_kv_heads, head = item % num_kv_heads;
       const int64_t* limits = limits_all + seq * num_rows;
+      const int64_t* starts = starts_all == nullptr ? nullptr : starts_all + seq * num_rows;
       const int64_t num_keys = *std::max_element(limits, limits + num_rows);
-      const int64_t num_blocks = (num_keys + kBlockSize - 1) / kBlockSize, length = num_blocks * kBlockSize;
+      const int64_t first_key = starts == nullptr ? 0 : std::min(*std::min_element(starts, starts + num_rows), num_keys);
+      // NOTE: the item's keys from the block of its first start on: scores and values are indexed from `base`.
+      const int64_t first_block = first_key / kBlockSize, base = first_block * kBlockSize;
+      const int64_t num_blocks = (num_keys + kBlockSize - 1) / kBlockSize, length = num_blocks * kBlockSize - base;
       const uint16_t* q_in = queries + item * num_rows * head_dim;
       for (int64_t i = 0; i < num_rows * head_dim; i += 16) store16(q + i, load_bf16(q_in + i) * vscale);
       // 1) keys and values of the sequence's blocks, then the scores block by block.
       const uint16_t* k_cache = kv + head * num_slots * head_dim;
       const uint16_t* v_cache = kv + (num_kv_heads + head) * num_slots * head_dim;
       const int64_t block_elems = kBlockSize * head_dim;
-      for (int64_t b = 0; b < num_blocks; ++b) {
+      for (int64_t b = first_block; b < num_blocks; ++b) {
         const int64_t block = tables[seq * max_blocks + b];
         const uint16_t* k_block = k_cache + block * block_elems;
         const uint16_t* v_block = v_cache + block * block_elems;
-        value_blocks[b] = v_block;
+        value_blocks[b - first_block] = v_block;
         // NOTE: blocks lie anywhere in the cache, out of the hardware prefetcher's sight: the next
         // block's keys and this block's values (read in 3) are asked for while this block's scores run.
         if (b + kPrefetchBlocks < num_blocks) {
@@ -157,25 +193,28 @@ at::Tensor paged_decode_attention(
         }
         prefetch_lines(v_block, block_elems);
         load_bf16_block_transposed(k_block, head_dim, keys_t);
+        const int64_t offset = (b - first_block) * kBlockSize;
         by_row_groups(num_rows, [&](auto n, int64_t r) {
-          score_rows<decltype(n)::value>(q + r * head_dim, head_dim, keys_t, scores + r * length + b * kBlockSize, length);
+          score_rows<decltype(n)::value>(q + r * head_dim, head_dim, keys_t, scores + r * length + offset, length);
         });
       }
-      // 2) each row's softmax over its first limits[r] keys; the others weigh 0.
+      // 2) each row's softmax over its keys [starts[r], limits[r]) (and its sink); the others weigh 0.
+      const float* sinks = sinks_all == nullptr ? nullptr : sinks_all + head * num_rows;
       for (int64_t r = 0; r < num_rows; ++r) {
         float* row = scores + r * length;
-        const int64_t visible = std::min(limits[r], length);
+        const int64_t lo = (starts == nullptr ? 0 : starts[r]) - base, hi = std::min(limits[r] - base, length);
         const V16 lowest = set16(-1e30f);
         V16 row_max = lowest;
-        for (int64_t j = 0; j < length; j += 16) row_max = max16(row_max, first_lanes(load16(row + j), visible - j, lowest));
-        const V16 top = set16(reduce_max(row_max));
+        for (int64_t j = 0; j < length; j += 16) row_max = max16(row_max, lanes_between(load16(row + j), lo - j, hi - j, lowest));
+        const float top = sinks == nullptr ? reduce_max(row_max) : std::max(reduce_max(row_max), sinks[r]);
+        const V16 vtop = set16(top);
         V16 sum = zero16();
         for (int64_t j = 0; j < length; j += 16) {
-          const V16 e = first_lanes(exp16(load16(row + j) - top), visible - j, zero16());
+          const V16 e = lanes_between(exp16(load16(row + j) - vtop), lo - j, hi - j, zero16());
           sum = sum + e;
           store16(row + j, e);
         }
-        const float total = reduce_add(sum);
+        const float total = sinks == nullptr ? reduce_add(sum) : reduce_add(sum) + exp1(sinks[r] - top);
         const V16 inverse = set16(total > 0.f ? 1.f / total : 0.f);
         for (int64_t j = 0; j < length; j += 16) store16(row + j, load16(row + j) * inverse);
       }

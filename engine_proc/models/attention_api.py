@@ -19,12 +19,15 @@ class AttentionBackend(Protocol):
 
     def forward(
         self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor, is_stored: bool = False,
-        window: int | None = None,
+        window: int | None = None, sinks: Tensor | None = None,
     ) -> Tensor:
         """Attend: query [num_tokens, num_heads, head_dim], key/value [num_tokens, num_kv_heads, head_dim].
 
         Stores key and value first unless `rotate_and_store` already has (`is_stored`). With a
         `window`, a token at position p attends only to keys at positions p - window + 1 to p.
+        With `sinks` [num_heads] (gpt-oss's attention sinks: a learned logit per query head, in the
+        scaled scores' units), head h's softmax takes exp(sinks[h]) as one more term of its
+        denominator, a column that weighs no value (so a row's weights may sum to less than 1).
         Returns [num_tokens, num_heads, head_dim] in the query's dtype.
         """
         ...

@@ -1,28 +1,15 @@
-"""One batched decode step over random paged contexts, with dense causal attention's answer for it."""
+"""One batched decode step over random paged contexts, with dense causal attention's answer for it (with a
+sliding window and attention sinks where asked)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan, decode_query_grid
+from tests.engine_proc.models.dense_attention import dense_attention
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 6, 2, 8, 4
-
-
-def reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_context: int, window: int | None = None
-) -> torch.Tensor:
-    """Queries q [n, H, D] at positions num_context.. over keys/values [num_context + n, KVH, D] (with a
-    `window`, only the keys of each query's last `window` positions)."""
-    positions = torch.arange(num_context, num_context + q.shape[0])
-    distance = positions[:, None] - torch.arange(k.shape[0])[None, :]
-    mask = (distance >= 0) & (distance < (window or k.shape[0] + 1))
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=True
-    )
-    return out.transpose(0, 1)
 
 
 def decode_step(
@@ -36,6 +23,7 @@ def decode_step(
     max_context_len: int = 13,
     is_kernel_allowed: bool = True,
     window: int | None = None,
+    has_sinks: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefills a random context per sequence, then decodes `query_lens` tokens of each in one batched step.
 
@@ -87,22 +75,27 @@ def decode_step(
         if pad_index is not None and unpad_index is not None:
             metadata.decode_pad_index, metadata.decode_unpad_index = torch.from_numpy(pad_index), torch.from_numpy(unpad_index)
     attention.metadata = metadata
-    return forward_and_reference(attention, queries, keys, values, context_lens, window)
+    return forward_and_reference(attention, queries, keys, values, context_lens, window, sinks(num_heads, dtype, has_sinks))
+
+
+def sinks(num_heads: int, dtype: torch.dtype, has_sinks: bool) -> torch.Tensor | None:
+    """Sink logits [num_heads] from well below to well above the scores' range (some heads mostly sink), or None."""
+    return torch.linspace(-3.0, 4.0, num_heads).to(dtype) if has_sinks else None
 
 
 def forward_and_reference(
     attention: PagedAttention, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor],
-    starts: list[int], window: int | None = None,
+    starts: list[int], window: int | None = None, sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's attention output for each sequence's queries (its keys and values from `starts` on
     are the step's new ones), and dense causal attention's (float32) for the same tokens."""
     out = attention.forward(
         0, torch.cat(queries),
         torch.cat([k[s:] for k, s in zip(keys, starts, strict=True)]), torch.cat([v[s:] for v, s in zip(values, starts, strict=True)]),
-        window=window,
+        window=window, sinks=sinks,
     )
     expected = torch.cat([
-        reference(q.float(), k.float(), v.float(), s, window)
+        dense_attention(q.float(), k.float(), v.float(), s, window, None if sinks is None else sinks.float())
         for q, k, v, s in zip(queries, keys, values, starts, strict=True)
     ])
     return out, expected
@@ -111,6 +104,7 @@ def forward_and_reference(
 def mixed_step(
     decode_contexts: list[int], spans: list[tuple[int, int]], *, is_kernel_allowed: bool = True,
     num_heads: int = 9, num_kv_heads: int = 3, head_dim: int = 64, block_size: int = 16, window: int | None = None,
+    has_sinks: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One bfloat16 step of decodes (one token after each of `decode_contexts`) then prefill spans
     ((tokens already cached, new tokens) each), over scattered blocks whose earlier K/V are in the cache.
@@ -154,4 +148,4 @@ def mixed_step(
         torch.cat([slots(seq, range(start, total)) for seq, (start, total) in enumerate(zip(starts, totals, strict=True))]),
         num_decodes, table if num_decodes else None, torch.tensor(totals[:num_decodes]) if num_decodes else None, prefills,
     )
-    return forward_and_reference(attention, queries, keys, values, starts, window)
+    return forward_and_reference(attention, queries, keys, values, starts, window, sinks(num_heads, dtype, has_sinks))

@@ -53,3 +53,28 @@ def test_a_window_limits_prompts_and_decodes_in_one_step(
     torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
     whole, _ = mixed_step(decode_contexts, spans, is_kernel_allowed=is_kernel_allowed)
     assert not torch.equal(out, whole)  # NOTE: the window changed what some token sees
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 4, 2, 3], [1] * 20])
+def test_attention_sinks_join_each_heads_softmax_in_decodes_and_drafts(query_lens: list[int], window: int | None) -> None:
+    """gpt-oss's sinks, alone and with its sliding window, on the torch path (float32); 20 decodes take its matmuls."""
+    out, expected = decode_step(query_lens, window=window, has_sinks=True)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    without, _ = decode_step(query_lens, window=window)
+    assert not torch.allclose(out, without, rtol=1e-2, atol=1e-2)  # NOTE: the sinks took weight off the values
+
+
+@pytest.mark.parametrize("is_kernel_allowed", [True, False])
+@pytest.mark.parametrize("window", [None, 32])
+@pytest.mark.parametrize(
+    ("decode_contexts", "spans"),
+    [([40, 7, 300], [(32, 45), (0, 100)]), ([600], [(0, 30)]), ([], [(0, 230)])],
+)
+def test_attention_sinks_join_each_heads_softmax_in_prompts_and_decodes(
+    decode_contexts: list[int], spans: list[tuple[int, int]], window: int | None, is_kernel_allowed: bool
+) -> None:
+    out, expected = mixed_step(decode_contexts, spans, window=window, has_sinks=True, is_kernel_allowed=is_kernel_allowed)
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
+    without, _ = mixed_step(decode_contexts, spans, window=window, is_kernel_allowed=is_kernel_allowed)
+    assert not torch.allclose(out, without, rtol=1e-1, atol=1e-1)

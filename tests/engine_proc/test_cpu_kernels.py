@@ -69,6 +69,18 @@ def test_prompts_are_attended_by_the_kernel_in_chunks_like_dense_attention(
 
 
 @needs_kernel
+@pytest.mark.parametrize(("window", "has_sinks"), [(1, False), (20, False), (64, True), (None, True)])
+@pytest.mark.parametrize("query_lens", [[1], [1, 8, 3, 5]])
+def test_kernel_takes_windows_and_sinks_like_dense_attention_and_the_sdpa_path(
+    query_lens: list[int], window: int | None, has_sinks: bool
+) -> None:
+    out, expected = decode_step(query_lens, **SMOLLM2, window=window, has_sinks=has_sinks)
+    sdpa_out, _ = decode_step(query_lens, **SMOLLM2, is_kernel_allowed=False, window=window, has_sinks=has_sinks)
+    torch.testing.assert_close(out.float(), expected, rtol=0.02, atol=0.02)
+    assert (out.float() - sdpa_out.float()).abs().mean() < 1e-3
+
+
+@needs_kernel
 def test_a_context_of_many_blocks_with_a_partly_filled_last_block() -> None:
     out, expected = decode_step([1, 4], **{**SMOLLM2, "max_context_len": 900})
     torch.testing.assert_close(out.float(), expected, rtol=0.02, atol=0.02)
@@ -238,10 +250,14 @@ def test_a_process_refused_amx_keeps_the_plain_head(tmp_path: Path, monkeypatch:
     assert model.compute_greedy_ids(torch.randn(32, TINY["hidden_size"]).bfloat16()) is None
 
 
-def target_rows(cached: int, others: list[tuple[int, int]], is_decode: bool, seed: int) -> torch.Tensor:
+def target_rows(
+    cached: int, others: list[tuple[int, int]], is_decode: bool, seed: int, window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One sequence of 45 tokens (the same K/V and queries every time) attended from position `cached`
     on, its earlier K/V in the cache, in a bfloat16 step with other sequences ((cached, new) each,
-    one new token: a decode), each in blocks scattered as `seed` draws them: its rows [45 - cached, H, D]."""
+    one new token: a decode), each in blocks scattered as `seed` draws them, over a `window` and with `sinks`
+    where given: its rows [45 - cached, H, D]."""
     num_heads, num_kv_heads, head_dim, block_size, length = 9, 3, 64, 16, 45
     sequences = [(cached, length - cached), *others]
     decodes = [i for i, (_, new) in enumerate(sequences) if new == 1 and (is_decode or i != 0)]
@@ -276,16 +292,22 @@ def target_rows(cached: int, others: list[tuple[int, int]], is_decode: bool, see
         torch.cat([slots(i, range(sequences[i][0], sum(sequences[i]))) for i in order]), len(decodes),
         table if decodes else None, torch.tensor([sum(sequences[i]) for i in decodes]) if decodes else None, prefills,
     )
-    out = attention.forward(0, *(torch.cat([data[i][j][sequences[i][0] :] for i in order]) for j in range(3)))
+    out = attention.forward(
+        0, *(torch.cat([data[i][j][sequences[i][0] :] for i in order]) for j in range(3)), window=window, sinks=sinks
+    )
     first = sum(sequences[i][1] for i in order[: order.index(0)])
     return out[first : first + length - cached]
 
 
 @needs_kernel
-def test_the_attention_kernel_gives_a_row_the_same_bits_however_its_step_holds_it() -> None:
-    alone = target_rows(44, [], is_decode=True, seed=1)[0]
+@pytest.mark.parametrize(("window", "has_sinks"), [(None, False), (8, False), (20, True), (None, True)])
+def test_the_attention_kernel_gives_a_row_the_same_bits_however_its_step_holds_it(window: int | None, has_sinks: bool) -> None:
+    """Also with a sliding window shorter than the sequence (its rows start at other keys than their
+    chunk's or step's) and with attention sinks."""
+    sinks = torch.linspace(-3.0, 4.0, 9).bfloat16() if has_sinks else None
+    alone = target_rows(44, [], is_decode=True, seed=1, window=window, sinks=sinks)[0]
     decodes = [(300, 1), (3, 1), (17, 1)]
-    whole = target_rows(0, [], is_decode=False, seed=2)
+    whole = target_rows(0, [], is_decode=False, seed=2, window=window, sinks=sinks)
     assert torch.equal(whole[-1], alone)
     for cached, others, is_decode, seed in [
         (44, decodes, True, 3),  # a decode beside others
@@ -294,7 +316,7 @@ def test_the_attention_kernel_gives_a_row_the_same_bits_however_its_step_holds_i
         (7, [(0, 20)], False, 6),  # after a cached prefix that ends mid-block: chunks start elsewhere
         (32, [*decodes, (32, 13)], False, 7),  # after two cached blocks
     ]:
-        rows = target_rows(cached, others, is_decode, seed)
+        rows = target_rows(cached, others, is_decode, seed, window=window, sinks=sinks)
         assert torch.equal(rows, whole[cached:]), (cached, others)
 
 

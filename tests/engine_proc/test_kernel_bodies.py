@@ -124,7 +124,8 @@ def test_rotary_and_the_cache_write(avx2: Any, avx512: Any, head_dim: int) -> No
 @pytest.mark.parametrize(("head_dim", "num_rows"), [(64, 3), (80, 5), (128, 1), (256, 4), (256, 9)])
 def test_paged_decode_attention(avx2: Any, avx512: Any, head_dim: int, num_rows: int) -> None:
     """Several sequences of up to 300 keys (a partly filled last block), rows that see fewer keys
-    than their sequence holds (a prompt's chunk), scores of both signs and wide range."""
+    than their sequence holds (a prompt's chunk), scores of both signs and wide range; then rows that
+    start at other keys (a sliding window) and sink logits."""
     generator = torch.Generator().manual_seed(head_dim + num_rows)
     num_seqs, num_kv_heads, num_blocks, max_blocks = 3, 2, 64, 19
     cache = (torch.randn(2, num_kv_heads, num_blocks * 16, head_dim, generator=generator) * 3).bfloat16()
@@ -134,6 +135,16 @@ def test_paged_decode_attention(avx2: Any, avx512: Any, head_dim: int, num_rows:
     row_limits[0, 0] = 1
     for scale in (head_dim**-0.5, 1.0 / 16):
         outs = [kernels.paged_decode_attention(query, cache, block_table, row_limits, scale) for kernels in (avx2, avx512)]
+        assert _same_bits(*outs)
+    # A sliding window (each row's first key up to 79 keys before its limit, mid-block; at it, a row that sees none)
+    # and attention sinks.
+    row_starts = (row_limits - torch.randint(0, 80, (num_seqs, num_rows), generator=generator)).clamp(min=0)
+    row_sinks = torch.randn(num_kv_heads, num_rows, generator=generator) * 4
+    for starts, sinks in ((row_starts, None), (None, row_sinks), (row_starts, row_sinks)):
+        outs = [
+            kernels.paged_decode_attention(query, cache, block_table, row_limits, head_dim**-0.5, starts, sinks)
+            for kernels in (avx2, avx512)
+        ]
         assert _same_bits(*outs)
 
 

@@ -7,6 +7,30 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def dense_attention(
+    query: Tensor, key: Tensor, value: Tensor, num_context: int = 0, window: int | None = None, sinks: Tensor | None = None
+) -> Tensor:
+    """One sequence's queries [n, H, D] at positions num_context.. over its keys/values [num_context + n, KVH, D],
+    causal; with a `window`, each over the keys of its last `window` positions only; with `sinks` [H], as
+    transformers' GptOss eager attention: each head's sink logit concatenated to its scores as one more column,
+    softmax, the column dropped."""
+    num_queries_per_kv = query.shape[1] // key.shape[1]
+    # [tokens, heads, dim] -> [heads, tokens, dim], the KV heads repeated for their query heads.
+    q = query.transpose(0, 1)
+    k, v = (x.repeat_interleave(num_queries_per_kv, dim=1).transpose(0, 1) for x in (key, value))
+    positions = torch.arange(num_context, num_context + query.shape[0])
+    distance = positions[:, None] - torch.arange(key.shape[0])[None, :]
+    is_seen = (distance >= 0) & (distance < (window or key.shape[0] + 1))
+    if sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=is_seen).transpose(0, 1)
+    scores = torch.matmul(q, k.transpose(1, 2)) * query.shape[-1] ** -0.5
+    scores = scores.masked_fill(~is_seen, float("-inf"))
+    logits = torch.cat((scores, sinks.to(scores.dtype).view(-1, 1, 1).expand(-1, query.shape[0], 1)), dim=-1)
+    logits = logits - logits.max(dim=-1, keepdim=True).values
+    probs = logits.softmax(dim=-1)[..., :-1]
+    return torch.matmul(probs, v).transpose(0, 1)
+
+
 class DenseCausalAttention:
     """Attends causally inside each of the concatenated sequences (lengths given), no KV cache."""
 
@@ -18,21 +42,11 @@ class DenseCausalAttention:
 
     def forward(
         self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor, is_stored: bool = False,
-        window: int | None = None,
+        window: int | None = None, sinks: Tensor | None = None,
     ) -> Tensor:
-        if window is not None:
-            raise NotImplementedError("the dense test backend attends over whole sequences only")
         if sum(self.seq_lens) != query.shape[0]:
             raise ValueError(f"sequence lengths {self.seq_lens} do not add up to {query.shape[0]} tokens")
-        num_queries_per_kv = query.shape[1] // key.shape[1]
-        outputs = []
-        queries, keys, values = (x.split(self.seq_lens) for x in (query, key, value))
-        for q, k, v in zip(queries, keys, values, strict=True):
-            k = k.repeat_interleave(num_queries_per_kv, dim=1)
-            v = v.repeat_interleave(num_queries_per_kv, dim=1)
-            # [tokens, heads, dim] -> [heads, tokens, dim] for SDPA, and back.
-            out = F.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
-            )
-            outputs.append(out.transpose(0, 1))
-        return torch.cat(outputs)
+        return torch.cat([
+            dense_attention(q, k, v, window=window, sinks=sinks)
+            for q, k, v in zip(*(x.split(self.seq_lens) for x in (query, key, value)), strict=True)
+        ])
