@@ -14,6 +14,12 @@ them out again, least recently freed first.
 Plain Python, no torch: the scheduler asks `get_computed_blocks` for a new request's cached
 prefix, then `can_allocate` / `allocate`, and `free`s finished requests' blocks at once.
 
+NOTE: a request keeps every block of its context, those before a sliding window too: a model with
+any global layer (Gemma 3, gpt-oss) reads them all. Only where every layer slides (Mistral v0.1, from
+a folder: a GGUF carries no window) could they go back to the pool early, which would leave holes in
+block tables that prefix caching (a prefix is its whole chain of blocks), preemption and the torch
+attention path (it gathers whole tables) take as whole; not worth that for the one case.
+
 With KV events on, every change to the set of cached hashes is recorded as it happens (blocks
 stored, blocks evicted, all cleared) for the engine to publish after the step (engine_proc/kv_events.py).
 """
