@@ -56,7 +56,8 @@ class TensorDict:
 
     def float(self, name: str, rows: slice = slice(None)) -> Tensor:
         tensor = self._tensors[name]
-        return tensor[rows] if tensor.dim() > 1 else tensor
+        # NOTE: contiguous, one tensor at a time: a family's split of a folder's tensors gives views (gpt-oss's experts).
+        return (tensor[rows] if tensor.dim() > 1 else tensor).contiguous()
 
     def blocks(self, name: str) -> Blocks | None:
         return None
