@@ -16,8 +16,8 @@ from gguf.quants import dequantize
 
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.family import Family
-from engine_proc.models.rope import inverse_frequencies, yarn_mscale
 from engine_proc.models.registry import family_of, gguf_family
+from engine_proc.models.rope import inverse_frequencies, yarn_mscale
 from engine_proc.models.weight_blocks import (
     Blocks,
     BlocksKind,

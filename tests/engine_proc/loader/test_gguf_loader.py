@@ -13,8 +13,8 @@ import transformers
 
 from engine_proc.loader import load_gguf, load_model, load_model_config
 from engine_proc.loader.gguf_loader import _ARRAYS, _BLOCK_KINDS
-from engine_proc.models.rope import inverse_frequencies
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
+from engine_proc.models.rope import inverse_frequencies
 from proto.model_support import GGML_TYPES
 from tests.engine_proc.models.tiny_llama import TINY, run, save_tiny_checkpoint
 
