@@ -239,11 +239,11 @@ def first_difference_is_a_near_tie(ours: Greedy, reference: Greedy, margin: floa
     return True
 
 
-def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> Greedy:
-    """transformers' greedy continuation of each prompt, in float32."""
+def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int, **from_pretrained: Any) -> Greedy:
+    """transformers' greedy continuation of each prompt, in float32 (`from_pretrained`: more of its arguments)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **from_pretrained).eval()
     token_ids, logprobs, margins = [], [], []
     for prompt in prompts:
         ids = torch.tensor([prompt])

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.family import FolderTensor
 from engine_proc.models.hf_config import common_fields
 from engine_proc.models.registry import family_of, hf_family
 from proto.model_support import HF_MODEL_TYPES
@@ -27,8 +28,9 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     return config_from_hf(raw, generation)
 
 
-def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """Config and all safetensors tensors (sharded or not) of a Hugging Face directory."""
+def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, FolderTensor]]:
+    """Config and all safetensors tensors (sharded or not) of a Hugging Face directory, as the model's (see
+    Family.hf_tensors)."""
     root = Path(path)
     config = load_hf_config(root)
     files = sorted(root.glob("*.safetensors"))

@@ -6,12 +6,14 @@ What differs from the other mixtures (moe.py): the router has a bias, and takes 
 logits first, its weights the softmax over those alone; each expert's projections have biases, and its
 gate is a clamped SwiGLU: gate ≤ 7, −7 ≤ up ≤ 7, out = (up + 1) · gate · sigmoid(1.702 · gate).
 A folder holds a layer's experts in one tensor, gate and up interleaved (columns ::2 and 1::2) in
-`gate_up_proj` [experts, hidden, 2 × intermediate] and `down_proj` [experts, intermediate, hidden]:
-each expert's are split out here as the Linear layers it runs (views, no copies).
+`gate_up_proj` [experts, hidden, 2 × intermediate] and `down_proj` [experts, intermediate, hidden], or (the
+real models) as MXFP4 in `*_blocks` and `*_scales` (gate and up rows interleaved): each expert's are split out
+here as the Linear layers it runs (views, no copies; MXFP4 blocks, unpacked when the loader asks for them).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,10 +21,11 @@ import torch
 from torch import Tensor, nn
 
 from engine_proc.models.config import ModelConfig
-from engine_proc.models.family import Family, Fields, MetadataReader
+from engine_proc.models.family import Family, Fields, FolderTensor, MetadataReader
 from engine_proc.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel, RMSNorm
 from engine_proc.models.moe import SparseMoeBlock, gguf_expert_fields, hf_expert_fields
 from engine_proc.models.quantized_linear import Linear
+from engine_proc.models.weight_blocks import MXFP4Blocks
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 # NOTE: llama.cpp's gpt-oss: every other layer slides (the first of each two) unless the file says.
@@ -93,11 +96,9 @@ class GptOssForCausalLM(LlamaForCausalLM):
 
 def _hf_config(raw: Mapping[str, Any], fields: Fields) -> Fields:
     """gpt-oss's config.json: its experts, its sliding and full layers."""
-    if (raw.get("quantization_config") or {}).get("quant_method") == "mxfp4":
-        raise ValueError(
-            "gpt-oss's MXFP4 experts in a folder (*_blocks, *_scales) are not supported yet; supported: a float "
-            "folder, or a GGUF of it (its MXFP4 experts run on their own blocks)"
-        )
+    quantization = (raw.get("quantization_config") or {}).get("quant_method", "mxfp4")
+    if quantization != "mxfp4":
+        raise ValueError(f"gpt-oss's {quantization!r} quantization is not supported; supported: float weights, mxfp4")
     swiglu = (raw.get("swiglu_alpha", SWIGLU_ALPHA), raw.get("swiglu_limit", SWIGLU_LIMIT))
     if swiglu != (SWIGLU_ALPHA, SWIGLU_LIMIT):
         raise ValueError(f"gpt-oss's SwiGLU alpha and limit {swiglu} are not supported; supported: 1.702, 7.0")
@@ -128,31 +129,44 @@ def _gguf_config(read: MetadataReader, fields: Fields) -> Fields:
     return gguf_expert_fields(read, fields, is_renormalised=False)
 
 
-def _hf_tensors(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+def _hf_tensors(tensors: dict[str, Tensor]) -> dict[str, FolderTensor]:
     """A folder's tensors as the model's: each layer's experts split one an expert, as its Linear layers hold them."""
-    model_tensors: dict[str, Tensor] = {}
+    model_tensors: dict[str, FolderTensor] = {}
     for name, tensor in tensors.items():
         layer, _, kind = name.partition(".experts.")
         if not kind:
             model_tensors[name] = tensor
             continue
-        for expert, values in enumerate(tensor):
-            prefix = f"{layer}.experts.{expert}."
-            model_tensors.update({prefix + part: value for part, value in _expert_tensors(kind, values).items()})
+        if kind.endswith("_scales") and name.replace("_scales", "_blocks") in tensors:
+            continue  # NOTE: read with its blocks
+        scales = tensors.get(name.replace("_blocks", "_scales")) if kind.endswith("_blocks") else None
+        for expert in range(tensor.shape[0]):
+            parts = _expert_tensors(kind, tensor[expert], None if scales is None else scales[expert])
+            model_tensors.update({f"{layer}.experts.{expert}.{part}": value for part, value in parts.items()})
     return model_tensors
 
 
-def _expert_tensors(kind: str, values: Tensor) -> dict[str, Tensor]:
-    """One expert's slice of a folder's expert tensor (`kind`: `gate_up_proj`, ...) as its Linear layers' tensors."""
-    if kind == "gate_up_proj":  # [hidden, 2 × intermediate], gate and up interleaved
+def _expert_tensors(kind: str, values: Tensor, scales: Tensor | None) -> dict[str, FolderTensor]:
+    """One expert's slice of a folder's expert tensor (`kind`: `gate_up_proj`, ...) as its Linear layers' tensors:
+    `gate_up_proj` [hidden, 2 × intermediate], `down_proj` [intermediate, hidden], their biases; MXFP4's
+    `*_blocks` [outputs, inputs // 32, 16] with `scales` [outputs, inputs // 32] (gate and up rows interleaved) as
+    blocks made when asked for."""
+    if kind == "gate_up_proj":
         return {"gate_proj.weight": values[:, ::2].T, "up_proj.weight": values[:, 1::2].T}
     if kind == "gate_up_proj_bias":
         return {"gate_proj.bias": values[::2], "up_proj.bias": values[1::2]}
-    if kind == "down_proj":  # [intermediate, hidden]
+    if kind == "down_proj":
         return {"down_proj.weight": values.T}
     if kind == "down_proj_bias":
         return {"down_proj.bias": values}
-    raise ValueError(f"unsupported gpt-oss expert tensor {kind!r}")
+    if kind in ("gate_up_proj_blocks", "down_proj_blocks") and scales is not None:
+        rows = {"gate_proj": slice(0, None, 2), "up_proj": slice(1, None, 2)} if kind == "gate_up_proj_blocks" else {
+            "down_proj": slice(None)}
+        return {
+            f"{part}.weight": functools.partial(MXFP4Blocks.from_pairs, values[part_rows], scales[part_rows])
+            for part, part_rows in rows.items()
+        }
+    raise ValueError(f"unsupported gpt-oss expert tensor {kind!r} (MXFP4 blocks need their scales)")
 
 
 FAMILY = Family(
