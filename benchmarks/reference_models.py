@@ -220,6 +220,14 @@ def convert_to_gguf(folder: Path, target: Path, llama_cpp_tree: Path, outtype: s
     return target
 
 
+# What the architecture tests continue greedily, and for how many tokens.
+TEXTS = ["The capital of France is", "def fib(n):\n    return", "Once upon a time, in a land far away,"]
+MAX_NEW_TOKENS = 12
+# NOTE: where the reference's top two tokens are closer than this, bfloat16 activations and 8-bit or
+# 16-bit weights may pick the other one; from there on the two continue from different text.
+NEAR_TIE = 0.5
+
+
 class Greedy(NamedTuple):
     """Greedy continuations of some prompts, the log-probability each chosen token had, and (the
     reference's) how far ahead of the runner-up it was."""

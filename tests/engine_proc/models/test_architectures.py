@@ -15,8 +15,11 @@ from transformers import PreTrainedTokenizerFast
 
 from benchmarks.reference_models import (
     ARCHITECTURES,
+    MAX_NEW_TOKENS,
+    NEAR_TIE,
     SENTENCEPIECE_ARCHITECTURES,
     SLIDING_WINDOW,
+    TEXTS,
     Greedy,
     convert_to_gguf,
     engine_greedy,
@@ -29,9 +32,6 @@ from engine_proc.core import EngineCore
 from engine_proc.cpu_kernels import load_cpu_kernels
 from proto.engine_config import EngineConfig
 from service.model_files.tokenizer import Tokenizer
-
-MAX_NEW_TOKENS = 12
-TEXTS = ["The capital of France is", "def fib(n):\n    return", "Once upon a time, in a land far away,"]
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +60,6 @@ def test_greedy_equals_transformers(model_files: tuple[Path, Path, list[list[int
     assert ours.token_ids == expected.token_ids
     flat_ours, flat_expected = sum(ours.logprobs, []), sum(expected.logprobs, [])
     assert flat_ours == pytest.approx(flat_expected, abs=1e-4)
-
-
-# NOTE: where the reference's top two tokens are closer than this, bfloat16 activations and 8-bit or
-# 16-bit weights may pick the other one; from there on the two continue from different text.
-NEAR_TIE = 0.5
 
 
 @pytest.mark.parametrize("outtype", ["f16", "q8_0"])

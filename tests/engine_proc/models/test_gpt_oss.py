@@ -13,6 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from benchmarks.reference_models import (
+    MAX_NEW_TOKENS,
+    NEAR_TIE,
+    TEXTS,
     Greedy,
     engine_greedy,
     first_difference_is_a_near_tie,
@@ -22,11 +25,11 @@ from benchmarks.reference_models import (
 from engine_proc.core import EngineCore
 from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.loader import check_model
+from engine_proc.models import gpt_oss
 from engine_proc.models.gpt_oss import clamped_swiglu
 from engine_proc.models.weight_blocks import MXFP4Blocks
 from proto.engine_config import EngineConfig
 from service.model_files.tokenizer import Tokenizer
-from tests.engine_proc.models.test_architectures import MAX_NEW_TOKENS, NEAR_TIE, TEXTS
 
 # transformers' FP4_VALUES: what each 4-bit code of an MXFP4 folder stands for, before its block's 2^(scale − 127)
 FP4_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -121,3 +124,19 @@ def test_mxfp4_folder_serves_with_default_flags_on_its_own_blocks(
         assert "gate_up_proj: mxfp4_q8; down_proj: mxfp4_q8" in choices["linears"]
         assert choices["batch invariant"] == "no (matmuls and norms without a row-invariant kernel here)"
     assert first_difference_is_a_near_tie(engine_greedy(folders[1], prompts, MAX_NEW_TOKENS), expected, NEAR_TIE)
+
+
+@pytest.mark.parametrize(("pattern", "expected"), [(None, (True, False, True, False)), (3, (True, True, False, True)),
+                                                   ([False, True, True, False], (False, True, True, False))])
+def test_a_ggufs_layers_slide_as_llama_cpp_reads_them(pattern: int | list[bool] | None, expected: tuple[bool, ...]) -> None:
+    """llama.cpp's gpt-oss: every other layer slides unless the file gives a pattern (a period, or each layer's);
+    its YaRN ramp is gpt-oss's own, not truncated."""
+    metadata = {"attention.sliding_window": 128, "attention.sliding_window_pattern": pattern, "expert_count": 32,
+                "expert_used_count": 4}
+    yarn = (("factor", 32.0), ("original_max_position_embeddings", 4096.0), ("rope_type", "yarn"), ("truncate", True))
+    fields = gpt_oss.FAMILY.gguf_config(
+        lambda key, default: default if metadata.get(key) is None else metadata[key],
+        {"num_hidden_layers": 4, "intermediate_size": 2880, "rope_scaling": yarn},
+    )
+    assert (fields["sliding_window"], fields["sliding_layers"]) == (128, expected)
+    assert dict(fields["rope_scaling"])["truncate"] is False
