@@ -86,14 +86,16 @@ def sinks(num_heads: int, dtype: torch.dtype, has_sinks: bool) -> torch.Tensor |
 def forward_and_reference(
     attention: PagedAttention, queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor],
     starts: list[int], window: int | None = None, sinks: torch.Tensor | None = None,
+    earlier_windows: tuple[int | None, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's attention output for each sequence's queries (its keys and values from `starts` on
-    are the step's new ones), and dense causal attention's (float32) for the same tokens."""
-    out = attention.forward(
-        0, torch.cat(queries),
-        torch.cat([k[s:] for k, s in zip(keys, starts, strict=True)]), torch.cat([v[s:] for v, s in zip(values, starts, strict=True)]),
-        window=window, sinks=sinks,
-    )
+    are the step's new ones), after layers of `earlier_windows` in the same step, and dense causal
+    attention's (float32) for the same tokens."""
+    new_keys = torch.cat([k[s:] for k, s in zip(keys, starts, strict=True)])
+    new_values = torch.cat([v[s:] for v, s in zip(values, starts, strict=True)])
+    for earlier in earlier_windows:
+        attention.forward(0, torch.cat(queries), new_keys, new_values, window=earlier, sinks=sinks)
+    out = attention.forward(0, torch.cat(queries), new_keys, new_values, window=window, sinks=sinks)
     expected = torch.cat([
         dense_attention(q.float(), k.float(), v.float(), s, window, None if sinks is None else sinks.float())
         for q, k, v, s in zip(queries, keys, values, starts, strict=True)
@@ -104,7 +106,7 @@ def forward_and_reference(
 def mixed_step(
     decode_contexts: list[int], spans: list[tuple[int, int]], *, is_kernel_allowed: bool = True,
     num_heads: int = 9, num_kv_heads: int = 3, head_dim: int = 64, block_size: int = 16, window: int | None = None,
-    has_sinks: bool = False,
+    has_sinks: bool = False, earlier_windows: tuple[int | None, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One bfloat16 step of decodes (one token after each of `decode_contexts`) then prefill spans
     ((tokens already cached, new tokens) each), over scattered blocks whose earlier K/V are in the cache.
@@ -148,4 +150,6 @@ def mixed_step(
         torch.cat([slots(seq, range(start, total)) for seq, (start, total) in enumerate(zip(starts, totals, strict=True))]),
         num_decodes, table if num_decodes else None, torch.tensor(totals[:num_decodes]) if num_decodes else None, prefills,
     )
-    return forward_and_reference(attention, queries, keys, values, starts, window, sinks(num_heads, dtype, has_sinks))
+    return forward_and_reference(
+        attention, queries, keys, values, starts, window, sinks(num_heads, dtype, has_sinks), earlier_windows
+    )

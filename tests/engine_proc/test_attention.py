@@ -78,3 +78,14 @@ def test_attention_sinks_join_each_heads_softmax_in_prompts_and_decodes(
     torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
     without, _ = mixed_step(decode_contexts, spans, window=window, is_kernel_allowed=is_kernel_allowed)
     assert not torch.allclose(out, without, rtol=1e-1, atol=1e-1)
+
+
+@pytest.mark.parametrize("is_kernel_allowed", [True, False])
+@pytest.mark.parametrize(("earlier", "window"), [(128, None), (None, 128)])
+def test_layers_with_and_without_a_window_share_a_step(is_kernel_allowed: bool, earlier: int | None, window: int | None) -> None:
+    """gpt-oss: sinks in every layer, a 128-token window in every other one, all of them on one step's metadata."""
+    decode_contexts, spans = [40, 300], [(100, 60), (0, 200)]
+    out, expected = mixed_step(
+        decode_contexts, spans, window=window, has_sinks=True, is_kernel_allowed=is_kernel_allowed, earlier_windows=(earlier,)
+    )
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
