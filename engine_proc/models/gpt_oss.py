@@ -96,8 +96,8 @@ class GptOssForCausalLM(LlamaForCausalLM):
 
 def _hf_config(raw: Mapping[str, Any], fields: Fields) -> Fields:
     """gpt-oss's config.json: its experts, its sliding and full layers."""
-    quantization = (raw.get("quantization_config") or {}).get("quant_method", "mxfp4")
-    if quantization != "mxfp4":
+    quantization = (raw.get("quantization_config") or {}).get("quant_method")
+    if quantization not in (None, "mxfp4"):
         raise ValueError(f"gpt-oss's {quantization!r} quantization is not supported; supported: float weights, mxfp4")
     swiglu = (raw.get("swiglu_alpha", SWIGLU_ALPHA), raw.get("swiglu_limit", SWIGLU_LIMIT))
     if swiglu != (SWIGLU_ALPHA, SWIGLU_LIMIT):
