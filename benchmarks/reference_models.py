@@ -96,6 +96,21 @@ def _olmoe(config: Any) -> Any:
     )
 
 
+def _gpt_oss(config: Any) -> Any:
+    from transformers import GptOssConfig
+
+    # NOTE: gpt-oss's layers as the real ones alternate: the first slides (over a window shorter than the test's
+    # prompts), the second attends to all; experts narrower than the model (shapes a transposition would not fit);
+    # its YaRN rope as the real config's (factor 32, not truncated) but from
+    # an original context of 64, so the test's positions reach its interpolated dims.
+    rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": 64}
+    return GptOssConfig(
+        **{**config, "intermediate_size": 96}, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
+        sliding_window=SLIDING_WINDOW, rope_parameters=rope, tie_word_embeddings=False, pad_token_id=None,
+    )
+
+
 def _smollm3(config: Any) -> Any:
     from transformers import SmolLM3Config
 
@@ -104,12 +119,15 @@ def _smollm3(config: Any) -> Any:
 
 
 SLIDING_WINDOW = 8
+# NOTE: transformers starts these biases at zero; random ones, so the test sees each of them added.
+_RANDOM_BIASES = frozenset({"gpt_oss"})
 # NOTE: llama.cpp's converter reads these architectures' vocabulary from a SentencePiece tokenizer.model;
 # Gemma's, like the real one, puts no space before the text.
 SENTENCEPIECE_ARCHITECTURES = frozenset({"phi3", "gemma3"})
 _NO_DUMMY_PREFIX = frozenset({"gemma3"})
 ARCHITECTURES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "gemma3": _gemma3,
+    "gpt_oss": _gpt_oss,
     "llama": _llama,
     "mistral": _mistral,
     "mixtral": _mixtral,
@@ -145,7 +163,13 @@ def write_hf_folder(path: Path, architecture: str, tokenizer: Tokenizer | None =
          "eos_token_id": tokenizer.eos_token_id}
     )
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if architecture in _RANDOM_BIASES:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("bias"):
+                    param.normal_(0.0, INITIALIZER_RANGE)
+    model.save_pretrained(path)
     return path
 
 
@@ -196,6 +220,14 @@ def convert_to_gguf(folder: Path, target: Path, llama_cpp_tree: Path, outtype: s
     return target
 
 
+# What the architecture tests continue greedily, and for how many tokens.
+TEXTS = ["The capital of France is", "def fib(n):\n    return", "Once upon a time, in a land far away,"]
+MAX_NEW_TOKENS = 12
+# NOTE: where the reference's top two tokens are closer than this, bfloat16 activations and 8-bit or
+# 16-bit weights may pick the other one; from there on the two continue from different text.
+NEAR_TIE = 0.5
+
+
 class Greedy(NamedTuple):
     """Greedy continuations of some prompts, the log-probability each chosen token had, and (the
     reference's) how far ahead of the runner-up it was; for a mixture-of-experts model, how close each
@@ -223,11 +255,11 @@ def first_difference_is_a_near_tie(ours: Greedy, reference: Greedy, margin: floa
     return True
 
 
-def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> Greedy:
-    """transformers' greedy continuation of each prompt, in float32."""
+def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int, **from_pretrained: Any) -> Greedy:
+    """transformers' greedy continuation of each prompt, in float32 (`from_pretrained`: more of its arguments)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **from_pretrained).eval()
     token_ids, logprobs, margins, router_margins = [], [], [], []
     for prompt in prompts:
         ids = torch.tensor([prompt])

@@ -16,8 +16,8 @@ from gguf.quants import dequantize
 
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.family import Family
-from engine_proc.models.llama import inverse_frequencies
 from engine_proc.models.registry import family_of, gguf_family
+from engine_proc.models.rope import inverse_frequencies, yarn_mscale
 from engine_proc.models.weight_blocks import (
     Blocks,
     BlocksKind,
@@ -334,7 +334,11 @@ def _hf_name(gguf_name: str, family: Family) -> str:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".")
     layer_names = {**_LAYER_NAMES, **family.gguf_layer_names}
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in layer_names and parts[1].isdigit():
+    is_layer = len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit()
+    # NOTE: a family's name for a whole tensor (gpt-oss's `attn_sinks.weight`: a parameter of its own)
+    if is_layer and f"{parts[2]}.{parts[3]}" in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[f'{parts[2]}.{parts[3]}']}"
+    if is_layer and parts[2] in layer_names:
         return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
     # NOTE: older Mixtral files hold each expert on its own: `blk.N.ffn_gate.E.weight`.
     if len(parts) == 5 and parts[0] == "blk" and parts[2] in ("ffn_gate", "ffn_up", "ffn_down") and parts[3].isdigit():
@@ -343,17 +347,17 @@ def _hf_name(gguf_name: str, family: Family) -> str:
 
 
 def _experts(name: str, tensor: _Tensor) -> list[tuple[str, _Tensor]]:
-    """A tensor under its name; a layer's experts (GGUF shape [inputs, outputs, experts], named with `*`)
-    as one 2-D tensor an expert, each its own stretch of the file's rows."""
+    """A tensor under its name; a layer's experts (GGUF shape [inputs, outputs, experts], or [outputs, experts]
+    for their biases, named with `*`) as one tensor an expert, each its own stretch of the file's rows."""
     if "*" not in name:
         return [(name, tensor)]
-    num_inputs, num_outputs, num_experts = tensor.shape
+    *shape, num_experts = tensor.shape
+    num_rows = tensor.num_rows // num_experts
     return [
         (
             name.replace("*", str(expert)),
             dataclasses.replace(
-                tensor, shape=(num_inputs, num_outputs), offset=tensor.offset + expert * num_outputs * tensor.row_bytes,
-                num_rows=num_outputs,
+                tensor, shape=tuple(shape), offset=tensor.offset + expert * num_rows * tensor.row_bytes, num_rows=num_rows,
             ),
         )
         for expert in range(num_experts)
@@ -407,7 +411,7 @@ def _config_from_header(path: Path, header: GGUFHeader, tensors: list[_Tensor]) 
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         eos_token_ids=tuple(dict.fromkeys(eos_token_ids)),
         bos_token_id=None if bos_token_id is None else int(bos_token_id),
-        rope_scaling=_linear_rope_scaling(read),
+        rope_scaling=_rope_scaling(read),
     )
     config = ModelConfig(architecture=family.architecture, **family.gguf_config(read, fields))
     if _ROPE_FREQS in tensor_names:
@@ -415,12 +419,25 @@ def _config_from_header(path: Path, header: GGUFHeader, tensors: list[_Tensor]) 
     return config
 
 
-def _linear_rope_scaling(read: Callable[..., Any]) -> tuple[tuple[str, float | str], ...] | None:
-    """Linear rope scaling (positions divided by `factor`), as llama.cpp reads it for every architecture;
-    None for none (proto/model_support.py refuses the types not read here)."""
-    if read("rope.scaling.type", None) != "linear":
+def _rope_scaling(read: Callable[..., Any]) -> tuple[tuple[str, float | str], ...] | None:
+    """Linear rope scaling (positions divided by `factor`) or YaRN's, as llama.cpp reads them for every
+    architecture; None for none (proto/model_support.py refuses the types not read here)."""
+    rope_type = read("rope.scaling.type", None)
+    if rope_type not in ("linear", "yarn"):
         return None
-    return (("factor", float(read("rope.scaling.factor"))), ("rope_type", "linear"))
+    factor = float(read("rope.scaling.factor"))
+    if rope_type == "linear":
+        return (("factor", factor), ("rope_type", "linear"))
+    # NOTE: llama.cpp's YaRN: its ramp's ends rounded out (truncated), an attention factor of 0.1 ln(factor) + 1
+    # times the file's `attn_factor`.
+    scaling: dict[str, float | str] = {
+        "rope_type": "yarn", "factor": factor,
+        "original_max_position_embeddings": float(read("rope.scaling.original_context_length")),
+        "beta_fast": float(read("rope.scaling.yarn_beta_fast", 32.0)),
+        "beta_slow": float(read("rope.scaling.yarn_beta_slow", 1.0)),
+        "truncate": True, "attention_factor": yarn_mscale(factor) * float(read("rope.scaling.attn_factor", 1.0)),
+    }
+    return tuple(sorted(scaling.items()))
 
 
 def _with_llama3_rope_scaling(

@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import Tensor
 
 from engine_proc.models.config import ModelConfig
+from engine_proc.models.family import FolderTensor
 from engine_proc.models.hf_config import common_fields
 from engine_proc.models.registry import family_of, hf_family
 from proto.model_support import HF_MODEL_TYPES
@@ -26,8 +28,9 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     return config_from_hf(raw, generation)
 
 
-def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """Config and all safetensors tensors (sharded or not) of a Hugging Face directory."""
+def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, FolderTensor]]:
+    """Config and all safetensors tensors (sharded or not) of a Hugging Face directory, as the model's (see
+    Family.hf_tensors)."""
     root = Path(path)
     config = load_hf_config(root)
     files = sorted(root.glob("*.safetensors"))
@@ -44,7 +47,7 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     if family.is_norm_shifted:
         # NOTE: Gemma's RMSNorm multiplies by (1 + w); the model holds (1 + w), as llama.cpp's GGUFs do.
         weights.update({name: t.float() + 1 for name, t in weights.items() if name.endswith("norm.weight")})
-    return config, {family.hf_name(name): tensor for name, tensor in weights.items()}
+    return config, family.hf_tensors({family.hf_name(name): tensor for name, tensor in weights.items()})
 
 
 def hf_tensor_names(path: str | Path) -> set[str]:
@@ -52,12 +55,15 @@ def hf_tensor_names(path: str | Path) -> set[str]:
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} has no *.safetensors files")
-    names: set[str] = set()
+    family = family_of(load_hf_config(path).architecture)
+    # NOTE: each tensor as a meta tensor of its shape, so the family's `hf_tensors` names what it makes of them.
+    shapes: dict[str, Tensor] = {}
     for file in files:
         with safe_open(file, framework="pt") as shard:
-            names.update(shard.keys())
-    family = family_of(load_hf_config(path).architecture)
-    return {family.hf_name(name) for name in names}
+            shapes.update({
+                family.hf_name(name): torch.empty(shard.get_slice(name).get_shape(), device="meta") for name in shard.keys()
+            })
+    return set(family.hf_tensors(shapes))
 
 
 def config_from_hf(raw: dict[str, Any], generation: dict[str, Any]) -> ModelConfig:

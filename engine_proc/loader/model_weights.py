@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from engine_proc.models.family import FolderTensor
 from engine_proc.models.form_registry import KERNEL_FORMS
 from engine_proc.models.llama import LlamaForCausalLM, RowEmbedding
 from engine_proc.models.quantized_linear import Linear, kernel_form, parts_form
@@ -46,20 +47,24 @@ class WeightSource(Protocol):
 
 
 class TensorDict:
-    """Tensors already in memory (a Hugging Face folder's) as a WeightSource: no blocks."""
+    """Tensors already in memory (a Hugging Face folder's) as a WeightSource; blocks only where a family made some
+    of the folder's tensors (gpt-oss's MXFP4 experts), each made when asked for."""
 
-    def __init__(self, tensors: Mapping[str, Tensor]) -> None:
+    def __init__(self, tensors: Mapping[str, FolderTensor]) -> None:
         self._tensors = tensors
 
     def names(self) -> set[str]:
         return set(self._tensors)
 
     def float(self, name: str, rows: slice = slice(None)) -> Tensor:
-        tensor = self._tensors[name]
-        return tensor[rows] if tensor.dim() > 1 else tensor
+        value = self._tensors[name]
+        tensor = value if isinstance(value, Tensor) else value().dequantize()
+        # NOTE: contiguous, one tensor at a time: a family's split of a folder's tensors gives views (gpt-oss's experts).
+        return (tensor[rows] if tensor.dim() > 1 else tensor).contiguous()
 
     def blocks(self, name: str) -> Blocks | None:
-        return None
+        value = self._tensors[name]
+        return None if isinstance(value, Tensor) else value()
 
     def blocks_reader(self, name: str) -> BlocksReader | None:
         return None
@@ -68,7 +73,7 @@ class TensorDict:
         return None
 
     def is_quantized(self) -> bool:
-        return False
+        return any(not isinstance(value, Tensor) for value in self._tensors.values())
 
 
 class RoundedAtLoad:

@@ -100,8 +100,14 @@ class ModelConfig:
             if not isinstance(params.get("factor"), (int, float)) or float(params["factor"]) <= 0:
                 raise ValueError("linear rope scaling needs a positive numeric factor")
             return
+        if rope_type == "yarn":
+            if not isinstance(params.get("original_max_position_embeddings"), (int, float)):
+                raise ValueError("yarn rope scaling needs a numeric original_max_position_embeddings")
+            if "factor" in params and not (isinstance(params["factor"], (int, float)) and float(params["factor"]) > 0):
+                raise ValueError("yarn rope scaling needs a positive numeric factor")
+            return
         if rope_type != "llama3":
-            raise ValueError(f"unsupported rope scaling type {rope_type!r}; supported: llama3, linear")
+            raise ValueError(f"unsupported rope scaling type {rope_type!r}; supported: llama3, linear, yarn")
         missing = [key for key in LLAMA3_ROPE_KEYS if not isinstance(params.get(key), (int, float))]
         if missing:
             raise ValueError(f"llama3 rope scaling is missing numeric {', '.join(missing)}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ from engine_proc.models.matmul_forms import Int8Rows, MatmulForms
 from engine_proc.models.matmul_plan import TimingBudget, plan_head, plan_linears
 from engine_proc.models.moe import Router, SparseMoeBlock
 from engine_proc.models.quantized_linear import Linear, kernel_form
+from engine_proc.models.rope import attention_factor, inverse_frequencies
 from engine_proc.models.weight_blocks import Blocks, BlocksReader
 
 logger = logging.getLogger(__name__)
@@ -59,31 +59,6 @@ class RMSNorm(nn.Module):
         return self(residual), residual
 
 
-def inverse_frequencies(config: ModelConfig) -> Tensor:
-    """Rotary inverse frequencies (float32, [head_dim // 2]), with llama3 scaling if configured."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    params = config.rope_scaling_params
-    if not params:
-        return inv_freq
-    if params["rope_type"] == "linear":
-        return inv_freq / float(params["factor"])
-    # NOTE: llama3 scaling, as in transformers' _compute_llama3_parameters: long wavelengths are
-    # divided by `factor`, short ones kept, the band between interpolated smoothly.
-    factor = float(params["factor"])
-    low_freq_factor = float(params["low_freq_factor"])
-    high_freq_factor = float(params["high_freq_factor"])
-    old_context_len = float(params["original_max_position_embeddings"])
-    low_freq_wavelen = old_context_len / low_freq_factor
-    high_freq_wavelen = old_context_len / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
 class RotaryEmbedding(nn.Module):
     """A (cos, cos, -sin, sin) table for every position, looked up once per forward ("rotate_half" layout)."""
 
@@ -104,7 +79,9 @@ class RotaryEmbedding(nn.Module):
         inv_freq = inverse_frequencies(self.config).to(self.cos_sin_cache.device)
         positions = torch.arange(self.config.max_position_embeddings, device=inv_freq.device).float()
         freqs = torch.outer(positions, inv_freq)
-        cos, sin = freqs.cos(), freqs.sin()
+        # NOTE: YaRN's attention factor scales queries and keys, as transformers scales its cos and sin.
+        scale = attention_factor(self.config)
+        cos, sin = (freqs.cos(), freqs.sin()) if scale == 1.0 else (freqs.cos() * scale, freqs.sin() * scale)
         self.cos_sin_cache.copy_(torch.cat((cos, cos, -sin, sin), dim=-1))
 
     def forward(self, positions: Tensor) -> RotaryRows:
@@ -148,6 +125,7 @@ class LlamaAttention(nn.Module):
         # NOTE: a folder's Mistral (v0.1) attends to the last `sliding_window` tokens in every layer.
         is_sliding = bool(config.sliding_layers) and config.sliding_layers[layer_idx]
         self.window = config.sliding_window if is_sliding else None
+        self.sinks: Tensor | None = None  # a logit per query head that joins its softmax (gpt-oss's, see attention_api)
 
     def forward(self, hidden: Tensor, rotary: RotaryRows, attn: AttentionBackend) -> Tensor:
         config = self.config
@@ -158,7 +136,9 @@ class LlamaAttention(nn.Module):
         is_plain = self.q_norm is None and self.has_rope
         stored = attn.rotate_and_store(self.layer_idx, qkv, rotary.table) if is_plain else None
         query, key = stored if stored is not None else self._rotate(qkv, rotary)
-        out = attn.forward(self.layer_idx, query, key, value, is_stored=stored is not None, window=self.window)
+        out = attn.forward(
+            self.layer_idx, query, key, value, is_stored=stored is not None, window=self.window, sinks=self.sinks
+        )
         return self.o_proj(out.view(num_tokens, config.q_size))
 
     def _rotate(self, qkv: Tensor, rotary: RotaryRows) -> tuple[Tensor, Tensor]:
@@ -237,7 +217,10 @@ class RowEmbedding(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers and final norm (Hugging Face's `model.` prefix)."""
+    """Embedding, decoder layers and final norm (Hugging Face's `model.` prefix); a family's subclass may
+    bring its own layers (`layer_class`)."""
+
+    layer_class: Callable[[ModelConfig, int], nn.Module] = LlamaDecoderLayer
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -247,7 +230,7 @@ class LlamaModel(nn.Module):
             config.vocab_size, config.hidden_size, _weight=torch.empty(config.vocab_size, config.hidden_size)
         )
         self.rotary_emb = RotaryEmbedding(config)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(type(self).layer_class(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # NOTE: set where the table is read from the file a row at a time; `embed_tokens.weight` then
         # holds no values (only its shape and dtype, for a tied head's).

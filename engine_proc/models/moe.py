@@ -28,29 +28,39 @@ FUSED_FORMS = ("int4_q8", "int4k_q8", "int5_q8", "int5k_q8", "int6k_q8", "int8_q
 
 class Router(nn.Module):
     """A token's logit for each expert from its hidden state, in float32: its weight stays float32 whatever
-    dtype the model takes (llama.cpp's files hold it so), its sums in one fixed order where the kernels run."""
+    dtype the model takes (llama.cpp's files hold it so), its sums in one fixed order where the kernels run;
+    a bias (gpt-oss's) added after them, in float32 too."""
 
-    def __init__(self, hidden_size: int, num_experts: int) -> None:
+    def __init__(self, hidden_size: int, num_experts: int, has_bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.bias = nn.Parameter(torch.empty(num_experts)) if has_bias else None
         self.kernels: Any | None = None  # the CPU kernels (see `LlamaForCausalLM.prepack`)
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Router:
         super()._apply(fn, recurse)
-        if self.weight.dtype != torch.float32:
-            self.weight.data = self.weight.data.float()
+        for param in (self.weight, self.bias):
+            if param is not None and param.dtype != torch.float32:
+                param.data = param.data.float()
         return self
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.float().contiguous()
         if self.kernels is not None and rows.shape[1] % 16 == 0:
-            return self.kernels.router_logits(rows, self.weight)
-        return F.linear(rows, self.weight)
+            logits = self.kernels.router_logits(rows, self.weight)
+            return logits if self.bias is None else logits + self.bias
+        return F.linear(rows, self.weight, self.bias)
 
 
-def route(logits: Tensor, num_chosen: int, is_renormalised: bool) -> tuple[Tensor, Tensor]:
+def route(
+    logits: Tensor, num_chosen: int, is_renormalised: bool, is_softmax_of_chosen: bool = False
+) -> tuple[Tensor, Tensor]:
     """(weights, expert ids) [tokens, num_chosen] of each token's highest softmax probabilities, highest
-    first; renormalised to sum 1 where `is_renormalised`."""
+    first; renormalised to sum 1 where `is_renormalised`. With `is_softmax_of_chosen` (gpt-oss's order): the
+    highest logits, their weights the softmax over those alone."""
+    if is_softmax_of_chosen:
+        chosen, expert_ids = logits.topk(num_chosen, dim=-1)
+        return chosen.softmax(dim=-1), expert_ids
     probabilities = logits.softmax(dim=-1)
     weights, expert_ids = probabilities.topk(num_chosen, dim=-1)
     if is_renormalised:
@@ -61,11 +71,15 @@ def route(logits: Tensor, num_chosen: int, is_renormalised: bool) -> tuple[Tenso
 class SparseMoeBlock(nn.Module):
     """A layer's feed-forward as a mixture of experts (Hugging Face's `mlp.gate` and `mlp.experts.N`)."""
 
+    # NOTE: a family's subclass (gpt_oss.py) may give the router a bias and choose experts as gpt-oss does.
+    has_router_bias = False
+    is_softmax_of_chosen = False
+
     def __init__(self, config: ModelConfig, expert: Callable[[int], nn.Module]) -> None:
         super().__init__()
         self.num_chosen = config.num_experts_per_tok
         self.is_renormalised = config.norm_topk_prob
-        self.gate = Router(config.hidden_size, config.num_experts)
+        self.gate = Router(config.hidden_size, config.num_experts, has_bias=self.has_router_bias)
         self.experts = nn.ModuleList(expert(config.expert_intermediate_size) for _ in range(config.num_experts))
         self.width = config.expert_intermediate_size
         self.fused: tuple[Any, ...] | None = None  # `moe_experts`' arguments after the rows and routes (see `fuse`)
@@ -87,7 +101,7 @@ class SparseMoeBlock(nn.Module):
         self.fused = (kernels, gate_up_form, gate_up, down_form, down)
 
     def forward(self, x: Tensor) -> Tensor:
-        weights, expert_ids = route(self.gate(x), self.num_chosen, self.is_renormalised)
+        weights, expert_ids = route(self.gate(x), self.num_chosen, self.is_renormalised, self.is_softmax_of_chosen)
         if self.fused is not None and x.dtype == torch.bfloat16:
             kernels, gate_up_form, gate_up, down_form, down = self.fused
             return kernels.moe_experts(

@@ -10,13 +10,14 @@ from typing import cast
 
 from torch import nn
 
-from engine_proc.models import gemma3, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen3, qwen3_moe, smollm3
+from engine_proc.models import gemma3, gpt_oss, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen3, qwen3_moe, smollm3
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.family import Family
 from engine_proc.models.llama import LlamaForCausalLM, RotaryEmbedding
 
 FAMILIES: dict[str, Family] = {family.architecture: family for family in (
     gemma3.FAMILY,
+    gpt_oss.FAMILY,
     llama.FAMILY,
     mistral.FAMILY,
     mixtral.FAMILY,

@@ -169,6 +169,14 @@ class MXFP4Blocks(NamedTuple):
     codes: Tensor  # [rows, cols] uint8, values 0..15
     exponents: Tensor  # [rows, cols // 32] uint8
 
+    @staticmethod
+    def from_pairs(packed: Tensor, exponents: Tensor) -> MXFP4Blocks:
+        """A weight as a Hugging Face folder holds MXFP4 (gpt-oss's experts): packed [rows, cols // 32, 16] bytes of
+        two codes each (element 2j in byte j's low nibble, 2j + 1 in its high one), exponents [rows, cols // 32]
+        (the same e8m0 as GGUF's, read there as 2^(E − 127) times e2m1's values)."""
+        codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+        return MXFP4Blocks(codes, exponents.contiguous())
+
     def dequantize(self) -> Tensor:
         rows, cols = self.codes.shape
         values = torch.tensor(MXFP4_VALUES, dtype=torch.float32)[self.codes.long()]

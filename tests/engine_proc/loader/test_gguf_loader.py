@@ -13,8 +13,8 @@ import transformers
 
 from engine_proc.loader import load_gguf, load_model, load_model_config
 from engine_proc.loader.gguf_loader import _ARRAYS, _BLOCK_KINDS
-from engine_proc.models.llama import inverse_frequencies
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
+from engine_proc.models.rope import attention_factor, inverse_frequencies
 from proto.model_support import GGML_TYPES
 from tests.engine_proc.models.tiny_llama import TINY, run, save_tiny_checkpoint
 
@@ -73,6 +73,10 @@ def write_tiny_gguf(
     if config.rope_parameters["rope_type"] == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(config.rope_parameters["factor"])
+    if config.rope_parameters["rope_type"] == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(config.rope_parameters["factor"])
+        writer.add_rope_scaling_orig_ctx_len(config.rope_parameters["original_max_position_embeddings"])
     if config.rope_parameters["rope_type"] == "llama3":
         ours = load_model_config(path.parent)
         unscaled = dataclasses.replace(ours, rope_scaling=None)
@@ -98,15 +102,18 @@ def write_tiny_gguf(
     writer.close()
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-tied-llama3-rope", "llama-linear-rope"])
+@pytest.mark.parametrize("kind", ["llama", "llama-tied-llama3-rope", "llama-linear-rope", "llama-yarn-rope"])
 def test_tiny_gguf_logits_match_hugging_face(tmp_path: Path, kind: str) -> None:
     hf_model = save_tiny_checkpoint(tmp_path, kind)
     gguf_path = tmp_path / "tiny.gguf"
     write_tiny_gguf(gguf_path, hf_model)
     hf_config = load_model_config(tmp_path)
     gguf_config = load_model_config(gguf_path)
-    for field in ("rope_scaling", "tie_word_embeddings", "head_dim", "num_key_value_heads", "rope_theta"):
+    for field in ("tie_word_embeddings", "head_dim", "num_key_value_heads", "rope_theta"):
         assert getattr(gguf_config, field) == getattr(hf_config, field)
+    # NOTE: YaRN's parameters as llama.cpp reads them (its defaults spelled out), the same frequencies and factor
+    assert torch.equal(inverse_frequencies(gguf_config), inverse_frequencies(hf_config))
+    assert attention_factor(gguf_config) == attention_factor(hf_config)
 
     model = load_model(gguf_path, dtype="float32", quantization="none")
     prompt = torch.randint(0, TINY["vocab_size"], (40,))

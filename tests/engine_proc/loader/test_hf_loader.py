@@ -53,8 +53,8 @@ def test_new_format_rope_parameters() -> None:
 
 
 def test_unsupported_rope_scaling_is_rejected() -> None:
-    with pytest.raises(ValueError, match="unsupported rope scaling type 'yarn'"):
-        config_from_hf({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, {})
+    with pytest.raises(ValueError, match="unsupported rope scaling type 'dynamic'"):
+        config_from_hf({**BASE, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, {})
 
 
 def test_a_sliding_window_reaches_the_layers_as_transformers_places_it() -> None:

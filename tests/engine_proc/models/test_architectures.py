@@ -15,8 +15,11 @@ from transformers import PreTrainedTokenizerFast
 
 from benchmarks.reference_models import (
     ARCHITECTURES,
+    MAX_NEW_TOKENS,
+    NEAR_TIE,
     SENTENCEPIECE_ARCHITECTURES,
     SLIDING_WINDOW,
+    TEXTS,
     Greedy,
     convert_to_gguf,
     engine_greedy,
@@ -29,9 +32,6 @@ from engine_proc.core import EngineCore
 from engine_proc.cpu_kernels import load_cpu_kernels
 from proto.engine_config import EngineConfig
 from service.model_files.tokenizer import Tokenizer
-
-MAX_NEW_TOKENS = 12
-TEXTS = ["The capital of France is", "def fib(n):\n    return", "Once upon a time, in a land far away,"]
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +62,6 @@ def test_greedy_equals_transformers(model_files: tuple[Path, Path, list[list[int
     assert flat_ours == pytest.approx(flat_expected, abs=1e-4)
 
 
-# NOTE: where the reference's top two tokens are closer than this, bfloat16 activations and 8-bit or
-# 16-bit weights may pick the other one; from there on the two continue from different text.
-NEAR_TIE = 0.5
 # NOTE: a mixture-of-experts model's rounded weights and activations move its router logits too: where a
 # token's last chosen expert led the first unchosen one by less than this (logits) in some layer, the
 # other expert may run for it, and the text from there on differs (OLMoE's Q8_0 file: 0.02).

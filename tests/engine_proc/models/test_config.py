@@ -38,7 +38,8 @@ def test_derived_sizes() -> None:
         ({"architecture": "gpt2"}, "unsupported architecture"),
         ({"head_dim": 63}, "head_dim must be even"),
         ({"num_hidden_layers": 0}, "num_hidden_layers must be positive"),
-        ({"rope_scaling": (("factor", 4.0), ("rope_type", "yarn"))}, "supported: llama3, linear"),
+        ({"rope_scaling": (("factor", 4.0), ("rope_type", "dynamic"))}, "supported: llama3, linear, yarn"),
+        ({"rope_scaling": (("factor", 4.0), ("rope_type", "yarn"))}, "yarn rope scaling needs a numeric original"),
         ({"rope_scaling": (("factor", 8.0), ("rope_type", "llama3"))}, "missing numeric low_freq_factor"),
     ],
 )

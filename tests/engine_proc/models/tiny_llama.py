@@ -37,6 +37,10 @@ CHECKPOINTS: dict[str, tuple[type[Any], dict[str, Any]]] = {
     "llama-linear-rope": (
         transformers.LlamaConfig, dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0)),
     ),
+    "llama-yarn-rope": (
+        transformers.LlamaConfig,
+        dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)),
+    ),
     "qwen2-qkv-bias": (transformers.Qwen2Config, {}),
     "qwen3-qk-norm": (transformers.Qwen3Config, dict(head_dim=32)),
 }
