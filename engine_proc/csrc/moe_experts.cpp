@@ -4,7 +4,10 @@
 // experts added in the order the router ranked them, rounded once to bfloat16: what moe.py's loop of torch
 // ops computes, without a Python call per expert.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -66,32 +69,46 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const 
   }
   auto outputs = at::empty({num_tokens * num_chosen, hidden}, x.options().dtype(at::kFloat));
   float* out = outputs.data_ptr<float>();
+  // NOTE: the step's experts shared out among the threads, the most rows first, each expert's projections on
+  // one thread (a kernel form's bits do not depend on how its outputs are split): one parallel region a
+  // layer instead of three an expert, and each thread streaming weights of its own.
+  std::vector<int64_t> active;
   for (int64_t e = 0; e < num_experts; ++e) {
-    const auto& mine = pairs[e];
-    if (mine.empty()) continue;
-    const int64_t count = static_cast<int64_t>(mine.size());
-    auto tokens = at::empty({count}, ids.options());
-    int64_t* token = tokens.data_ptr<int64_t>();
-    for (int64_t j = 0; j < count; ++j) token[j] = mine[j] / num_chosen;
-    const auto rows = x.index_select(0, tokens);
-    const auto act = silu_and_mul(run_form(gate_up_form, rows, gate_up[e], 2 * width));
-    const auto result = run_form(down_form, act, down[e], hidden);
-    const auto* values = reinterpret_cast<const c10::BFloat16*>(result.data_ptr());
-    for (int64_t j = 0; j < count; ++j) {
-      float* row = out + mine[j] * hidden;
-      const float weight = scale[mine[j]];
-      for (int64_t h = 0; h < hidden; ++h) row[h] = static_cast<float>(values[j * hidden + h]) * weight;
-    }
+    if (!pairs[e].empty()) active.push_back(e);
   }
+  std::stable_sort(active.begin(), active.end(), [&](int64_t a, int64_t b) { return pairs[a].size() > pairs[b].size(); });
+  std::atomic<int64_t> next{0};
+  const int64_t num_active = static_cast<int64_t>(active.size());
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_active), 1, [&](int64_t, int64_t) {
+    for (int64_t i = next++; i < num_active; i = next++) {
+      const int64_t e = active[i];
+      const auto& mine = pairs[e];
+      const int64_t count = static_cast<int64_t>(mine.size());
+      auto tokens = at::empty({count}, ids.options());
+      int64_t* token = tokens.data_ptr<int64_t>();
+      for (int64_t j = 0; j < count; ++j) token[j] = mine[j] / num_chosen;
+      const auto rows = x.index_select(0, tokens);
+      const auto act = silu_and_mul(run_form(gate_up_form, rows, gate_up[e], 2 * width));
+      const auto result = run_form(down_form, act, down[e], hidden);
+      const auto* values = reinterpret_cast<const c10::BFloat16*>(result.data_ptr());
+      for (int64_t j = 0; j < count; ++j) {
+        float* row = out + mine[j] * hidden;
+        const float weight = scale[mine[j]];
+        for (int64_t h = 0; h < hidden; ++h) row[h] = static_cast<float>(values[j * hidden + h]) * weight;
+      }
+    }
+  });
   auto summed = at::empty({num_tokens, hidden}, x.options());
   auto* sum = reinterpret_cast<c10::BFloat16*>(summed.data_ptr());
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const float* first = out + t * num_chosen * hidden;
-    for (int64_t h = 0; h < hidden; ++h) {
-      float total = first[h];
-      for (int64_t r = 1; r < num_chosen; ++r) total += first[r * hidden + h];
-      sum[t * hidden + h] = c10::BFloat16(total);
+  at::parallel_for(0, num_tokens, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* first = out + t * num_chosen * hidden;
+      for (int64_t h = 0; h < hidden; ++h) {
+        float total = first[h];
+        for (int64_t r = 1; r < num_chosen; ++r) total += first[r * hidden + h];
+        sum[t * hidden + h] = c10::BFloat16(total);
+      }
     }
-  }
+  });
   return summed;
 }
