@@ -61,6 +61,10 @@ class GptOssMoeBlock(SparseMoeBlock):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, lambda size: GptOssExpert(config.hidden_size, size))
 
+    def fuse(self, kernels: Any | None) -> None:
+        """Never fused: `moe_experts` runs SiLU·up experts without biases; these run the loop over experts."""
+        self.fused = None
+
 
 class GptOssAttention(LlamaAttention):
     """The Llama attention with a bias on the output projection too, and a sink logit per query head."""
