@@ -122,8 +122,10 @@ async def test_streams_survive_losing_one_of_two_engines_for_good(tiny_model_dir
         tiny_model_dir, "--served-model-name", "tiny", "--data-parallel-size", "2", "--no-engine-restart", log_file=log
     ) as server:
         # NOTE: long streams: the tiny model writes 150 tokens in well under a second, sooner than a
-        # loaded machine opened all 40 streams; killed with some of them ended, an engine may hold none.
-        undisturbed = await all_streams(server, max_tokens=500)
+        # loaded machine opened all 40 streams; killed with some of them ended, an engine may hold none. At
+        # 500 tokens a loaded machine's client once read every stream's first chunk only after the engine to be
+        # killed had written all its streams' tokens, leaving none to resume: 1,500.
+        undisturbed = await all_streams(server, max_tokens=1500)
 
         def chaos(progress: Progress) -> Awaitable[list[int]]:
             # NOTE: killed once the gateway has answered every stream and none has ended: all of them are
@@ -133,7 +135,7 @@ async def test_streams_survive_losing_one_of_two_engines_for_good(tiny_model_dir
                 delay_s=(0.0, 0.0),
             )
 
-        disturbed = await all_streams(server, chaos, max_tokens=500)
+        disturbed = await all_streams(server, chaos, max_tokens=1500)
         assert len(server.engine_pids()) == 1
         async with httpx.AsyncClient(base_url=server.base_url) as client:
             assert (await client.get("/health")).status_code == 200
