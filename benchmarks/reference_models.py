@@ -78,6 +78,15 @@ def _qwen3_moe(config: Any) -> Any:
     )
 
 
+def _qwen2_moe(config: Any) -> Any:
+    from transformers import Qwen2MoeConfig
+
+    return Qwen2MoeConfig(
+        **config, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=96,
+        norm_topk_prob=False, tie_word_embeddings=True,
+    )
+
+
 def _mixtral(config: Any) -> Any:
     from transformers import MixtralConfig
 
@@ -134,6 +143,7 @@ ARCHITECTURES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "olmoe": _olmoe,
     "phi3": _phi3,
     "qwen2": _qwen2,
+    "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3,
     "qwen3_moe": _qwen3_moe,
     "smollm3": _smollm3,

@@ -17,11 +17,16 @@ from proto.gguf_header import read_gguf_header
 # NOTE: these lists are the engine's registry (engine_proc/models/registry.py) as the gateway reads it without
 # importing the engine, held equal to it by tests/engine_proc/models/test_registry.py.
 # GGUF `general.architecture` names the engine runs
-GGUF_ARCHITECTURES = ("gemma3", "gpt-oss", "llama", "olmoe", "phi3", "qwen2", "qwen3", "qwen3moe", "smollm3")
+GGUF_ARCHITECTURES = ("gemma3", "gpt-oss", "llama", "olmoe", "phi3", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "smollm3")
 # Hugging Face `model_type` names the engine runs
-HF_MODEL_TYPES = ("gemma3_text", "gpt_oss", "llama", "mistral", "mixtral", "olmoe", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
+HF_MODEL_TYPES = (
+    "gemma3_text", "gpt_oss", "llama", "mistral", "mixtral", "olmoe", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+    "smollm3",
+)
 # the engine's names of its architectures (ModelConfig.architecture)
-ARCHITECTURES = ("gemma3", "gpt_oss", "llama", "mistral", "mixtral", "olmoe", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
+ARCHITECTURES = (
+    "gemma3", "gpt_oss", "llama", "mistral", "mixtral", "olmoe", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3",
+)
 # ggml tensor types the engine's loader reads: those its kernel forms take as blocks (Q4_0, Q4_1, Q5_0, Q5_1,
 # Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4), the float ones, and those it converts with gguf-py's dequantize (NOTE: held
 # equal to what engine_proc/loader/gguf_loader.py reads by tests/engine_proc/loader/test_gguf_loader.py)
@@ -32,7 +37,9 @@ GGML_TYPES = frozenset(GGMLQuantizationType[name] for name in (
 ))
 # GGUF architectures and Hugging Face model_types whose mixture-of-experts layers the engine runs (NOTE: the
 # one place a family lifts the refusal of expert tensors and expert configs)
-MIXTURE_OF_EXPERTS_ARCHITECTURES = frozenset({"gpt-oss", "gpt_oss", "llama", "mixtral", "olmoe", "qwen3_moe", "qwen3moe"})
+MIXTURE_OF_EXPERTS_ARCHITECTURES = frozenset(
+    {"gpt-oss", "gpt_oss", "llama", "mixtral", "olmoe", "qwen2_moe", "qwen2moe", "qwen3_moe", "qwen3moe"}
+)
 # `tokenizer.ggml.model` values proto/gguf_tokenizer.py rebuilds (NOTE: declared here, where the engine
 # reads these lists without loading the tokenizer library)
 TOKENIZER_MODELS = ("gpt2", "llama", "gemma4")

@@ -56,6 +56,11 @@ _LAYER_NAMES = {
     "ffn_gate_exps": "mlp.experts.*.gate_proj",
     "ffn_up_exps": "mlp.experts.*.up_proj",
     "ffn_down_exps": "mlp.experts.*.down_proj",
+    # NOTE: a shared expert (Qwen2-MoE's) and its gate
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 # NOTE: llama.cpp stores Llama 3.x rope scaling as per-frequency divisors in this tensor.
 _ROPE_FREQS = "rope_freqs.weight"

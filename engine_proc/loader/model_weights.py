@@ -241,6 +241,8 @@ def _copy_in_chunks(name: str, source: WeightSource, param: Tensor, start: int, 
 
 def _copy(name: str, tensor: Tensor, param: Tensor, start: int, num_rows: int) -> None:
     target = param.narrow(0, start, num_rows)
+    if tensor.shape != target.shape and tensor.squeeze().shape == target.squeeze().shape:
+        tensor = tensor.view(target.shape)  # NOTE: a vector held as one row, or the reverse (a GGUF's shared expert gate)
     if tensor.shape != target.shape:
         raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(target.shape)}")
     target.copy_(tensor)

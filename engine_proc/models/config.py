@@ -46,6 +46,7 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert, gated by its own sigmoid (0: none)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:

@@ -83,6 +83,10 @@ class SparseMoeBlock(nn.Module):
         self.experts = nn.ModuleList(expert(config.expert_intermediate_size) for _ in range(config.num_experts))
         self.width = config.expert_intermediate_size
         self.fused: tuple[Any, ...] | None = None  # `moe_experts`' arguments after the rows and routes (see `fuse`)
+        # NOTE: Qwen2-MoE's shared expert runs for every token, weighted by sigmoid(its gate's logit)
+        shared = config.shared_expert_intermediate_size
+        self.shared_expert = expert(shared) if shared else None
+        self.shared_expert_gate = Router(config.hidden_size, 1) if shared else None
 
     def fuse(self, kernels: Any | None) -> None:
         """Runs the experts through `moe_experts` where every expert's gate/up and down projections each run
@@ -101,6 +105,14 @@ class SparseMoeBlock(nn.Module):
         self.fused = (kernels, gate_up_form, gate_up, down_form, down)
 
     def forward(self, x: Tensor) -> Tensor:
+        out = self._experts(x)
+        if self.shared_expert is None or self.shared_expert_gate is None:
+            return out
+        weight = torch.sigmoid(self.shared_expert_gate(x)).to(x.dtype)
+        return out + weight * self.shared_expert(x)
+
+    def _experts(self, x: Tensor) -> Tensor:
+        """The chosen experts' outputs, each times its router weight, added."""
         weights, expert_ids = route(self.gate(x), self.num_chosen, self.is_renormalised, self.is_softmax_of_chosen)
         if self.fused is not None and x.dtype == torch.bfloat16:
             kernels, gate_up_form, gate_up, down_form, down = self.fused
@@ -149,6 +161,7 @@ def hf_expert_fields(raw: Mapping[str, Any], fields: Fields, *, is_renormalised:
         "num_experts_per_tok": raw.get("num_experts_per_tok", 0),
         "expert_intermediate_size": raw.get("moe_intermediate_size") or raw["intermediate_size"],
         "norm_topk_prob": bool(raw.get("norm_topk_prob", False)) if is_renormalised is None else is_renormalised,
+        "shared_expert_intermediate_size": raw.get("shared_expert_intermediate_size") or 0,
     }
 
 
@@ -160,4 +173,5 @@ def gguf_expert_fields(read: MetadataReader, fields: Fields, *, is_renormalised:
         "num_experts_per_tok": int(read("expert_used_count", 0)),
         "expert_intermediate_size": int(read("expert_feed_forward_length", fields["intermediate_size"])),
         "norm_topk_prob": is_renormalised,
+        "shared_expert_intermediate_size": int(read("expert_shared_feed_forward_length", 0)),
     }

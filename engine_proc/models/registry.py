@@ -10,7 +10,20 @@ from typing import cast
 
 from torch import nn
 
-from engine_proc.models import gemma3, gpt_oss, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen3, qwen3_moe, smollm3
+from engine_proc.models import (
+    gemma3,
+    gpt_oss,
+    llama,
+    mistral,
+    mixtral,
+    olmoe,
+    phi3,
+    qwen2,
+    qwen2_moe,
+    qwen3,
+    qwen3_moe,
+    smollm3,
+)
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.family import Family
 from engine_proc.models.llama import LlamaForCausalLM, RotaryEmbedding
@@ -24,6 +37,7 @@ FAMILIES: dict[str, Family] = {family.architecture: family for family in (
     olmoe.FAMILY,
     phi3.FAMILY,
     qwen2.FAMILY,
+    qwen2_moe.FAMILY,
     qwen3.FAMILY,
     qwen3_moe.FAMILY,
     smollm3.FAMILY,
