@@ -53,6 +53,12 @@ def sliding_layers(raw: Mapping[str, Any], window: int | None, default_type: str
     return {"sliding_window": window, "sliding_layers": sliding} if any(sliding) else {}
 
 
+def opt_in_window(raw: Mapping[str, Any], fields: Fields) -> Fields:
+    """`fields` without a sliding window unless `use_sliding_window` turns it on (as transformers' config classes
+    default it for Qwen2, Qwen2-MoE, Qwen3-MoE and SmolLM3)."""
+    return fields if raw.get("use_sliding_window", False) else {**fields, "sliding_window": None, "sliding_layers": ()}
+
+
 def rope(raw: Mapping[str, Any]) -> tuple[float, tuple[tuple[str, float | str], ...] | None]:
     """rope_theta and rope scaling, from the old (`rope_scaling`) or new (`rope_parameters`) format."""
     params: dict[str, Any] = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})

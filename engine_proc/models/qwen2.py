@@ -7,13 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine_proc.models.family import Family, Fields
+from engine_proc.models.hf_config import opt_in_window
 from engine_proc.models.llama import LlamaForCausalLM
 
 
 def _hf_config(raw: Mapping[str, Any], fields: Fields) -> Fields:
-    # NOTE: as transformers' config class defaults it: the window is off unless the config turns it on.
-    window = {} if raw.get("use_sliding_window", False) else {"sliding_window": None, "sliding_layers": ()}
-    return {**fields, "attention_bias": True, **window}
+    return opt_in_window(raw, {**fields, "attention_bias": True})
 
 
 FAMILY = Family("qwen2", LlamaForCausalLM, hf_model_types=("qwen2",), gguf_architectures=("qwen2",), hf_config=_hf_config)

@@ -7,13 +7,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine_proc.models.family import Family, Fields, MetadataReader
+from engine_proc.models.hf_config import opt_in_window
 from engine_proc.models.llama import LlamaForCausalLM
 from engine_proc.models.moe import gguf_expert_fields, hf_expert_fields
 
 
 def _hf_config(raw: Mapping[str, Any], fields: Fields) -> Fields:
-    window = {} if raw.get("use_sliding_window", False) else {"sliding_window": None, "sliding_layers": ()}
-    return hf_expert_fields(raw, {**fields, "qk_norm": True, **window})
+    return hf_expert_fields(raw, opt_in_window(raw, {**fields, "qk_norm": True}))
 
 
 def _gguf_config(read: MetadataReader, fields: Fields) -> Fields:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine_proc.models.family import Family, Fields, MetadataReader
+from engine_proc.models.hf_config import opt_in_window
 from engine_proc.models.llama import LlamaForCausalLM
 
 _NO_ROPE_INTERVAL = 4  # as llama.cpp's `n_no_rope_layer_step` and transformers' default
@@ -17,8 +18,7 @@ def _hf_config(raw: Mapping[str, Any], fields: Fields) -> Fields:
     interval = raw.get("no_rope_layer_interval", _NO_ROPE_INTERVAL)
     # NOTE: transformers' `no_rope_layers` holds 1 where a layer uses rotary embeddings.
     uses_rope = raw.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(num_layers)]
-    window = {} if raw.get("use_sliding_window", False) else {"sliding_window": None, "sliding_layers": ()}
-    return {**fields, **window, "no_rope_layers": tuple(not use for use in uses_rope[:num_layers])}
+    return opt_in_window(raw, {**fields, "no_rope_layers": tuple(not use for use in uses_rope[:num_layers])})
 
 
 def _gguf_config(read: MetadataReader, fields: Fields) -> Fields:

@@ -12,7 +12,8 @@ import torch
 import transformers
 
 from engine_proc.loader import load_gguf, load_model, load_model_config
-from engine_proc.loader.gguf_loader import _ARRAYS, _BLOCK_KINDS
+from engine_proc.loader.gguf_blocks import ARRAYS
+from engine_proc.loader.gguf_loader import _BLOCK_KINDS
 from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
 from engine_proc.models.rope import attention_factor, inverse_frequencies
 from proto.model_support import GGML_TYPES
@@ -163,7 +164,7 @@ def test_mxfp4_blocks_hold_gguf_pys_values_for_every_exponent_and_code() -> None
     raw.reshape(16, 16, 17)[..., 0] = np.arange(256, dtype=np.uint8).reshape(16, 16)
     with np.errstate(over="ignore"):  # NOTE: from exponent 253 on, 12 · 2^(E − 128) is past float32's range
         theirs = gguf.quants.dequantize(raw, mxfp4)
-    blocks = _BLOCK_KINDS[mxfp4](*(torch.from_numpy(np.ascontiguousarray(a)) for a in _ARRAYS[mxfp4](raw)))
+    blocks = _BLOCK_KINDS[mxfp4](*(torch.from_numpy(np.ascontiguousarray(a)) for a in ARRAYS[mxfp4](raw)))
     ours = blocks.dequantize().numpy()
     assert ours.shape == theirs.shape == (16, 512) and np.isinf(theirs).any() and (theirs[theirs != 0] < 1e-38).any()
     np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
