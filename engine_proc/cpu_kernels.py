@@ -35,7 +35,7 @@ _SOURCES = [
         "mxfp4_q8.cpp", "moe_experts.cpp",
     )
 ]
-_HEADERS = [_CSRC / "vec16.h", _CSRC / "q8_rows.h", _CSRC / "nibble_layout.h"]
+_HEADERS = [_CSRC / "vec16.h", _CSRC / "q8_rows.h", _CSRC / "nibble_layout.h", _CSRC / "moe_experts.h"]
 # NOTE: explicit instruction sets rather than -march=native, and one build per instruction set
 # (its name says which), so a build cached on one machine never runs on a CPU that lacks them.
 # AMX code is compiled in but runs only where `has_amx` says the CPU has it.

@@ -2,6 +2,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "moe_experts.h"
+
 at::Tensor paged_decode_attention(
     const at::Tensor& query, const at::Tensor& cache, const at::Tensor& block_table,
     const at::Tensor& row_limits, double scale, const std::optional<at::Tensor>& row_starts,
@@ -9,9 +11,6 @@ at::Tensor paged_decode_attention(
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w);
-at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights,
-                       int64_t gate_up_form, const std::vector<std::vector<at::Tensor>>& gate_up,
-                       int64_t down_form, const std::vector<std::vector<at::Tensor>>& down, int64_t width);
 at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 std::vector<at::Tensor> rotary_store_kv(
     const at::Tensor& qkv, const at::Tensor& cos_sin, const at::Tensor& slots, at::Tensor& cache, int64_t num_heads);
@@ -51,6 +50,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "bf16(silu(gate)) * up for bfloat16 [rows, 2 * width]");
   m.def("router_logits", &router_logits, "float32 rows @ a float32 router's transpose, each sum in one fixed order");
   m.def("moe_experts", &moe_experts, "a mixture-of-experts layer's experts for bfloat16 rows, on their kernel forms");
+  pybind11::class_<MoeExperts>(m, "MoeExperts", "a layer's expert packings held once, for moe_experts")
+      .def(pybind11::init<int64_t, std::vector<std::vector<at::Tensor>>, int64_t, std::vector<std::vector<at::Tensor>>, int64_t>(),
+           pybind11::arg("gate_up_form"), pybind11::arg("gate_up"), pybind11::arg("down_form"), pybind11::arg("down"),
+           pybind11::arg("width"))
+      .def("__call__", &MoeExperts::run, "moe_experts(x, expert_ids, weights, ...) on the held packings");
   m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then rms_norm(residual), for bfloat16 rows");
   m.def("rotary_store_kv", &rotary_store_kv, "rotary on a fused QKV's queries and keys, K/V stored in a paged cache");
   m.def("pack_int4_q8", &pack_int4_q8, "4-bit group-32 blocks (codes, float16-exact scales and minimums) in int4_q8's layout");

@@ -112,6 +112,7 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
     for (int r = 0; r < TILE; ++r) dot[r] = _mm512_setzero_si512();
     const uint8_t* group_codes = codes + g * kGroupBytes;
     const int8_t* group_q = q + g * kGroup;
+    prefetch_ahead(group_codes, kGroupBytes);
     __m512i highs = HIGH ? _mm512_loadu_si512(high + g * kHighBytes) : _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
       const __m512i bytes = _mm512_loadu_si512(group_codes + 64 * c);
@@ -153,6 +154,7 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const float* s
   for (int64_t g = 0; g < num_groups; ++g) {
     const uint8_t* group_codes = codes + g * kGroupBytes;
     const int8_t* group_q = q + g * kGroup;
+    prefetch_ahead(group_codes, kGroupBytes);
     for (int half = 0; half < 2; ++half) {  // outputs 8·half .. 8·half + 7
       __m256i pairs[TILE];
       __m256i first_half[HIGH ? TILE : 1];  // 5-bit: the 32-bit sums of quarters 0 and 1

@@ -72,6 +72,8 @@ void tile_block(TileRows rows, int64_t num_groups, BlockWeights w, uint16_t* out
   for (int64_t g = 0; g < num_groups; ++g) {
     __m512i dot[2][TILE];
     const int8_t* group_q = rows.q + g * kGroup;
+    prefetch_ahead(w.low + g * kLowBytes, kLowBytes);
+    prefetch_ahead(w.high + g * kHighBytes, kHighBytes);
     for (int p = 0; p < 2; ++p) {  // sub-block 2g + p: quarters 2p, 2p + 1
       for (int r = 0; r < TILE; ++r) dot[p][r] = _mm512_setzero_si512();
       const __m512i high = _mm512_loadu_si512(w.high + g * kHighBytes + 64 * p);
@@ -119,6 +121,8 @@ void tile_block(TileRows rows, int64_t num_groups, BlockWeights w, uint16_t* out
   alignas(32) float acc[TILE][kBlock] = {};
   for (int64_t g = 0; g < num_groups; ++g) {
     const int8_t* group_q = rows.q + g * kGroup;
+    prefetch_ahead(w.low + g * kLowBytes, kLowBytes);
+    prefetch_ahead(w.high + g * kHighBytes, kHighBytes);
     for (int half = 0; half < 2; ++half) {  // outputs 8·half .. 8·half + 7
       __m256 t[TILE];
       for (int p = 0; p < 2; ++p) {

@@ -78,6 +78,8 @@ struct Int8Codes {
   const int8_t* codes;
   static constexpr int64_t kGroupBytes = kGroup * kBlock;
 
+  void prefetch(int64_t g) const { prefetch_ahead(codes + g * kGroupBytes, kGroupBytes); }
+
   // The signed weights of eighths 2c and 2c + 1 of group g, for the outputs from `half` (AVX2: 8·half; AVX-512: all 16).
   void quarter(int64_t g, int c, int half, Bytes& first, Bytes& second) const {
     first = load_bytes(codes + g * kGroupBytes + 64 * (2 * c) + kBytes * half);
@@ -89,6 +91,8 @@ struct Int8Codes {
 struct Iq4Codes {
   const uint8_t* codes;
   static constexpr int64_t kGroupBytes = kGroup * kBlock / 2;
+
+  void prefetch(int64_t g) const { prefetch_ahead(codes + g * kGroupBytes, kGroupBytes); }
 
   void quarter(int64_t g, int c, int half, Bytes& first, Bytes& second) const {
     const Bytes bytes = load_bytes(codes + g * kGroupBytes + 64 * c + kBytes * half);
@@ -125,6 +129,7 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_gr
     __m512i dot[TILE];
     for (int r = 0; r < TILE; ++r) dot[r] = _mm512_setzero_si512();
     const int8_t* group_q = q + g * kGroup;
+    codes.prefetch(g);
     for (int c = 0; c < 4; ++c) {
       __m512i weights[2];
       codes.quarter(g, c, 0, weights[0], weights[1]);
@@ -156,6 +161,7 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_gr
   alignas(32) float acc[TILE][kBlock] = {};
   for (int64_t g = 0; g < num_groups; ++g) {
     const int8_t* group_q = q + g * kGroup;
+    codes.prefetch(g);
     for (int half = 0; half < 2; ++half) {  // outputs 8·half .. 8·half + 7
       __m256i dot[TILE];
       for (int r = 0; r < TILE; ++r) dot[r] = _mm256_setzero_si256();

@@ -3,7 +3,8 @@
 // projection runs (so the same bits), each output times its router weight in float32, and a token's
 // experts added in the order the router ranked them, rounded once to bfloat16: what moe.py's loop of torch
 // ops computes, without a Python call per expert.
-#include <ATen/ATen.h>
+#include "moe_experts.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -111,4 +112,8 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const 
     }
   });
   return summed;
+}
+
+at::Tensor MoeExperts::run(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights) const {
+  return moe_experts(x, expert_ids, weights, gate_up_form, gate_up, down_form, down, width);
 }

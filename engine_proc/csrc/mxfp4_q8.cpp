@@ -66,6 +66,7 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const int32_t*
   for (int64_t g = 0; g < num_groups; ++g) {
     __m512i dot[TILE];
     for (int r = 0; r < TILE; ++r) dot[r] = _mm512_setzero_si512();
+    prefetch_ahead(codes + g * kGroupBytes, kGroupBytes);
     const int8_t* group_q = q + g * kGroup;
     for (int c = 0; c < 4; ++c) {
       const __m512i bytes = _mm512_loadu_si512(codes + g * kGroupBytes + 64 * c);
@@ -105,6 +106,7 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const int32_t*
   alignas(32) float acc[TILE][kBlock] = {};
   for (int64_t g = 0; g < num_groups; ++g) {
     const int8_t* group_q = q + g * kGroup;
+    prefetch_ahead(codes + g * kGroupBytes, kGroupBytes);
     for (int half = 0; half < 2; ++half) {  // outputs 8·half .. 8·half + 7
       __m256i dot[TILE], pairs[TILE];
       for (int r = 0; r < TILE; ++r) dot[r] = _mm256_setzero_si256();

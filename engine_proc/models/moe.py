@@ -82,7 +82,7 @@ class SparseMoeBlock(nn.Module):
         self.gate = Router(config.hidden_size, config.num_experts, has_bias=self.has_router_bias)
         self.experts = nn.ModuleList(expert(config.expert_intermediate_size) for _ in range(config.num_experts))
         self.width = config.expert_intermediate_size
-        self.fused: tuple[Any, ...] | None = None  # `moe_experts`' arguments after the rows and routes (see `fuse`)
+        self.fused: Any | None = None  # the kernels' MoeExperts holding every expert's packings (see `fuse`)
         # NOTE: Qwen2-MoE's shared expert runs for every token, weighted by sigmoid(its gate's logit)
         shared = config.shared_expert_intermediate_size
         self.shared_expert = expert(shared) if shared else None
@@ -102,7 +102,7 @@ class SparseMoeBlock(nn.Module):
                 return
             fused.append((FUSED_FORMS.index(forms.pop()), [run.packed for run in runs if run is not None]))
         (gate_up_form, gate_up), (down_form, down) = fused
-        self.fused = (kernels, gate_up_form, gate_up, down_form, down)
+        self.fused = kernels.MoeExperts(gate_up_form, gate_up, down_form, down, self.width)
 
     def forward(self, x: Tensor) -> Tensor:
         out = self._experts(x)
@@ -115,10 +115,7 @@ class SparseMoeBlock(nn.Module):
         """The chosen experts' outputs, each times its router weight, added."""
         weights, expert_ids = route(self.gate(x), self.num_chosen, self.is_renormalised, self.is_softmax_of_chosen)
         if self.fused is not None and x.dtype == torch.bfloat16:
-            kernels, gate_up_form, gate_up, down_form, down = self.fused
-            return kernels.moe_experts(
-                x.contiguous(), expert_ids, weights.float(), gate_up_form, gate_up, down_form, down, self.width
-            )
+            return self.fused(x.contiguous(), expert_ids, weights.float())
         num_tokens, hidden_size = x.shape
         # NOTE: the step's (token, rank) pairs grouped by expert: each expert runs once, on its tokens' rows.
         flat_ids = expert_ids.flatten()
