@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.models.attention_api import HeadNorms
 from engine_proc.torch_attention import additive_mask, decode_attention, mask_per_row, prefill_attention, seen_keys
 
 # NOTE: where the C++ kernel runs, prompts are attended in chunks of this many tokens, each chunk
@@ -210,15 +211,19 @@ class PagedAttention:
         return keys, values
 
     def rotate_and_store(
-        self, layer_idx: int, qkv: torch.Tensor, rotary_table: torch.Tensor
+        self, layer_idx: int, qkv: torch.Tensor, rotary_table: torch.Tensor, head_norms: HeadNorms | None = None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Rotated queries and keys, K/V stored, by the C++ kernel where it runs (bfloat16 on x86)."""
+        """Rotated queries and keys (each head normed first, with head_norms), K/V stored, by the C++ kernel
+        where it runs (bfloat16 on x86)."""
         meta = self._metadata
         assert meta is not None, "attention metadata must be set before the forward"
         if self._rotary_kernel is None or rotary_table.dtype != self._dtype or not qkv.is_contiguous():
             return None
+        if head_norms is not None and head_norms.query_weight.dtype != self._dtype:
+            return None
         num_heads = qkv.shape[1] // self.head_dim - 2 * self.num_kv_heads
-        query, key = self._rotary_kernel(qkv, rotary_table, meta.slot_mapping, self.kv_caches[layer_idx], num_heads)
+        norms = head_norms or (None, None, 0.0)
+        query, key = self._rotary_kernel(qkv, rotary_table, meta.slot_mapping, self.kv_caches[layer_idx], num_heads, *norms)
         return query, key
 
     def forward(

@@ -13,7 +13,8 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w);
 at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 std::vector<at::Tensor> rotary_store_kv(
-    const at::Tensor& qkv, const at::Tensor& cos_sin, const at::Tensor& slots, at::Tensor& cache, int64_t num_heads);
+    const at::Tensor& qkv, const at::Tensor& cos_sin, const at::Tensor& slots, at::Tensor& cache, int64_t num_heads,
+    const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, double eps);
 std::vector<at::Tensor> pack_int4_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
 at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
 std::vector<at::Tensor> pack_int4k_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
@@ -50,13 +51,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "bf16(silu(gate)) * up for bfloat16 [rows, 2 * width]");
   m.def("router_logits", &router_logits, "float32 rows @ a float32 router's transpose, each sum in one fixed order");
   m.def("moe_experts", &moe_experts, "a mixture-of-experts layer's experts for bfloat16 rows, on their kernel forms");
-  pybind11::class_<MoeExperts>(m, "MoeExperts", "a layer's expert packings held once, for moe_experts")
+  pybind11::class_<MoeExperts>(m, "MoeExperts", "a layer's expert packings held once, for moe_experts", pybind11::module_local())
       .def(pybind11::init<int64_t, std::vector<std::vector<at::Tensor>>, int64_t, std::vector<std::vector<at::Tensor>>, int64_t>(),
            pybind11::arg("gate_up_form"), pybind11::arg("gate_up"), pybind11::arg("down_form"), pybind11::arg("down"),
            pybind11::arg("width"))
       .def("__call__", &MoeExperts::run, "moe_experts(x, expert_ids, weights, ...) on the held packings");
   m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then rms_norm(residual), for bfloat16 rows");
-  m.def("rotary_store_kv", &rotary_store_kv, "rotary on a fused QKV's queries and keys, K/V stored in a paged cache");
+  m.def("rotary_store_kv", &rotary_store_kv, "rotary on a fused QKV's queries and keys (each head normed first with q_norm, k_norm), K/V stored in a paged cache",
+        pybind11::arg("qkv"), pybind11::arg("cos_sin"), pybind11::arg("slots"), pybind11::arg("cache"), pybind11::arg("num_heads"),
+        pybind11::arg("q_norm") = pybind11::none(), pybind11::arg("k_norm") = pybind11::none(), pybind11::arg("eps") = 0.0);
   m.def("pack_int4_q8", &pack_int4_q8, "4-bit group-32 blocks (codes, float16-exact scales and minimums) in int4_q8's layout");
   m.def("int4_q8", &int4_q8, "bfloat16 rows rounded to 8 bits per group of 32 @ a 4-bit weight's transpose, integer products");
   m.def("pack_int4k_q8", &pack_int4k_q8, "GGUF Q4_K blocks (codes, 6-bit scales and minimums, float16-exact d and dmin) in int4k_q8's layout");

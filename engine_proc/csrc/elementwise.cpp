@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 using namespace zeroserve;
@@ -73,13 +74,25 @@ at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Ten
 // [2, KVH, S, D] bf16 contiguous. Returns the rotated queries [T, H, D] and keys [T, KVH, D].
 // Each value as torch's `x * cos + x.roll(D / 2) * sin` in bf16 rounds it: both products
 // rounded, then their sum.
+// With q_norm and k_norm ([D] bf16: Qwen3's per-head norms), each query and key head is first normed
+// as rms_norm normalises a row, then rotated: the bits of rms_norm on the heads, then the rotary.
 std::vector<at::Tensor> rotary_store_kv(
-    const at::Tensor& qkv, const at::Tensor& cos_sin, const at::Tensor& slots, at::Tensor& cache, int64_t num_heads) {
+    const at::Tensor& qkv, const at::Tensor& cos_sin, const at::Tensor& slots, at::Tensor& cache, int64_t num_heads,
+    const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, double eps) {
   TORCH_CHECK(qkv.scalar_type() == at::kBFloat16 && cos_sin.scalar_type() == at::kBFloat16 && cache.scalar_type() == at::kBFloat16);
   TORCH_CHECK(qkv.is_contiguous() && cos_sin.is_contiguous() && cache.is_contiguous() && slots.scalar_type() == at::kLong);
   TORCH_CHECK(cache.dim() == 4 && cache.size(0) == 2);
   const int64_t num_tokens = qkv.size(0), num_kv_heads = cache.size(1), num_slots = cache.size(2), dim = cache.size(3);
   const int64_t half = dim / 2;
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value());
+  const uint16_t* q_weight = nullptr;
+  const uint16_t* k_weight = nullptr;
+  if (q_norm.has_value()) {
+    TORCH_CHECK(q_norm->scalar_type() == at::kBFloat16 && q_norm->is_contiguous() && q_norm->numel() == dim);
+    TORCH_CHECK(k_norm->scalar_type() == at::kBFloat16 && k_norm->is_contiguous() && k_norm->numel() == dim);
+    q_weight = reinterpret_cast<const uint16_t*>(q_norm->data_ptr());
+    k_weight = reinterpret_cast<const uint16_t*>(k_norm->data_ptr());
+  }
   TORCH_CHECK(dim % 32 == 0 && qkv.size(1) == (num_heads + 2 * num_kv_heads) * dim && cos_sin.size(1) == 2 * dim);
   TORCH_CHECK(cos_sin.size(0) == num_tokens && slots.numel() == num_tokens);
   auto query = at::empty({num_tokens, num_heads, dim}, qkv.options());
@@ -93,11 +106,17 @@ std::vector<at::Tensor> rotary_store_kv(
   const int64_t width = qkv.size(1), plane = num_kv_heads * num_slots * dim;
   for (int64_t t = 0; t < num_tokens; ++t) TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot out of range");
   at::parallel_for(0, num_tokens, 16, [&](int64_t begin, int64_t end) {
+    std::vector<uint16_t> normed(q_weight != nullptr ? dim : 0);
     for (int64_t t = begin; t < end; ++t) {
       const uint16_t* cos = table + t * 2 * dim;
       const uint16_t* sin = cos + dim;
       for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) {
-        const uint16_t* x = in + t * width + h * dim;
+        const uint16_t* head = in + t * width + h * dim;
+        const uint16_t* x = head;
+        if (q_weight != nullptr) {
+          rms_norm_row(head, h < num_heads ? q_weight : k_weight, normed.data(), dim, static_cast<float>(eps));
+          x = normed.data();
+        }
         uint16_t* out = h < num_heads ? q_out + (t * num_heads + h) * dim : k_out + (t * num_kv_heads + h - num_heads) * dim;
         for (int64_t i = 0; i < dim; i += 16) {
           const int64_t rolled = i < half ? i + half : i - half;
@@ -106,7 +125,7 @@ std::vector<at::Tensor> rotary_store_kv(
         if (h >= num_heads) {
           const int64_t kv_head = h - num_heads;
           std::memcpy(kv + (kv_head * num_slots + slot[t]) * dim, out, dim * sizeof(uint16_t));
-          std::memcpy(kv + plane + (kv_head * num_slots + slot[t]) * dim, x + num_kv_heads * dim, dim * sizeof(uint16_t));
+          std::memcpy(kv + plane + (kv_head * num_slots + slot[t]) * dim, head + num_kv_heads * dim, dim * sizeof(uint16_t));
         }
       }
     }

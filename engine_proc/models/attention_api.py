@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from torch import Tensor
+
+
+class HeadNorms(NamedTuple):
+    """Per-head RMS norms of the queries and keys (Qwen3's), for a fused rotary pass."""
+
+    query_weight: Tensor
+    key_weight: Tensor
+    eps: float
 
 
 class AttentionBackend(Protocol):
@@ -32,11 +40,14 @@ class AttentionBackend(Protocol):
         """
         ...
 
-    def rotate_and_store(self, layer_idx: int, qkv: Tensor, rotary_table: Tensor) -> tuple[Tensor, Tensor] | None:
+    def rotate_and_store(
+        self, layer_idx: int, qkv: Tensor, rotary_table: Tensor, head_norms: HeadNorms | None = None
+    ) -> tuple[Tensor, Tensor] | None:
         """Where the backend has a fused pass for it: rotary on the queries and keys of a fused
         projection's output qkv [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], keys and
         values stored, and the rotated (query, key) returned; None where it has none (the model then
         rotates with torch ops). rotary_table [num_tokens, 2 * head_dim] holds each token's
-        (cos, cos, -sin, sin), halves rotated as Hugging Face's rotate_half does.
+        (cos, cos, -sin, sin), halves rotated as Hugging Face's rotate_half does. With head_norms, each
+        query and key head is RMS-normed first (Qwen3's per-head norms).
         """
         ...

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine_proc.cpu_kernels import load_cpu_kernels
-from engine_proc.models.attention_api import AttentionBackend
+from engine_proc.models.attention_api import AttentionBackend, HeadNorms
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.family import Family
 from engine_proc.models.form_registry import KERNEL_FORMS, is_plan_row_invariant
@@ -132,9 +132,12 @@ class LlamaAttention(nn.Module):
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         value = qkv[:, config.q_size + config.kv_size :].view(num_tokens, -1, config.head_dim)
-        # NOTE: without q/k norms the backend may rotate and store K/V in one pass.
-        is_plain = self.q_norm is None and self.has_rope
-        stored = attn.rotate_and_store(self.layer_idx, qkv, rotary.table) if is_plain else None
+        # NOTE: without q/k norms, or with per-head ones, the backend may norm, rotate and store K/V in one pass.
+        head_norms = None
+        if self.q_norm is not None and self.k_norm is not None and config.is_qk_norm_per_head:
+            head_norms = HeadNorms(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        is_fusable = self.has_rope and (self.q_norm is None or head_norms is not None)
+        stored = attn.rotate_and_store(self.layer_idx, qkv, rotary.table, head_norms) if is_fusable else None
         query, key = stored if stored is not None else self._rotate(qkv, rotary)
         out = attn.forward(
             self.layer_idx, query, key, value, is_stored=stored is not None, window=self.window, sinks=self.sinks

@@ -15,6 +15,7 @@ from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan
 from engine_proc.cpu_features import CpuFeatures, cpu_features
 from engine_proc.cpu_kernels import has_amx, load_cpu_kernels
 from engine_proc.loader import load_model
+from engine_proc.models.attention_api import HeadNorms
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.form_registry import KERNEL_FORMS
 from engine_proc.models.greedy_head import GreedyHead
@@ -170,6 +171,38 @@ def test_rotary_and_the_cache_write_give_the_torch_ops_values(num_tokens: int, h
     untouched = torch.ones(4 * block_size, dtype=torch.bool)
     untouched[slots] = False
     assert not cache[:, :, untouched].any()
+
+
+@needs_kernel
+@pytest.mark.parametrize(("num_tokens", "head_dim"), [(1, 128), (6, 64)])
+def test_per_head_norms_before_the_rotary_give_the_norm_kernels_then_the_rotarys_values(num_tokens: int, head_dim: int) -> None:
+    """Qwen3's queries and keys normed per head in the same pass: the bits of `rms_norm` on each head, then the rotary."""
+    torch.manual_seed(head_dim)
+    kernels = load_cpu_kernels()
+    num_heads, num_kv_heads, block_size = 8, 2, 16
+    config = ModelConfig(
+        architecture="llama", vocab_size=100, hidden_size=num_heads * head_dim, intermediate_size=64,
+        num_hidden_layers=1, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=head_dim, rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=512, tie_word_embeddings=True,
+    )
+    rows = RotaryEmbedding(config).to(torch.bfloat16)(torch.randint(0, 512, (num_tokens,)))
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim).bfloat16() * 3
+    q_weight, k_weight = (torch.rand(head_dim) * 2).bfloat16(), (torch.rand(head_dim) * 2).bfloat16()
+    slots = torch.randperm(4 * block_size)[:num_tokens]
+    attention = PagedAttention(1, 4 * block_size, num_kv_heads, head_dim, block_size, torch.bfloat16, torch.device("cpu"))
+    attention.metadata = AttentionMetadata(slot_mapping=slots, num_decodes=0, decode_block_table=None, decode_lens=None, prefills=[])
+    stored = attention.rotate_and_store(0, qkv, rows.table, HeadNorms(q_weight, k_weight, 1e-6))
+    assert stored is not None
+    heads = qkv[:, : (num_heads + num_kv_heads) * head_dim].reshape(-1, head_dim).view(num_tokens, -1, head_dim)
+    normed = torch.cat((
+        kernels.rms_norm(heads[:, :num_heads].reshape(-1, head_dim), q_weight, 1e-6).view(num_tokens, num_heads, head_dim),
+        kernels.rms_norm(heads[:, num_heads:].reshape(-1, head_dim), k_weight, 1e-6).view(num_tokens, num_kv_heads, head_dim),
+    ), dim=1)
+    query_key = apply_rotary(normed, rows.cos, rows.sin)
+    assert torch.equal(stored[0], query_key[:, :num_heads]) and torch.equal(stored[1], query_key[:, num_heads:])
+    cache = attention.kv_caches[0]
+    assert torch.equal(cache[0][:, slots].transpose(0, 1), stored[1])
+    assert torch.equal(cache[1][:, slots].transpose(0, 1), qkv[:, (num_heads + num_kv_heads) * head_dim :].view(num_tokens, -1, head_dim))
 
 
 @needs_kernel

@@ -114,11 +114,13 @@ def test_rotary_and_the_cache_write(avx2: Any, avx512: Any, head_dim: int) -> No
     angles = torch.rand(num_tokens, head_dim // 2, generator=torch.Generator().manual_seed(5)) * 100
     table = torch.cat((angles.cos(), angles.cos(), -angles.sin(), angles.sin()), dim=-1).bfloat16()
     slots = torch.randperm(64, generator=torch.Generator().manual_seed(6))[:num_tokens]
-    outs = []
-    for kernels in (avx2, avx512):
-        cache = torch.zeros(2, num_kv_heads, 64, head_dim, dtype=torch.bfloat16)
-        outs.append((*kernels.rotary_store_kv(qkv, table, slots, cache, num_heads), cache))
-    assert all(_same_bits(a, b) for a, b in zip(*outs, strict=True))
+    norms = (_rows(1, head_dim, 7)[0], _rows(1, head_dim, 8)[0], 1e-6)
+    for head_norms in ((None, None, 0.0), norms):
+        outs = []
+        for kernels in (avx2, avx512):
+            cache = torch.zeros(2, num_kv_heads, 64, head_dim, dtype=torch.bfloat16)
+            outs.append((*kernels.rotary_store_kv(qkv, table, slots, cache, num_heads, *head_norms), cache))
+        assert all(_same_bits(a, b) for a, b in zip(*outs, strict=True))
 
 
 @pytest.mark.parametrize(("head_dim", "num_rows"), [(64, 3), (80, 5), (128, 1), (256, 4), (256, 9)])

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engine_proc.models.attention_api import HeadNorms
+
 
 def dense_attention(
     query: Tensor, key: Tensor, value: Tensor, num_context: int = 0, window: int | None = None, sinks: Tensor | None = None
@@ -37,7 +39,9 @@ class DenseCausalAttention:
     def __init__(self, seq_lens: list[int]) -> None:
         self.seq_lens = seq_lens
 
-    def rotate_and_store(self, layer_idx: int, qkv: Tensor, rotary_table: Tensor) -> tuple[Tensor, Tensor] | None:
+    def rotate_and_store(
+        self, layer_idx: int, qkv: Tensor, rotary_table: Tensor, head_norms: HeadNorms | None = None
+    ) -> tuple[Tensor, Tensor] | None:
         return None  # nothing to store: the model rotates
 
     def forward(
