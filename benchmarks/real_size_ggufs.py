@@ -2,16 +2,18 @@
 
     .venv/bin/python -m benchmarks.real_size_ggufs --shape llama-3.2-1b --type Q4_0 --out /tmp/1b-q4_0.gguf
     .venv/bin/python -m benchmarks.real_size_ggufs --shape llama-3.1-8b --type Q8_0 --out /tmp/8b-q8_0.gguf
+    .venv/bin/python -m benchmarks.real_size_ggufs --shape gpt-oss-20b --type MXFP4_MOE --out /tmp/20b-mxfp4.gguf
 
 The default model's tokenizer (SmolLM2's 49,152-token vocabulary, its chat template) goes in each
 file, so every server and `zeroserve bench serve` can use it. Weights are normal with the spread of
 a trained model's (0.02; norms 1), quantized by gguf-py as llama.cpp's converter would, tensor by
 tensor and written as they come, so a file of 8B parameters needs about its own size in memory.
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS (every matrix; the k- and i-quants by a
-plain quantizer) come out directly;
-a k-quant mix (Q4_K_M, Q5_K_M) is made from a Q8_0
+plain quantizer) come out directly, and so does MXFP4_MOE (llama-quantize's mix for gpt-oss: every
+expert MXFP4, every other matrix Q8_0); a k-quant mix (Q4_K_M, Q5_K_M) is made from a Q8_0
 file by llama.cpp's `llama-quantize --allow-requantize` (`--llama-quantize`, built by
-../shared/tools/build-llama-cpp), as users' files are made from their originals.
+../shared/tools/build-llama-cpp), as users' files are made from their originals (a mixture of
+experts' Q4_K_M is written directly: a 30B model's Q8_0 source would be 32 GB).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 
 LLAMA_QUANTIZE = Path.home() / ".cache/zeroserve-peer/llama.cpp-native/bin/llama-quantize"
 DIRECT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16")
+DIRECT_MIXES = ("MXFP4_MOE",)
 REQUANTIZED_TYPES = ("Q4_K_M", "Q5_K_M")
 
 
@@ -54,6 +57,9 @@ class Shape:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     expert_intermediate_size: int = 0
+    # NOTE: where > 0, every other layer (the first of each two) attends over this many tokens alone
+    sliding_window: int = 0
+    yarn: tuple[float, int] | None = None  # YaRN rotary scaling: (factor, original context length)
 
 
 SHAPES = {
@@ -63,6 +69,12 @@ SHAPES = {
     "qwen3-30b-a3b": Shape(
         2048, 48, 6144, 32, 4, 128, is_tied=False, architecture="qwen3moe", rope_theta=1e6, has_qk_norm=True,
         num_experts=128, num_experts_per_tok=8, expert_intermediate_size=768,
+    ),
+    # NOTE: gpt-oss's own layer (gpt_oss_layer). Its vocabulary (201,088) and harmony template are the default
+    # model's here, as every shape's: MXFP4_MOE's 11.2 GB, not the real file's 12.1 (embedding and head smaller).
+    "gpt-oss-20b": Shape(
+        2880, 24, 2880, 64, 8, 64, is_tied=False, has_qkv_bias=True, architecture="gpt-oss", rope_theta=150000.0,
+        num_experts=32, num_experts_per_tok=4, expert_intermediate_size=2880, sliding_window=128, yarn=(32.0, 4096),
     ),
 }
 
@@ -142,41 +154,98 @@ def quantize_iq4_xs(values: np.ndarray) -> np.ndarray:
     return packed.reshape(rows, -1)
 
 
+# NOTE: e2m1's values doubled (0, 0.5, 1, ... 6 as llama.cpp's kvalues_mxfp4 hold them): a magnitude's code is
+# how many of the midpoints between them it exceeds, the lower of two at a tie (llama.cpp's best_index_mxfp4).
+_E2M1_MIDPOINTS = (0.5, 1.5, 2.5, 3.5, 5.0, 7.0, 10.0)
+
+
+def quantize_mxfp4(values: np.ndarray, rows_at_once: int = 256) -> np.ndarray:
+    """`values` [rows, cols] (cols a multiple of 32) as GGUF MXFP4 bytes [rows, cols / 32 * 17]: per block of 32
+    an e8m0 exponent byte e from its largest magnitude (floor(log2 max) + 125; the scale 2^(e − 128)), then 16
+    bytes of e2m1 codes (sign in bit 3), value j in the low nibble of byte j and value j + 16 in its high one.
+    The bytes of llama.cpp's quantize_row_mxfp4_ref and gguf-py's, some rows at a time and ~10× faster."""
+    rows, cols = values.shape
+    packed = np.empty((rows, cols // 32, 17), np.uint8)
+    for start in range(0, rows, rows_at_once):
+        blocks = values[start:start + rows_at_once].reshape(-1, cols // 32, 32).astype(np.float32, copy=False)
+        magnitudes = np.abs(blocks)
+        largest = magnitudes.max(axis=-1)
+        exponents = np.where(largest > 0, np.frexp(largest)[1] + 124, 0).astype(np.uint8)
+        # NOTE: halved (2^(127 − e), against halved midpoints): 2^(128 − e) overflows float32 at e = 0.
+        halves = magnitudes * np.ldexp(np.float32(1), 127 - exponents.astype(np.int32))[..., None]
+        codes = sum(((halves > mid / 2).view(np.uint8) for mid in _E2M1_MIDPOINTS), np.zeros_like(blocks, np.uint8))
+        codes |= ((blocks < 0) & (codes > 0)).view(np.uint8) << 3
+        packed[start:start + rows_at_once, :, 0] = exponents
+        packed[start:start + rows_at_once, :, 1:] = codes[..., :16] | (codes[..., 16:] << 4)
+    return packed.reshape(rows, -1)
+
+
 def tensors(shape: Shape, vocab_size: int) -> list[tuple[str, tuple[int, ...]]]:
     """Each tensor's GGUF name and numpy shape (outermost first), in llama.cpp's order."""
-    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     names = [("token_embd.weight", (vocab_size, shape.hidden_size))]
     for layer in range(shape.num_layers):
-        block = f"blk.{layer}"
-        names += [
-            (f"{block}.attn_norm.weight", (shape.hidden_size,)),
-            (f"{block}.attn_q.weight", (q, shape.hidden_size)),
-            (f"{block}.attn_k.weight", (kv, shape.hidden_size)),
-            (f"{block}.attn_v.weight", (kv, shape.hidden_size)),
-        ]
-        if shape.has_qkv_bias:
-            names += [(f"{block}.attn_q.bias", (q,)), (f"{block}.attn_k.bias", (kv,)), (f"{block}.attn_v.bias", (kv,))]
-        if shape.has_qk_norm:
-            names += [(f"{block}.attn_q_norm.weight", (shape.head_dim,)), (f"{block}.attn_k_norm.weight", (shape.head_dim,))]
-        names += [(f"{block}.attn_output.weight", (shape.hidden_size, q)), (f"{block}.ffn_norm.weight", (shape.hidden_size,))]
-        if shape.num_experts:
-            experts, width = shape.num_experts, shape.expert_intermediate_size
-            names += [
-                (f"{block}.ffn_gate_inp.weight", (experts, shape.hidden_size)),
-                (f"{block}.ffn_gate_exps.weight", (experts, width, shape.hidden_size)),
-                (f"{block}.ffn_up_exps.weight", (experts, width, shape.hidden_size)),
-                (f"{block}.ffn_down_exps.weight", (experts, shape.hidden_size, width)),
-            ]
-            continue
-        names += [
-            (f"{block}.ffn_gate.weight", (shape.intermediate_size, shape.hidden_size)),
-            (f"{block}.ffn_up.weight", (shape.intermediate_size, shape.hidden_size)),
-            (f"{block}.ffn_down.weight", (shape.hidden_size, shape.intermediate_size)),
-        ]
+        names += (gpt_oss_layer if shape.architecture == "gpt-oss" else layer_tensors)(shape, f"blk.{layer}")
     names.append(("output_norm.weight", (shape.hidden_size,)))
     if not shape.is_tied:
         names.append(("output.weight", (vocab_size, shape.hidden_size)))
     return names
+
+
+def layer_tensors(shape: Shape, block: str) -> list[tuple[str, tuple[int, ...]]]:
+    """A Llama-family layer's tensors (`block`: `blk.N`), its feed-forward a mixture of experts where the shape
+    has them."""
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    names = [
+        (f"{block}.attn_norm.weight", (shape.hidden_size,)),
+        (f"{block}.attn_q.weight", (q, shape.hidden_size)),
+        (f"{block}.attn_k.weight", (kv, shape.hidden_size)),
+        (f"{block}.attn_v.weight", (kv, shape.hidden_size)),
+    ]
+    if shape.has_qkv_bias:
+        names += [(f"{block}.attn_q.bias", (q,)), (f"{block}.attn_k.bias", (kv,)), (f"{block}.attn_v.bias", (kv,))]
+    if shape.has_qk_norm:
+        names += [(f"{block}.attn_q_norm.weight", (shape.head_dim,)), (f"{block}.attn_k_norm.weight", (shape.head_dim,))]
+    names += [(f"{block}.attn_output.weight", (shape.hidden_size, q)), (f"{block}.ffn_norm.weight", (shape.hidden_size,))]
+    if shape.num_experts:
+        experts, width = shape.num_experts, shape.expert_intermediate_size
+        return names + [
+            (f"{block}.ffn_gate_inp.weight", (experts, shape.hidden_size)),
+            (f"{block}.ffn_gate_exps.weight", (experts, width, shape.hidden_size)),
+            (f"{block}.ffn_up_exps.weight", (experts, width, shape.hidden_size)),
+            (f"{block}.ffn_down_exps.weight", (experts, shape.hidden_size, width)),
+        ]
+    return names + [
+        (f"{block}.ffn_gate.weight", (shape.intermediate_size, shape.hidden_size)),
+        (f"{block}.ffn_up.weight", (shape.intermediate_size, shape.hidden_size)),
+        (f"{block}.ffn_down.weight", (shape.hidden_size, shape.intermediate_size)),
+    ]
+
+
+def gpt_oss_layer(shape: Shape, block: str) -> list[tuple[str, tuple[int, ...]]]:
+    """A gpt-oss layer's tensors as llama.cpp's `gpt-oss` reads them: a bias on every attention projection,
+    a sink logit per query head, the norm before the experts named `post_attention_norm`, and a bias on the
+    router and on each expert's projections ([experts, outputs])."""
+    hidden, q, kv = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    experts, width = shape.num_experts, shape.expert_intermediate_size
+    return [
+        (f"{block}.attn_norm.weight", (hidden,)),
+        (f"{block}.attn_q.weight", (q, hidden)), (f"{block}.attn_q.bias", (q,)),
+        (f"{block}.attn_k.weight", (kv, hidden)), (f"{block}.attn_k.bias", (kv,)),
+        (f"{block}.attn_v.weight", (kv, hidden)), (f"{block}.attn_v.bias", (kv,)),
+        (f"{block}.attn_output.weight", (hidden, q)), (f"{block}.attn_output.bias", (hidden,)),
+        (f"{block}.attn_sinks.weight", (shape.num_heads,)),
+        (f"{block}.post_attention_norm.weight", (hidden,)),
+        (f"{block}.ffn_gate_inp.weight", (experts, hidden)), (f"{block}.ffn_gate_inp.bias", (experts,)),
+        (f"{block}.ffn_gate_exps.weight", (experts, width, hidden)), (f"{block}.ffn_gate_exps.bias", (experts, width)),
+        (f"{block}.ffn_up_exps.weight", (experts, width, hidden)), (f"{block}.ffn_up_exps.bias", (experts, width)),
+        (f"{block}.ffn_down_exps.weight", (experts, hidden, width)), (f"{block}.ffn_down_exps.bias", (experts, hidden)),
+    ]
+
+
+def is_float(name: str, dims: tuple[int, ...]) -> bool:
+    """Whether a tensor stays float32 in every type: vectors, biases (an expert's too) and routers, as llama-quantize
+    leaves them."""
+    return len(dims) == 1 or name.endswith((".bias", "ffn_gate_inp.weight"))
 
 
 def write(
@@ -206,6 +275,12 @@ def write(
         writer.add_expert_count(shape.num_experts)
         writer.add_expert_used_count(shape.num_experts_per_tok)
         writer.add_expert_feed_forward_length(shape.expert_intermediate_size)
+    if shape.sliding_window:
+        writer.add_sliding_window(shape.sliding_window)
+    if shape.yarn is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(shape.yarn[0])
+        writer.add_rope_scaling_orig_ctx_len(shape.yarn[1])
     writer.add_tokenizer_model(metadata["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(metadata["tokenizer.ggml.pre"])
     writer.add_token_list(metadata["tokenizer.ggml.tokens"])
@@ -219,7 +294,7 @@ def write(
 
     def tensor(index: int, name: str, dims: tuple[int, ...]) -> tuple[np.ndarray, gguf.GGMLQuantizationType | None]:
         rng = np.random.default_rng((seed, index))
-        if len(dims) == 1 or name.endswith("ffn_gate_inp.weight"):
+        if is_float(name, dims):
             values = np.ones(dims, np.float32) if name.endswith("norm.weight") else rng.normal(0, 0.02, dims).astype(np.float32)
             return values, None
         quant = gguf.GGMLQuantizationType[type_of(name) or ggml_type]
@@ -228,7 +303,7 @@ def write(
 
     names = tensors(shape, vocab_size)
     for name, dims in names:
-        if len(dims) == 1 or name.endswith("ffn_gate_inp.weight"):
+        if is_float(name, dims):
             writer.add_tensor_info(name, dims, np.dtype(np.float32), int(np.prod(dims)) * 4)
             continue
         quant = gguf.GGMLQuantizationType[type_of(name) or ggml_type]
@@ -261,8 +336,14 @@ def q4_k_m(num_layers: int) -> Callable[[str], str | None]:
     return type_of
 
 
+def mxfp4_moe(name: str) -> str | None:
+    """llama.cpp's MXFP4_MOE mix (llama-quantize's rule for it): MXFP4 for every layer's experts, the type
+    asked for (Q8_0) else."""
+    return "MXFP4" if "_exps." in name else None
+
+
 def quantize(values: np.ndarray, quant: gguf.GGMLQuantizationType) -> np.ndarray:
-    """`values` [rows, cols] as GGUF `quant` bytes: the k- and i-quants by the plain quantizers above,
+    """`values` [rows, cols] as GGUF `quant` bytes: the k- and i-quants and MXFP4 by the quantizers above,
     the others by gguf-py."""
     if quant in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K):
         return quantize_q4_k(values, bits=4 if quant == gguf.GGMLQuantizationType.Q4_K else 5)
@@ -270,6 +351,8 @@ def quantize(values: np.ndarray, quant: gguf.GGMLQuantizationType) -> np.ndarray
         return quantize_q6_k(values)
     if quant == gguf.GGMLQuantizationType.IQ4_XS:
         return quantize_iq4_xs(values)
+    if quant == gguf.GGMLQuantizationType.MXFP4:
+        return quantize_mxfp4(values)
     if quant == gguf.GGMLQuantizationType.F16:
         return values.astype(np.float16)
     return np.asarray(gguf.quants.quantize(values, quant))
@@ -306,7 +389,7 @@ def requantize(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
-    parser.add_argument("--type", choices=[*DIRECT_TYPES, *REQUANTIZED_TYPES], required=True)
+    parser.add_argument("--type", choices=[*DIRECT_TYPES, *DIRECT_MIXES, *REQUANTIZED_TYPES], required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--llama-quantize", type=Path, default=LLAMA_QUANTIZE)
     parser.add_argument("--layers", type=int, help="this many of the shape's layers (a smaller file of the same widths)")
@@ -316,6 +399,9 @@ def main() -> None:
         shape = dataclasses.replace(shape, num_layers=args.layers)
     if args.type in DIRECT_TYPES:
         write(shape, args.type, args.out)
+        return
+    if args.type == "MXFP4_MOE":
+        write(shape, "Q8_0", args.out, types=mxfp4_moe)
         return
     if shape.num_experts and args.type == "Q4_K_M":
         # NOTE: a 30B model's Q8_0 source would be 32 GB: its mix is written directly (plain quantizers).

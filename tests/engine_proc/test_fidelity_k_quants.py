@@ -2,9 +2,10 @@
 bounds the form registry declares for them, on a real model: the default model with its FFN down projections
 (rows of 1536, the only ones whose rows are whole 256-value super-blocks) quantized again, layer by layer in
 turn to Q4_K, Q5_K, Q6_K, IQ4_XS and MXFP4 (benchmarks/real_size_ggufs.py's plain quantizers, llama.cpp's
-block layouts; MXFP4 by gguf-py), served with default flags, against transformers' float32 on the same file
-(which dequantizes the blocks). One file runs every form: one reference to load and decode, where a file a
-form would take five (each form alone measured within the same bounds: the README has the figures).
+block layouts; MXFP4 the bytes of llama.cpp's reference quantizer), served with default flags, against
+transformers' float32 on the same file (which dequantizes the blocks). One file runs every form: one reference
+to load and decode, where a file a form would take five (each form alone measured within the same bounds: the
+README has the figures).
 
 As test_fidelity_int4.py holds the default file's own forms: fed the reference's own greedy continuation
 (teacher forcing), our most likely next token is the reference's at >= 90% of positions, the
