@@ -50,12 +50,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "weight * bf16(x / rms(x)) for bfloat16 rows");
   m.def("silu_and_mul", &silu_and_mul, "bf16(silu(gate)) * up for bfloat16 [rows, 2 * width]");
   m.def("router_logits", &router_logits, "float32 rows @ a float32 router's transpose, each sum in one fixed order");
-  m.def("moe_experts", &moe_experts, "a mixture-of-experts layer's experts for bfloat16 rows, on their kernel forms");
-  pybind11::class_<MoeExperts>(m, "MoeExperts", "a layer's expert packings held once, for moe_experts", pybind11::module_local())
-      .def(pybind11::init<int64_t, std::vector<std::vector<at::Tensor>>, int64_t, std::vector<std::vector<at::Tensor>>, int64_t>(),
+  pybind11::class_<MoeExperts>(m, "MoeExperts", "a layer's experts on their kernel forms, packings held once", pybind11::module_local())
+      .def(pybind11::init<int64_t, std::vector<std::vector<at::Tensor>>, int64_t, std::vector<std::vector<at::Tensor>>, int64_t,
+                          std::vector<at::Tensor>, std::vector<at::Tensor>, bool>(),
            pybind11::arg("gate_up_form"), pybind11::arg("gate_up"), pybind11::arg("down_form"), pybind11::arg("down"),
-           pybind11::arg("width"))
-      .def("__call__", &MoeExperts::run, "moe_experts(x, expert_ids, weights, ...) on the held packings");
+           pybind11::arg("width"), pybind11::arg("gate_up_bias") = std::vector<at::Tensor>{},
+           pybind11::arg("down_bias") = std::vector<at::Tensor>{}, pybind11::arg("is_clamped_swiglu") = false)
+      .def("__call__", &MoeExperts::run, "bfloat16 rows, each token's expert ids and weights (best first) -> the weighted sum of its experts");
   m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then rms_norm(residual), for bfloat16 rows");
   m.def("rotary_store_kv", &rotary_store_kv, "rotary on a fused QKV's queries and keys (each head normed first with q_norm, k_norm), K/V stored in a paged cache",
         pybind11::arg("qkv"), pybind11::arg("cos_sin"), pybind11::arg("slots"), pybind11::arg("cache"), pybind11::arg("num_heads"),

@@ -46,16 +46,32 @@ at::Tensor run_form(int64_t form, const at::Tensor& x, const std::vector<at::Ten
   return out.size(1) == width ? out : out.narrow(1, 0, width).contiguous();
 }
 
+// gpt-oss's clamped SwiGLU of gate_up [M, 2W] (gate, then up), by the torch ops gpt_oss.py's
+// `clamped_swiglu` runs, in its order: the same bits.
+at::Tensor clamped_swiglu(const at::Tensor& gate_up, int64_t width) {
+  const auto gate = gate_up.narrow(1, 0, width).clamp_max(7.0);
+  const auto up = gate_up.narrow(1, width, width).clamp(-7.0, 7.0);
+  return (up + 1) * (gate * at::sigmoid(gate * 1.702));
+}
+
+at::Tensor with_bias(at::Tensor out, const std::vector<at::Tensor>& biases, int64_t e) {
+  return biases.empty() ? out : out + biases[e];
+}
+
 }  // namespace
 
 // x [T, H] bf16, expert_ids [T, K] int64 and weights [T, K] float32 (each token's experts, best first) ->
-// [T, H] bf16. `gate_up[e]` and `down[e]`: expert e's packings for forms `gate_up_form` and `down_form`.
-at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights,
-                       int64_t gate_up_form, const std::vector<std::vector<at::Tensor>>& gate_up,
-                       int64_t down_form, const std::vector<std::vector<at::Tensor>>& down, int64_t width) {
+// [T, H] bf16. `gate_up[e]` and `down[e]`: expert e's packings for forms `gate_up_form` and `down_form`;
+// with biases (gpt-oss's), expert e's added to its projections' outputs as torch adds them.
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights, const MoeExperts& experts) {
+  const int64_t gate_up_form = experts.gate_up_form, down_form = experts.down_form, width = experts.width;
+  const auto& gate_up = experts.gate_up;
+  const auto& down = experts.down;
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.dim() == 2);
   TORCH_CHECK(expert_ids.scalar_type() == at::kLong && weights.scalar_type() == at::kFloat);
   TORCH_CHECK(expert_ids.sizes() == weights.sizes() && expert_ids.size(0) == x.size(0) && gate_up.size() == down.size());
+  TORCH_CHECK(experts.gate_up_bias.empty() || experts.gate_up_bias.size() == gate_up.size());
+  TORCH_CHECK(experts.down_bias.empty() || experts.down_bias.size() == down.size());
   const int64_t num_tokens = x.size(0), hidden = x.size(1), num_chosen = expert_ids.size(1);
   const int64_t num_experts = static_cast<int64_t>(gate_up.size());
   const auto ids = expert_ids.contiguous();
@@ -89,13 +105,21 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const 
       int64_t* token = tokens.data_ptr<int64_t>();
       for (int64_t j = 0; j < count; ++j) token[j] = mine[j] / num_chosen;
       const auto rows = x.index_select(0, tokens);
-      const auto act = silu_and_mul(run_form(gate_up_form, rows, gate_up[e], 2 * width));
-      const auto result = run_form(down_form, act, down[e], hidden);
-      const auto* values = reinterpret_cast<const c10::BFloat16*>(result.data_ptr());
+      const auto projected = with_bias(run_form(gate_up_form, rows, gate_up[e], 2 * width), experts.gate_up_bias, e);
+      const auto act = experts.is_clamped_swiglu ? clamped_swiglu(projected, width).contiguous() : silu_and_mul(projected);
+      const auto result = with_bias(run_form(down_form, act, down[e], hidden), experts.down_bias, e);
+      // NOTE: a float32 bias makes the output float32, as in torch: then not rounded to bfloat16 before its weight.
+      const bool is_float = result.scalar_type() == at::kFloat;
+      const auto contiguous = result.contiguous();
+      const auto* halves = is_float ? nullptr : reinterpret_cast<const c10::BFloat16*>(contiguous.data_ptr());
+      const auto* floats = is_float ? contiguous.data_ptr<float>() : nullptr;
       for (int64_t j = 0; j < count; ++j) {
         float* row = out + mine[j] * hidden;
         const float weight = scale[mine[j]];
-        for (int64_t h = 0; h < hidden; ++h) row[h] = static_cast<float>(values[j * hidden + h]) * weight;
+        for (int64_t h = 0; h < hidden; ++h) {
+          const int64_t i = j * hidden + h;
+          row[h] = (is_float ? floats[i] : static_cast<float>(halves[i])) * weight;
+        }
       }
     }
   });
@@ -115,5 +139,5 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const 
 }
 
 at::Tensor MoeExperts::run(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights) const {
-  return moe_experts(x, expert_ids, weights, gate_up_form, gate_up, down_form, down, width);
+  return moe_experts(x, expert_ids, weights, *this);
 }

@@ -6,18 +6,20 @@
 #include <cstdint>
 #include <vector>
 
-at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights,
-                       int64_t gate_up_form, const std::vector<std::vector<at::Tensor>>& gate_up,
-                       int64_t down_form, const std::vector<std::vector<at::Tensor>>& down, int64_t width);
-
 // One layer's expert packings, converted from Python once: passing a layer's thousand-odd tensors to
-// `moe_experts` on every call took a seventh of a one-stream decode step.
+// `moe_experts` on every call took a seventh of a one-stream decode step. Each expert is SiLU·up gated,
+// or (is_clamped_swiglu) gpt-oss's clamped SwiGLU; the biases, where given, one per expert.
 struct MoeExperts {
   int64_t gate_up_form;
   std::vector<std::vector<at::Tensor>> gate_up;
   int64_t down_form;
   std::vector<std::vector<at::Tensor>> down;
   int64_t width;
+  std::vector<at::Tensor> gate_up_bias;
+  std::vector<at::Tensor> down_bias;
+  bool is_clamped_swiglu;
 
   at::Tensor run(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights) const;
 };
+
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights, const MoeExperts& experts);

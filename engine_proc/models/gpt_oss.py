@@ -57,13 +57,10 @@ class GptOssMoeBlock(SparseMoeBlock):
 
     has_router_bias = True
     is_softmax_of_chosen = True
+    is_clamped_swiglu = True
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, lambda size: GptOssExpert(config.hidden_size, size))
-
-    def fuse(self, kernels: Any | None) -> None:
-        """Never fused: `moe_experts` runs SiLU·up experts without biases; these run the loop over experts."""
-        self.fused = None
 
 
 class GptOssAttention(LlamaAttention):

@@ -74,6 +74,7 @@ class SparseMoeBlock(nn.Module):
     # NOTE: a family's subclass (gpt_oss.py) may give the router a bias and choose experts as gpt-oss does.
     has_router_bias = False
     is_softmax_of_chosen = False
+    is_clamped_swiglu = False  # gpt-oss's expert activation (gpt_oss.py), where `fuse` runs the experts
 
     def __init__(self, config: ModelConfig, expert: Callable[[int], nn.Module]) -> None:
         super().__init__()
@@ -89,8 +90,9 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = Router(config.hidden_size, 1) if shared else None
 
     def fuse(self, kernels: Any | None) -> None:
-        """Runs the experts through `moe_experts` where every expert's gate/up and down projections each run
-        one kernel form of FUSED_FORMS at every size (a batch-invariant plan), the same for all experts."""
+        """Runs the experts through the kernels' `MoeExperts` where every expert's gate/up and down projections
+        each run one kernel form of FUSED_FORMS at every size (a batch-invariant plan), the same for all
+        experts, with biases on all experts' projections or on none."""
         self.fused = None
         if kernels is None or self.width % 16:
             return
@@ -98,11 +100,14 @@ class SparseMoeBlock(nn.Module):
         for name in ("gate_up_proj", "down_proj"):
             runs = [_planned_run(getattr(expert, name)) for expert in self.experts]
             forms = {run.form for run in runs if run is not None}
-            if None in runs or len(forms) != 1 or any(run.bias is not None for run in runs if run is not None):
+            biases = [run.bias for run in runs if run is not None and run.bias is not None]
+            if None in runs or len(forms) != 1 or len(biases) not in (0, len(runs)):
                 return
-            fused.append((FUSED_FORMS.index(forms.pop()), [run.packed for run in runs if run is not None]))
-        (gate_up_form, gate_up), (down_form, down) = fused
-        self.fused = kernels.MoeExperts(gate_up_form, gate_up, down_form, down, self.width)
+            fused.append((FUSED_FORMS.index(forms.pop()), [run.packed for run in runs if run is not None], biases))
+        (gate_up_form, gate_up, gate_up_bias), (down_form, down, down_bias) = fused
+        self.fused = kernels.MoeExperts(
+            gate_up_form, gate_up, down_form, down, self.width, gate_up_bias, down_bias, self.is_clamped_swiglu
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         out = self._experts(x)

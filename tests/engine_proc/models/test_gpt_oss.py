@@ -27,6 +27,7 @@ from engine_proc.cpu_kernels import load_cpu_kernels
 from engine_proc.loader import check_model
 from engine_proc.models import gpt_oss
 from engine_proc.models.gpt_oss import clamped_swiglu
+from engine_proc.models.moe import SparseMoeBlock
 from engine_proc.models.weight_blocks import MXFP4Blocks
 from proto.engine_config import EngineConfig
 from service.model_files.tokenizer import Tokenizer
@@ -124,6 +125,20 @@ def test_mxfp4_folder_serves_with_default_flags_on_its_own_blocks(
         assert "gate_up_proj: mxfp4_q8; down_proj: mxfp4_q8" in choices["linears"]
         assert choices["batch invariant"] == "no (matmuls and norms without a row-invariant kernel here)"
     assert first_difference_is_a_near_tie(engine_greedy(folders[1], prompts, MAX_NEW_TOKENS), expected, NEAR_TIE)
+
+
+@pytest.mark.skipif(load_cpu_kernels() is None, reason="the experts' one call a layer is a C++ kernel")
+def test_the_fused_experts_with_biases_and_the_clamped_swiglu_give_the_loops_bits(
+    folders: tuple[Path, Path], mxfp4_reference: tuple[list[list[int]], Greedy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Default flags: a layer's MXFP4 experts, their biases and gpt-oss's gate in one C++ call, the loop's bits."""
+    prompts, _ = mxfp4_reference
+    core = EngineCore(EngineConfig(model_path=str(folders[1]), kv_cache_memory_gib=0.05, max_model_len=512))
+    assert core.ready_message().kernel_choices["experts"] == "one C++ call a layer (moe_experts)"
+    fused = engine_greedy(folders[1], prompts, MAX_NEW_TOKENS)
+    monkeypatch.setattr(SparseMoeBlock, "fuse", lambda self, kernels: None)
+    looped = engine_greedy(folders[1], prompts, MAX_NEW_TOKENS)
+    assert fused.token_ids == looped.token_ids and fused.logprobs == looped.logprobs
 
 
 @pytest.mark.parametrize(("pattern", "expected"), [(None, (True, False, True, False)), (3, (True, True, False, True)),
