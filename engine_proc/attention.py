@@ -217,9 +217,8 @@ class PagedAttention:
         where it runs (bfloat16 on x86)."""
         meta = self._metadata
         assert meta is not None, "attention metadata must be set before the forward"
-        if self._rotary_kernel is None or rotary_table.dtype != self._dtype or not qkv.is_contiguous():
-            return None
-        if head_norms is not None and head_norms.query_weight.dtype != self._dtype:
+        norm_dtypes = {self._dtype} if head_norms is None else {head_norms.query_weight.dtype}
+        if self._rotary_kernel is None or {rotary_table.dtype, *norm_dtypes} != {self._dtype} or not qkv.is_contiguous():
             return None
         num_heads = qkv.shape[1] // self.head_dim - 2 * self.num_kv_heads
         norms = head_norms or (None, None, 0.0)
