@@ -32,10 +32,9 @@ std::vector<at::Tensor> pack_int6k_q8(const at::Tensor& codes, const at::Tensor&
 at::Tensor int6k_q8(const at::Tensor& x, const at::Tensor& low, const at::Tensor& high, const at::Tensor& scales,
                     const at::Tensor& d);
 std::vector<at::Tensor> pack_int8_q8(const at::Tensor& codes, const at::Tensor& scales);
-at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets);
+at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
 std::vector<at::Tensor> pack_iq4xs_q8(const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d);
-at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d,
-                    const at::Tensor& offsets);
+at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d);
 std::vector<at::Tensor> pack_mxfp4_q8(const at::Tensor& codes, const at::Tensor& exponents);
 at::Tensor mxfp4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& exponents);
 #ifdef ZEROSERVE_AMX

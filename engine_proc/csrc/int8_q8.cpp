@@ -7,14 +7,15 @@
 //
 // The integer sums are exact in both builds, and the float32 steps are the same per output, so
 // both builds give the same bits, and a row's result never depends on the other rows.
-// `vpdpbusd` multiplies unsigned by signed bytes: it takes x̂ + 128 (x̂ with its top bit flipped)
-// against the signed codes, and the pack's `offsets` (128 · Σ_{k∈g} q_k per output and group) take
-// the extra part back out. AVX2 multiplies |q| by x̂ with q's sign (`vpsignb`, as llama.cpp does), so
+// `vpdpbusd` multiplies unsigned by signed bytes: it takes the codes as q + 128 (their top bit flipped
+// as they are loaded, or looked up so in IQ4_XS's table) against x̂, and each group's sum takes
+// 128 · Σ x̂ (q8_rows.h keeps it per row and group) back out, so the pack holds no more than the file.
+// AVX2 multiplies |q| by x̂ with q's sign (`vpsignb`, as llama.cpp does), so
 // a pair of products (at most 2 · 128 · 127) fits the 16 bits `vpmaddubsw` sums them in.
 //
 // Layout (`pack_int8_q8`): for each block of 16 outputs, each group, each eighth e of it (inputs
 // 4e .. 4e + 3), 64 bytes: byte 4o + j holds output o's input 4e + j (a lane of four bytes per
-// output, as `vpdpbusd` reads them). Scales as the file's float16 [N / 16, G, 16]; offsets int32, the same shape.
+// output, as `vpdpbusd` reads them). Scales as the file's float16 [N / 16, G, 16].
 //
 // `iq4xs_q8` multiplies GGUF's IQ4_XS the same way: 4-bit indices into llama.cpp's table of 16 signed
 // 8-bit values (kvalues_iq4nl), packed as int4_q8 packs its codes (nibble_layout.h: quarter c's low
@@ -51,9 +52,13 @@ constexpr int64_t kBytes = 64;
 inline Bytes load_bytes(const void* src) { return _mm512_loadu_si512(src); }
 inline Bytes nibbles_low(Bytes b) { return _mm512_and_si512(b, _mm512_set1_epi8(0x0F)); }
 inline Bytes nibbles_high(Bytes b) { return _mm512_and_si512(_mm512_srli_epi16(b, 4), _mm512_set1_epi8(0x0F)); }
+// The table's values + 128, unsigned, as `vpdpbusd` takes them: kIq4Values with their top bits flipped.
 inline Bytes look_up(Bytes indices) {
-  return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values))), indices);
+  const __m128i table = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)), _mm_set1_epi8(static_cast<char>(0x80)));
+  return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), indices);
 }
+// Signed codes q as q + 128, unsigned.
+inline Bytes as_unsigned(Bytes codes) { return _mm512_xor_si512(codes, _mm512_set1_epi8(static_cast<char>(0x80))); }
 using Lanes = __m512;
 inline Lanes load_half(const uint16_t* src) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))); }
 inline Lanes load_int8s(const int8_t* src) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)))); }
@@ -64,6 +69,7 @@ constexpr int64_t kBytes = 32;
 inline Bytes load_bytes(const void* src) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)); }
 inline Bytes nibbles_low(Bytes b) { return _mm256_and_si256(b, _mm256_set1_epi8(0x0F)); }
 inline Bytes nibbles_high(Bytes b) { return _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0F)); }
+inline Bytes as_unsigned(Bytes codes) { return codes; }  // NOTE: AVX2 multiplies the signed codes (vpsignb)
 inline Bytes look_up(Bytes indices) {
   return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values))), indices);
 }
@@ -80,10 +86,11 @@ struct Int8Codes {
 
   void prefetch(int64_t g) const { prefetch_ahead(codes + g * kGroupBytes, kGroupBytes); }
 
-  // The signed weights of eighths 2c and 2c + 1 of group g, for the outputs from `half` (AVX2: 8·half; AVX-512: all 16).
+  // The weights of eighths 2c and 2c + 1 of group g, for the outputs from `half` (AVX2: 8·half, signed;
+  // AVX-512: all 16, + 128).
   void quarter(int64_t g, int c, int half, Bytes& first, Bytes& second) const {
-    first = load_bytes(codes + g * kGroupBytes + 64 * (2 * c) + kBytes * half);
-    second = load_bytes(codes + g * kGroupBytes + 64 * (2 * c + 1) + kBytes * half);
+    first = as_unsigned(load_bytes(codes + g * kGroupBytes + 64 * (2 * c) + kBytes * half));
+    second = as_unsigned(load_bytes(codes + g * kGroupBytes + 64 * (2 * c + 1) + kBytes * half));
   }
 };
 
@@ -118,11 +125,11 @@ struct SuperBlockScales {
 
 #if ZEROSERVE_AVX512
 
-// Rows [0, TILE) of x̂ (`k` apart; scales [TILE, G]) times one block of 16 outputs into `out`
+// Rows [0, TILE) of x̂ (`k` apart; scales and Σ x̂ [TILE, G]) times one block of 16 outputs into `out`
 // (bf16, `out_stride` apart).
 template <int TILE, typename Codes, typename Scales>
-void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_groups, Codes codes, Scales scales,
-                const int32_t* offsets, uint16_t* out, int64_t out_stride) {
+void tile_block(const int8_t* q, int64_t k, const float* qscales, const int32_t* totals, int64_t num_groups,
+                Codes codes, Scales scales, uint16_t* out, int64_t out_stride) {
   __m512 acc[TILE];
   for (int r = 0; r < TILE; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < num_groups; ++g) {
@@ -135,15 +142,13 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_gr
       codes.quarter(g, c, 0, weights[0], weights[1]);
       for (int h = 0; h < 2; ++h) {
         for (int r = 0; r < TILE; ++r) {
-          const int32_t shifted = load_int32(group_q + r * k + 8 * c + 4 * h) ^ static_cast<int32_t>(0x80808080u);
-          dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_set1_epi32(shifted), weights[h]);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], weights[h], _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c + 4 * h)));
         }
       }
     }
-    const __m512i offset = _mm512_loadu_si512(offsets + g * kBlock);
     const __m512 d = scales.scale(g, 0);
     for (int r = 0; r < TILE; ++r) {
-      const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r], offset));
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * totals[r * num_groups + g])));
       acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(sum, _mm512_set1_ps(qscales[r * num_groups + g])), d, acc[r]);
     }
   }
@@ -155,8 +160,8 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_gr
 // As the AVX-512 tile, 8 outputs a register: |q| times x̂ with q's sign by `vpmaddubsw`, then
 // `vpmaddwd` by ones (the two pairs of a lane of four) into 32-bit sums.
 template <int TILE, typename Codes, typename Scales>
-void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_groups, Codes codes, Scales scales,
-                const int32_t* /*offsets*/, uint16_t* out, int64_t out_stride) {
+void tile_block(const int8_t* q, int64_t k, const float* qscales, const int32_t* /*totals*/, int64_t num_groups,
+                Codes codes, Scales scales, uint16_t* out, int64_t out_stride) {
   const __m256i ones = _mm256_set1_epi16(1);
   alignas(32) float acc[TILE][kBlock] = {};
   for (int64_t g = 0; g < num_groups; ++g) {
@@ -191,7 +196,7 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, int64_t num_gr
 #endif
 
 template <typename Codes, typename Scales>
-using TileFn = void (*)(const int8_t*, int64_t, const float*, int64_t, Codes, Scales, const int32_t*, uint16_t*, int64_t);
+using TileFn = void (*)(const int8_t*, int64_t, const float*, const int32_t*, int64_t, Codes, Scales, uint16_t*, int64_t);
 
 template <typename Codes, typename Scales, int... TILES>
 constexpr std::array<TileFn<Codes, Scales>, sizeof...(TILES)> tile_table(std::integer_sequence<int, TILES...>) {
@@ -200,33 +205,27 @@ constexpr std::array<TileFn<Codes, Scales>, sizeof...(TILES)> tile_table(std::in
 
 // x [M, K] bf16 times a block's codes as `codes_at(b)` and `scales_at(b)` give them -> [M, N] bf16.
 template <typename Codes, typename Scales, typename CodesAt, typename ScalesAt>
-at::Tensor matmul(const char* name, const at::Tensor& x, int64_t num_blocks, int64_t num_groups, const at::Tensor& offsets,
-                  CodesAt codes_at, ScalesAt scales_at) {
-  TORCH_CHECK(offsets.scalar_type() == at::kInt && offsets.is_contiguous() && offsets.numel() == num_blocks * num_groups * kBlock);
+at::Tensor matmul(const char* name, const at::Tensor& x, int64_t num_blocks, int64_t num_groups, CodesAt codes_at,
+                  ScalesAt scales_at) {
   const Q8Rows rows(x);
   const int64_t n = num_blocks * kBlock;
   TORCH_CHECK(num_groups == rows.num_groups, name, ": the input has ", rows.k, " columns, the weight ", num_groups * kGroup);
   auto out = at::empty({rows.m, n}, x.options());
   static constexpr auto kTiles = tile_table<Codes, Scales>(std::make_integer_sequence<int, kMaxTile>{});
-  const auto* os = offsets.data_ptr<int32_t>();
   auto* outs = reinterpret_cast<uint16_t*>(out.data_ptr());
   for_each_tile(num_blocks, rows.m, kMaxTile, [&](int64_t b, int64_t row, int64_t num_rows) {
-    kTiles[num_rows - 1](rows.q.get() + row * rows.k, rows.k, rows.scales.get() + row * num_groups, num_groups,
-                         codes_at(b), scales_at(b), os + b * num_groups * kBlock, outs + row * n + b * kBlock, n);
+    kTiles[num_rows - 1](rows.q.get() + row * rows.k, rows.k, rows.scales.get() + row * num_groups,
+                         rows.totals.get() + row * num_groups, num_groups, codes_at(b), scales_at(b),
+                         outs + row * n + b * kBlock, n);
   });
   return out;
 }
 
-// 128 · Σ_{k∈g} w_k per output and group ([N, K] int8 values) as [N / 16, G, 16] int32.
-at::Tensor offsets_of(const at::Tensor& values) {
-  const int64_t n = values.size(0), num_groups = values.size(1) / kGroup;
-  return by_block(values.view({n, num_groups, kGroup}).sum(-1, false, at::kInt).mul(128), at::kInt);
-}
 
 }  // namespace
 
 // codes [N, K] int8, scales [N, K / 32] float32 (float16-exact) -> (packed codes [N / 16, K / 32, 8, 64]
-// int8, scales [N / 16, K / 32, 16] float16, offsets [N / 16, K / 32, 16] int32: 128 · Σ q per group).
+// int8, scales [N / 16, K / 32, 16] float16).
 std::vector<at::Tensor> pack_int8_q8(const at::Tensor& codes, const at::Tensor& scales) {
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && scales.scalar_type() == at::kFloat);
   const int64_t n = codes.size(0), k = codes.size(1);
@@ -234,46 +233,43 @@ std::vector<at::Tensor> pack_int8_q8(const at::Tensor& codes, const at::Tensor& 
   const int64_t num_groups = k / kGroup;
   // [N/16, 16 outputs, G, 8 eighths, 4] -> [N/16, G, 8 eighths, 16 outputs, 4]
   auto packed = codes.contiguous().view({n / kBlock, kBlock, num_groups, 8, 4}).permute({0, 2, 3, 1, 4}).contiguous();
-  return {packed.view({n / kBlock, num_groups, 8, 64}), by_block(scales, at::kHalf), offsets_of(codes)};
+  return {packed.view({n / kBlock, num_groups, 8, 64}), by_block(scales, at::kHalf)};
 }
 
 // x [M, K] bf16 @ the packed weight's transpose -> [M, N] bf16, x rounded to 8 bits per group of 32.
-at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets) {
+at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
   TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kChar && codes.size(2) == 8 && codes.size(3) == 64 && codes.is_contiguous());
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.numel() == offsets.numel());
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.numel() == codes.size(0) * codes.size(1) * kBlock);
   const int64_t num_groups = codes.size(1);
   const auto* cs = codes.data_ptr<int8_t>();
   const auto* ds = reinterpret_cast<const uint16_t*>(scales.data_ptr());
   return matmul<Int8Codes, GroupScales>(
-      "int8_q8", x, codes.size(0), num_groups, offsets,
+      "int8_q8", x, codes.size(0), num_groups,
       [&](int64_t b) { return Int8Codes{cs + b * num_groups * Int8Codes::kGroupBytes}; },
       [&](int64_t b) { return GroupScales{ds + b * num_groups * kBlock}; });
 }
 
 // IQ4_XS: indices [N, K] uint8 (0..15), scales [N, K / 32] int8 (−32..31), d [N, K / 256] float32
 // (float16-exact) -> (packed indices as int4_q8's [N / 16, K / 32, 4, 64] uint8, scales [N / 16, K / 32, 16]
-// int8, d [N / 16, K / 256, 16] float16, offsets [N / 16, K / 32, 16] int32: 128 · Σ of the values per group).
+// int8, d [N / 16, K / 256, 16] float16).
 std::vector<at::Tensor> pack_iq4xs_q8(const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d) {
   TORCH_CHECK(scales.scalar_type() == at::kChar && d.scalar_type() == at::kFloat);
   TORCH_CHECK(indices.dim() == 2 && indices.size(1) % (kGroup * kSuperGroups) == 0 && scales.size(1) * kGroup == indices.size(1));
   TORCH_CHECK(d.size(1) * kSuperGroups == scales.size(1));
-  const auto table = at::tensor(at::ArrayRef<int8_t>(kIq4Values, 16), at::kChar);
-  return {pack_low_nibbles(indices), by_block(scales, at::kChar), by_block(d, at::kHalf),
-          offsets_of(table.index({indices.to(at::kLong)}))};
+  return {pack_low_nibbles(indices), by_block(scales, at::kChar), by_block(d, at::kHalf)};
 }
 
 // x [M, K] bf16 @ the packed IQ4_XS weight's transpose -> [M, N] bf16, x rounded to 8 bits per group of 32.
-at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d,
-                    const at::Tensor& offsets) {
+at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d) {
   TORCH_CHECK(indices.dim() == 4 && indices.scalar_type() == at::kByte && indices.size(2) == 4 && indices.size(3) == 64 && indices.is_contiguous());
-  TORCH_CHECK(scales.scalar_type() == at::kChar && scales.is_contiguous() && scales.numel() == offsets.numel());
+  TORCH_CHECK(scales.scalar_type() == at::kChar && scales.is_contiguous() && scales.numel() == indices.size(0) * indices.size(1) * kBlock);
   TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.numel() * kSuperGroups == scales.numel());
   const int64_t num_groups = indices.size(1);
   const auto* is = indices.data_ptr<uint8_t>();
   const auto* ss = scales.data_ptr<int8_t>();
   const auto* ds = reinterpret_cast<const uint16_t*>(d.data_ptr());
   return matmul<Iq4Codes, SuperBlockScales>(
-      "iq4xs_q8", x, indices.size(0), num_groups, offsets,
+      "iq4xs_q8", x, indices.size(0), num_groups,
       [&](int64_t b) { return Iq4Codes{is + b * num_groups * Iq4Codes::kGroupBytes}; },
       [&](int64_t b) { return SuperBlockScales{ss + b * num_groups * kBlock, ds + b * (num_groups / kSuperGroups) * kBlock}; });
 }

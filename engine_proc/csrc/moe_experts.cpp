@@ -22,9 +22,8 @@ at::Tensor int5k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tens
                     const at::Tensor& mins, const at::Tensor& d, const at::Tensor& dmin);
 at::Tensor int6k_q8(const at::Tensor& x, const at::Tensor& low, const at::Tensor& high, const at::Tensor& scales,
                     const at::Tensor& d);
-at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets);
-at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d,
-                    const at::Tensor& offsets);
+at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
+at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d);
 at::Tensor mxfp4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& exponents);
 
 namespace {
@@ -38,8 +37,8 @@ at::Tensor run_form(int64_t form, const at::Tensor& x, const std::vector<at::Ten
     case 2: out = int5_q8(x, p[0], p[1], p[2], p[3]); break;
     case 3: out = int5k_q8(x, p[0], p[1], p[2], p[3], p[4], p[5]); break;
     case 4: out = int6k_q8(x, p[0], p[1], p[2], p[3]); break;
-    case 5: out = int8_q8(x, p[0], p[1], p[2]); break;
-    case 6: out = iq4xs_q8(x, p[0], p[1], p[2], p[3]); break;
+    case 5: out = int8_q8(x, p[0], p[1]); break;
+    case 6: out = iq4xs_q8(x, p[0], p[1], p[2]); break;
     case 7: out = mxfp4_q8(x, p[0], p[1]); break;
     default: TORCH_CHECK(false, "moe_experts: unknown form ", form);
   }
