@@ -81,9 +81,10 @@ def _qwen3_moe(config: Any) -> Any:
 def _qwen2_moe(config: Any) -> Any:
     from transformers import Qwen2MoeConfig
 
+    # NOTE: an untied head, as Qwen1.5-MoE-A2.7B's (llama.cpp's loader wants a qwen2moe file's output.weight).
     return Qwen2MoeConfig(
         **config, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=96,
-        norm_topk_prob=False, tie_word_embeddings=True,
+        norm_topk_prob=False, tie_word_embeddings=False,
     )
 
 
@@ -99,8 +100,10 @@ def _mixtral(config: Any) -> Any:
 def _olmoe(config: Any) -> Any:
     from transformers import OlmoeConfig
 
+    # NOTE: as many KV heads as query heads, as OLMoE has (llama.cpp's loader takes its k norm as that wide).
     return OlmoeConfig(
-        **{**config, "intermediate_size": 64}, num_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
+        **{**config, "intermediate_size": 64, "num_key_value_heads": config["num_attention_heads"]},
+        num_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
         pad_token_id=None,
     )
 
