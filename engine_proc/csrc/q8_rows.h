@@ -9,8 +9,6 @@
 
 #include "vec16.h"
 
-#include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -78,24 +76,15 @@ struct Q8Rows {
 // fn(block, first_row, num_rows) for each block of outputs (in parallel) and each tile of its rows,
 // at most `max_tile` rows, the tiles as even as they come: a row's tile changes how many rows share
 // its pass, never its arithmetic.
-// NOTE: the blocks handed out in runs of a few as threads come for them, not split in equal halves up front:
-// a thread whose core is taken a while (by the gateway, the output thread, a client on the same machine)
-// leaves the rest of its share to the others instead of holding the whole call back; each run of blocks
-// still contiguous, so the prefetchers stream. Inside another parallel region one thread takes every run.
 template <typename Fn>
 inline void for_each_tile(int64_t num_blocks, int64_t m, int64_t max_tile, Fn&& fn) {
   const int64_t num_tiles = (m + max_tile - 1) / max_tile;
-  const int64_t num_threads = at::in_parallel_region() ? 1 : std::min<int64_t>(at::get_num_threads(), num_blocks);
-  const int64_t run = std::max<int64_t>(1, num_blocks / (8 * num_threads));
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, num_threads, 1, [&](int64_t, int64_t) {
-    for (int64_t begin = next.fetch_add(run); begin < num_blocks; begin = next.fetch_add(run)) {
-      for (int64_t b = begin, end = std::min(begin + run, num_blocks); b < end; ++b) {
-        for (int64_t t = 0, row = 0; t < num_tiles; ++t) {
-          const int64_t rows = (m - row) / (num_tiles - t);
-          fn(b, row, rows);
-          row += rows;
-        }
+  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      for (int64_t t = 0, row = 0; t < num_tiles; ++t) {
+        const int64_t rows = (m - row) / (num_tiles - t);
+        fn(b, row, rows);
+        row += rows;
       }
     }
   });
