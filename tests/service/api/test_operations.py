@@ -126,15 +126,18 @@ def test_sigterm_drains_finishes_short_streams_aborts_long_ones_and_exits_0(tiny
         httpx.Client(base_url=server.base_url, timeout=30) as client,
     ):
         (engine_pid,) = server.engine_pids()
-        # NOTE: 2000 steps take well over 2 s in this engine; 100 take a fraction of a second.
+        # NOTE: 2000 steps take well over 2 s in this engine; 100 take a fraction of a second. The
+        # short stream starts last, so it is still running when the signal lands; its first event is
+        # kept, since a fast engine may have finished it inside that one event.
         short_body = {**LONG_STREAM, "max_tokens": 100}
         with (
-            client.stream("POST", COMPLETIONS, json=short_body) as short,
             client.stream("POST", COMPLETIONS, json={**LONG_STREAM, "max_tokens": 2000}) as long,
+            client.stream("POST", COMPLETIONS, json=short_body) as short,
         ):
-            short_lines, long_lines = short.iter_lines(), long.iter_lines()
-            first_data_line(short_lines)
+            long_lines = long.iter_lines()
             first_data_line(long_lines)
+            short_lines = short.iter_lines()
+            short_first = first_data_line(short_lines)
             server.proc.send_signal(signal.SIGTERM)
             wait_for(lambda: client.get("/health").status_code == 503)
             assert client.get("/health").json() == {"status": "draining"}
@@ -143,6 +146,7 @@ def test_sigterm_drains_finishes_short_streams_aborts_long_ones_and_exits_0(tiny
             assert refused.json()["error"]["code"] == "server_shutting_down"
             with ThreadPoolExecutor(2) as pool:
                 short_events, long_events = pool.map(data_events, [short_lines, long_lines])
+        short_events = data_events(iter([short_first])) + short_events
         assert short_events[-1] == "[DONE]"
         assert finish_reasons(short_events) == {0: "length"}
         assert not any("error" in event for event in short_events[:-1])
