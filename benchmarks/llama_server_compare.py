@@ -12,8 +12,11 @@ greedy, EOS ignored) at 1 and 16 concurrent streams; the rounds take the servers
 spell of a shared machine weighs on all. Reports, as medians over rounds: output tokens/s, one
 stream's decode speed (1000 / TPOT p50), TTFT p50, each server's time to ready (start to a healthy
 /health, the servers started one after another) and resident memory (its processes together, after
-the run), and each zeroserve configuration against llama-server. `--concurrency 1` leaves out the 16
-streams (an 8B model on 2 cores takes most of an hour for them).
+its last turn), and each zeroserve configuration against llama-server. `--concurrency 1` leaves out the 16
+streams (an 8B model on 2 cores takes most of an hour for them). `--one-at-a-time` starts each server
+for its turn alone and stops it after (a file whose two servers' memory would not fit the machine at
+once, as a 30B model's 18 GB beside llama-server's mapped copy); its time to ready is then a median
+over rounds.
 """
 
 from __future__ import annotations
@@ -104,6 +107,87 @@ def figures(result: dict[str, Any]) -> dict[str, float]:
             "ttft_p50_s": result["median_ttft_ms"] / 1000}
 
 
+class Contenders:
+    """The run's servers by name (llama-server, then each zeroserve configuration): how each starts, the
+    time each took to ready, zeroserve's /version, and each one's resident memory."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args, self.tmp = args, tmp
+        self.configs = {"zeroserve default flags": [], **(
+            {f"zeroserve {' '.join(args.zeroserve_args)}": args.zeroserve_args} if args.zeroserve_args else {}
+        )}
+        self.names = ["llama-server", *self.configs]
+        self.ready_s: dict[str, list[float]] = {}
+        self.version: dict[str, Any] = {}
+        self.memory: dict[str, float] = {}
+
+    def start(self, name: str, stack: ExitStack) -> tuple[str, int]:
+        """(base URL, pid) of server `name`, started inside `stack` and timed to ready."""
+        args, started = self.args, time.monotonic()
+        if name == "llama-server":
+            url, pid = stack.enter_context(llama_server(args.llama_server, args.model, args.threads, self.tmp / "llama.log"))
+        else:
+            serve = [str(args.model), "--num-threads", str(args.threads), *self.configs[name]]
+            server = stack.enter_context(local_server(serve, log_file=self.tmp / f"{name.replace(' ', '_')}.log"))
+            url, pid = server.base_url, server.proc.pid
+        self.ready_s.setdefault(name, []).append(time.monotonic() - started)
+        if not self.version and name == "zeroserve default flags":
+            self.version.update(httpx.get(f"{url}/version", timeout=10).json())
+            print(f"{cpu_model_name()}; zeroserve: {self.version.get('kernels')}", flush=True)
+        return url, pid
+
+
+def run_rounds(args: argparse.Namespace, contenders: Contenders) -> list[dict[str, dict[str, dict[str, float]]]]:
+    """Each round's figures by server and concurrency; the servers all up at once, or with
+    `--one-at-a-time` each alone on the machine for its turn and stopped after it."""
+    rounds: list[dict[str, dict[str, dict[str, float]]]] = []
+    with ExitStack() as stack:
+        servers = {} if args.one_at_a_time else {name: contenders.start(name, stack) for name in contenders.names}
+        for index in range(args.rounds):
+            rounds.append({})
+            for position, name in enumerate(contenders.names):
+                with ExitStack() as turn:
+                    base_url, pid = contenders.start(name, turn) if args.one_at_a_time else servers[name]
+                    rounds[-1][name] = {
+                        str(c): figures(bench(base_url, c, 1000 * index + 10 * position + c, args, contenders.tmp))
+                        for c in args.concurrency
+                    }
+                    contenders.memory[name] = rss_mib(pid)
+            print(f"round {index + 1}: " + "; ".join(
+                f"{name} " + " / ".join(f"{r[str(c)]['output_tok_s' if c > 1 else 'decode_tok_s']:.1f}" for c in args.concurrency)
+                + " tok/s" for name, r in rounds[-1].items()
+            ), flush=True)
+    return rounds
+
+
+def report(args: argparse.Namespace, rounds: list[dict[str, dict[str, dict[str, float]]]], contenders: Contenders) -> None:
+    """Prints the medians over rounds and each zeroserve configuration against llama-server, and writes them."""
+    medians = {
+        name: {c: {key: statistics.median(r[name][c][key] for r in rounds) for key in rounds[0][name][c]} for c in rounds[0][name]}
+        for name in rounds[0]
+    }
+    ready_s = {name: statistics.median(times) for name, times in contenders.ready_s.items()}
+    peer = medians["llama-server"]
+    missing = {"decode_tok_s": float("nan"), "output_tok_s": float("nan"), "ttft_p50_s": float("nan")}
+    print(f"\n{'server':<36} {'1 stream tok/s':>14} {'16 streams tok/s':>16} {'TTFT p50 @16':>12} {'ready s':>8} {'RSS MiB':>8}")
+    for name, by_concurrency in medians.items():
+        one, sixteen = by_concurrency.get("1", missing), by_concurrency.get("16", missing)
+        print(f"{name:<36} {one['decode_tok_s']:>14.1f} {sixteen['output_tok_s']:>16.1f} "
+              f"{sixteen['ttft_p50_s']:>11.2f}s {ready_s[name]:>8.1f} {contenders.memory[name]:>8.0f}")
+    for name, by_concurrency in medians.items():
+        if name != "llama-server":
+            ratios = [f"{'one stream' if c == '1' else '16 streams'} "
+                      f"{by_concurrency[c]['decode_tok_s' if c == '1' else 'output_tok_s'] / peer[c]['decode_tok_s' if c == '1' else 'output_tok_s']:.2f}x"
+                      for c in by_concurrency]
+            if "16" in by_concurrency:
+                ratios.append(f"TTFT p50 at 16 {by_concurrency['16']['ttft_p50_s'] / peer['16']['ttft_p50_s']:.2f}x")
+            print(f"{name} / llama-server: " + ", ".join(ratios))
+    args.result_json.write_text(json.dumps({
+        "cpu": cpu_model_name(), "zeroserve_version": contenders.version, "medians": medians, "rss_mib": contenders.memory,
+        "ready_s": ready_s, "rounds": rounds, "settings": {key: str(value) for key, value in vars(args).items()},
+    }, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None, help="a GGUF file (default: the default model's)")
@@ -115,65 +199,17 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], choices=[1, 16])
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="each server started for its turn and stopped after it (a file too big for two servers' memory)")
     parser.add_argument("--result-json", type=Path, default=Path("llama_server_compare.json"))
     args = parser.parse_args()
     args.model = args.model or resolve_model(DEFAULT_MODEL).path
     if not args.llama_server.exists():
         parser.error(f"no llama-server at {args.llama_server}: build it with ../shared/tools/build-llama-cpp")
-    configs = {"zeroserve default flags": [], **({f"zeroserve {' '.join(args.zeroserve_args)}": args.zeroserve_args}
-                                                if args.zeroserve_args else {})}
-    rounds: list[dict[str, dict[str, dict[str, float]]]] = []
-    memory: dict[str, float] = {}
-    ready_s: dict[str, float] = {}
-    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        start = time.monotonic()
-        llama_url, llama_pid = stack.enter_context(llama_server(args.llama_server, args.model, args.threads, tmp / "llama.log"))
-        servers = {"llama-server": (llama_url, llama_pid)}
-        ready_s["llama-server"] = time.monotonic() - start
-        for name, extra in configs.items():
-            start = time.monotonic()
-            serve = [str(args.model), "--num-threads", str(args.threads), *extra]
-            server = stack.enter_context(local_server(serve, log_file=tmp / f"{len(servers)}.log"))
-            servers[name] = (server.base_url, server.proc.pid)
-            ready_s[name] = time.monotonic() - start
-        version = httpx.get(f"{servers['zeroserve default flags'][0]}/version", timeout=10).json()
-        print(f"{cpu_model_name()}; zeroserve: {version.get('kernels')}", flush=True)
-        for index in range(args.rounds):
-            rounds.append({})
-            for position, (name, (base_url, _)) in enumerate(servers.items()):
-                rounds[-1][name] = {
-                    str(c): figures(bench(base_url, c, 1000 * index + 10 * position + c, args, tmp)) for c in args.concurrency
-                }
-            print(f"round {index + 1}: " + "; ".join(
-                f"{name} " + " / ".join(f"{r[str(c)]['output_tok_s' if c > 1 else 'decode_tok_s']:.1f}" for c in args.concurrency)
-                + " tok/s" for name, r in rounds[-1].items()
-            ), flush=True)
-        memory = {name: rss_mib(pid) for name, (_, pid) in servers.items()}
-    medians = {
-        name: {c: {key: statistics.median(r[name][c][key] for r in rounds) for key in rounds[0][name][c]} for c in rounds[0][name]}
-        for name in rounds[0]
-    }
-    peer = medians["llama-server"]
-    missing = {"decode_tok_s": float("nan"), "output_tok_s": float("nan"), "ttft_p50_s": float("nan")}
-    print(f"\n{'server':<36} {'1 stream tok/s':>14} {'16 streams tok/s':>16} {'TTFT p50 @16':>12} {'ready s':>8} {'RSS MiB':>8}")
-    for name, by_concurrency in medians.items():
-        one, sixteen = by_concurrency.get("1", missing), by_concurrency.get("16", missing)
-        print(f"{name:<36} {one['decode_tok_s']:>14.1f} {sixteen['output_tok_s']:>16.1f} "
-              f"{sixteen['ttft_p50_s']:>11.2f}s {ready_s[name]:>8.1f} {memory[name]:>8.0f}")
-    for name, by_concurrency in medians.items():
-        if name != "llama-server":
-            ratios = [f"{'one stream' if c == '1' else '16 streams'} "
-                      f"{by_concurrency[c]['decode_tok_s' if c == '1' else 'output_tok_s'] / peer[c]['decode_tok_s' if c == '1' else 'output_tok_s']:.2f}x"
-                      for c in by_concurrency]
-            if "16" in by_concurrency:
-                ratios.append(f"TTFT p50 at 16 {by_concurrency['16']['ttft_p50_s'] / peer['16']['ttft_p50_s']:.2f}x")
-            print(f"{name} / llama-server: " + ", ".join(ratios))
-    args.result_json.write_text(json.dumps({
-        "cpu": cpu_model_name(), "zeroserve_version": version, "medians": medians, "rss_mib": memory, "ready_s": ready_s,
-        "rounds": rounds,
-        "settings": {key: str(value) for key, value in vars(args).items()},
-    }, indent=2))
+    with tempfile.TemporaryDirectory() as tmp_name:
+        contenders = Contenders(args, Path(tmp_name))
+        rounds = run_rounds(args, contenders)
+    report(args, rounds, contenders)
 
 
 if __name__ == "__main__":
