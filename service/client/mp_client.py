@@ -192,10 +192,13 @@ class MPClient(EngineCoreClient):
         return None
 
     def _engine_by_identity(self, identity: bytes) -> EngineState | None:
-        for engine in self.engines.values():
-            if engine.identity == identity:
-                return engine
-        return None
+        """The engine registered from `identity`: the serving registration where it has one (a process
+        lost for a silence, then back, is registered again under a new index: its heartbeats keep
+        that one alive), else its latest."""
+        registrations = [engine for engine in self.engines.values() if engine.identity == identity]
+        serving = [engine for engine in registrations if engine.is_alive]
+        latest = serving or registrations
+        return latest[-1] if latest else None
 
     def _goodbye(self, engine: EngineState) -> None:
         if engine.request_ids:

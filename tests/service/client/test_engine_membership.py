@@ -125,6 +125,31 @@ async def test_a_lost_engines_streams_finish_on_the_others_and_a_leaving_one_dra
             engine.wait()
 
 
+async def test_an_engine_silent_past_the_heartbeat_timeout_rejoins_once_and_serves(
+    gateway: tuple[ServerProcess, str, Path], tiny_model_dir: Path
+) -> None:
+    # NOTE: a stopped process (SIGSTOP) is a busy machine's starved engine, taken for lost. Back, it
+    # beats from the same socket identity it joined from: once registered again, those beats must keep
+    # that registration alive (they refreshed the lost one, so it joined anew at every beat, forever).
+    server, engine_address, log = gateway
+    engine = start_engine(tiny_model_dir, engine_address)
+    try:
+        wait_joined(log, 1)
+        engine.send_signal(signal.SIGSTOP)
+        wait_logged(log, "engine 0 lost: no heartbeat")
+        engine.send_signal(signal.SIGCONT)
+        wait_joined(log, 2)
+        time.sleep(3)  # NOTE: past the 2 s heartbeat timeout, beating all along
+        assert log.read_text().count(" joined from ") == 2
+        assert log.read_text().count(" lost: ") == 1
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as client:
+            assert (await stream(client, "back", 5)) == (5, "length", "")
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+        engine.wait()
+
+
 async def test_after_the_last_engine_leaves_the_gateway_waits_for_another(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
