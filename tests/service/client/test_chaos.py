@@ -134,10 +134,13 @@ async def test_streams_survive_losing_one_of_two_engines_for_good(tiny_model_dir
         undisturbed = await all_streams(server, max_tokens=1500)
 
         def chaos(progress: Progress) -> Awaitable[list[int]]:
-            # NOTE: killed once the gateway has answered every stream and none has ended: all of them are
-            # held by the two engines then, so the one killed leaves some to resume on the other.
+            # NOTE: killed once the gateway has answered every stream and at most a quarter have ended: the rest
+            # are held by the two engines then, so the one killed leaves some to resume on the other. (Waiting
+            # for none ended once waited for ever: a loaded machine's client opened the last stream after the
+            # first had written all its tokens.)
             return kill_engines(
-                server, 1, random.Random(1), lambda: progress.num_opened == NUM_STREAMS and progress.num_finished == 0,
+                server, 1, random.Random(1),
+                lambda: progress.num_opened == NUM_STREAMS and progress.num_finished <= NUM_STREAMS // 4,
                 delay_s=(0.0, 0.0),
             )
 
