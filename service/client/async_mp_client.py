@@ -213,10 +213,6 @@ class AsyncMPClient(MPClient):
 
     async def _process_outputs_socket(self) -> None:
         while True:
-            # NOTE: a message already waiting is received without yielding: with a backlog, this loop held
-            # the event loop while the engines' heartbeats queued unread, and the heartbeat monitor, first
-            # to run after, took every engine for lost. One turn of the loop for the others per message.
-            await asyncio.sleep(0)
             frames = await self.output_socket.recv_multipart(copy=False)
             outputs = self._decode_outputs(frames)
             if outputs is None:

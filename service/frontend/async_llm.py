@@ -152,7 +152,6 @@ class AsyncLLM:
         """The one task that moves engine outputs to the requests' collectors."""
         try:
             while True:
-                await asyncio.sleep(0)  # NOTE: a queued output is taken without yielding: the streams' senders get a turn
                 outputs = await self.engine_client.get_output_async()
                 if isinstance(outputs, EngineLost):
                     await self._resume(outputs)
