@@ -105,7 +105,12 @@ class AsyncMPClient(MPClient):
     async def _monitor_heartbeats(self) -> None:
         interval = min(0.5, self.link.heartbeat_timeout_s / 4)
         while True:
+            slept_from = time.monotonic()
             await asyncio.sleep(interval)
+            if time.monotonic() - slept_from > 2 * interval:
+                # NOTE: woken late, the loop was held (a backlog of outputs taken without a yield): the
+                # engines' beats may sit unread in their socket. They are judged at the next wake-up.
+                continue
             for engine in self._silent_engines():
                 self._lose(engine.index, f"no heartbeat for {self.link.heartbeat_timeout_s:g} s")
             self._expire_parked()
@@ -224,6 +229,7 @@ class AsyncMPClient(MPClient):
                 engine = self.engines.get(outputs.engine_index)
                 if engine is None or not engine.is_alive:
                     continue  # NOTE: a lost engine's last words: its requests already went elsewhere.
+                engine.last_seen = time.monotonic()  # NOTE: its outputs show it alive as its beats do.
                 await self._drop_stale(outputs)
                 self._track(outputs)
                 self.outputs_queue.put_nowait(outputs)
