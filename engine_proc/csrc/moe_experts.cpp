@@ -57,13 +57,67 @@ at::Tensor with_bias(at::Tensor out, const std::vector<at::Tensor>& biases, int6
   return biases.empty() ? out : out + biases[e];
 }
 
+inline float bf16_sum(float a, float b) { return static_cast<float>(c10::BFloat16(a + b)); }
+
+// `clamped_swiglu(with_bias(gate_up))` for bfloat16 gate_up [M, 2W] and bias [2W] (or none), each torch op's
+// bfloat16 rounding in turn (tested against the loop's bits), the sigmoid by torch's own: two passes and one
+// op, not the ten torch ops an expert that took a twentieth of a one-stream step.
+at::Tensor biased_clamped_swiglu(const at::Tensor& gate_up, const at::Tensor* bias, int64_t width) {
+  const int64_t m = gate_up.size(0);
+  const auto* in = reinterpret_cast<const c10::BFloat16*>(gate_up.data_ptr());
+  const auto* b = bias == nullptr ? nullptr : reinterpret_cast<const c10::BFloat16*>(bias->data_ptr());
+  // (gate, up) of output i in row r: the bias added (rounded), then clamped as gpt-oss clamps them
+  const auto clamped = [&](int64_t r, int64_t i, float& gate, float& up) {
+    gate = static_cast<float>(in[r * 2 * width + i]);
+    up = static_cast<float>(in[r * 2 * width + width + i]);
+    if (b != nullptr) {
+      gate = bf16_sum(gate, static_cast<float>(b[i]));
+      up = bf16_sum(up, static_cast<float>(b[width + i]));
+    }
+    gate = gate > 7.0f ? 7.0f : gate;  // NOTE: NaN passes, as torch's clamp passes it
+    up = up < -7.0f ? -7.0f : (up > 7.0f ? 7.0f : up);
+  };
+  auto gated = at::empty({m, width}, gate_up.options());
+  auto* g = reinterpret_cast<c10::BFloat16*>(gated.data_ptr());
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < width; ++i) {
+      float gate, up;
+      clamped(r, i, gate, up);
+      g[r * width + i] = c10::BFloat16(gate * 1.702f);
+    }
+  }
+  gated.sigmoid_();
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < width; ++i) {
+      float gate, up;
+      clamped(r, i, gate, up);
+      const float times_sigmoid = static_cast<float>(c10::BFloat16(gate * static_cast<float>(g[r * width + i])));
+      g[r * width + i] = c10::BFloat16(bf16_sum(up, 1.0f) * times_sigmoid);
+    }
+  }
+  return gated;
+}
+
+// Expert e's gate/up projection of `rows` and its activation: gpt-oss's on bfloat16 in one pass where it can.
+at::Tensor activated(const MoeExperts& experts, const at::Tensor& rows, int64_t e) {
+  const int64_t width = experts.width;
+  auto projected = run_form(experts.gate_up_form, rows, experts.gate_up[e], 2 * width);
+  const at::Tensor* bias = experts.gate_up_bias.empty() ? nullptr : &experts.gate_up_bias[e];
+  if (experts.is_clamped_swiglu && projected.scalar_type() == at::kBFloat16 && projected.is_contiguous() &&
+      (bias == nullptr || (bias->scalar_type() == at::kBFloat16 && bias->is_contiguous() && bias->numel() == 2 * width))) {
+    return biased_clamped_swiglu(projected, bias, width);
+  }
+  projected = with_bias(projected, experts.gate_up_bias, e);
+  return experts.is_clamped_swiglu ? clamped_swiglu(projected, width).contiguous() : silu_and_mul(projected);
+}
+
 }  // namespace
 
 // x [T, H] bf16, expert_ids [T, K] int64 and weights [T, K] float32 (each token's experts, best first) ->
 // [T, H] bf16. `gate_up[e]` and `down[e]`: expert e's packings for forms `gate_up_form` and `down_form`;
 // with biases (gpt-oss's), expert e's added to its projections' outputs as torch adds them.
 at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights, const MoeExperts& experts) {
-  const int64_t gate_up_form = experts.gate_up_form, down_form = experts.down_form, width = experts.width;
+  const int64_t down_form = experts.down_form;
   const auto& gate_up = experts.gate_up;
   const auto& down = experts.down;
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.dim() == 2);
@@ -104,9 +158,19 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const 
       int64_t* token = tokens.data_ptr<int64_t>();
       for (int64_t j = 0; j < count; ++j) token[j] = mine[j] / num_chosen;
       const auto rows = x.index_select(0, tokens);
-      const auto projected = with_bias(run_form(gate_up_form, rows, gate_up[e], 2 * width), experts.gate_up_bias, e);
-      const auto act = experts.is_clamped_swiglu ? clamped_swiglu(projected, width).contiguous() : silu_and_mul(projected);
-      const auto result = with_bias(run_form(down_form, act, down[e], hidden), experts.down_bias, e);
+      auto result = run_form(down_form, activated(experts, rows, e), down[e], hidden);
+      // NOTE: a bfloat16 bias is added (rounded) in the loop below, as torch adds it; another goes through torch.
+      const c10::BFloat16* bias = nullptr;
+      if (!experts.down_bias.empty()) {
+        const auto& b = experts.down_bias[e];
+        const bool is_fusable = result.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 &&
+                                b.is_contiguous() && b.numel() == hidden;
+        if (is_fusable) {
+          bias = reinterpret_cast<const c10::BFloat16*>(b.data_ptr());
+        } else {
+          result = result + b;
+        }
+      }
       // NOTE: a float32 bias makes the output float32, as in torch: then not rounded to bfloat16 before its weight.
       const bool is_float = result.scalar_type() == at::kFloat;
       const auto contiguous = result.contiguous();
@@ -117,7 +181,9 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const 
         const float weight = scale[mine[j]];
         for (int64_t h = 0; h < hidden; ++h) {
           const int64_t i = j * hidden + h;
-          row[h] = (is_float ? floats[i] : static_cast<float>(halves[i])) * weight;
+          float value = is_float ? floats[i] : static_cast<float>(halves[i]);
+          if (bias != nullptr) value = bf16_sum(value, static_cast<float>(bias[h]));
+          row[h] = value * weight;
         }
       }
     }
