@@ -98,6 +98,15 @@ at::Tensor biased_clamped_swiglu(const at::Tensor& gate_up, const at::Tensor* bi
   return gated;
 }
 
+// The rows of x [T, H] of an expert's (token, rank) pairs, in their order.
+at::Tensor gathered(const at::Tensor& x, const std::vector<int64_t>& pairs, int64_t num_chosen) {
+  const int64_t count = static_cast<int64_t>(pairs.size());
+  auto tokens = at::empty({count}, x.options().dtype(at::kLong));
+  int64_t* token = tokens.data_ptr<int64_t>();
+  for (int64_t j = 0; j < count; ++j) token[j] = pairs[j] / num_chosen;
+  return x.index_select(0, tokens);
+}
+
 // Expert e's gate/up projection of `rows` and its activation: gpt-oss's on bfloat16 in one pass where it can.
 at::Tensor activated(const MoeExperts& experts, const at::Tensor& rows, int64_t e) {
   const int64_t width = experts.width;
@@ -154,10 +163,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const 
       const int64_t e = active[i];
       const auto& mine = pairs[e];
       const int64_t count = static_cast<int64_t>(mine.size());
-      auto tokens = at::empty({count}, ids.options());
-      int64_t* token = tokens.data_ptr<int64_t>();
-      for (int64_t j = 0; j < count; ++j) token[j] = mine[j] / num_chosen;
-      const auto rows = x.index_select(0, tokens);
+      const auto rows = count == 1 ? x.narrow(0, mine[0] / num_chosen, 1) : gathered(x, mine, num_chosen);
       auto result = run_form(down_form, activated(experts, rows, e), down[e], hidden);
       // NOTE: a bfloat16 bias is added (rounded) in the loop below, as torch adds it; another goes through torch.
       const c10::BFloat16* bias = nullptr;
