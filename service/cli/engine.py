@@ -12,7 +12,7 @@ from typing import Any
 
 from proto.engine_link import add_link_args, link_config_from, remote_addresses
 from service.client.curve import generate_keys
-from service.client.engine_launcher import engine_argv
+from service.client.engine_launcher import engine_argv, engine_environ
 from service.flags.engine_flags import add_engine_args, add_model_arg, engine_config_from
 from service.observability.logging_setup import configure_logging
 
@@ -51,7 +51,7 @@ def run_engine(args: argparse.Namespace) -> int:
         return 2
     engine = engine_config_from(args, str(resolved.path), resolved.name)
     argv = [*engine_argv(engine, -1, input_address, output_address), *link.to_argv()]
-    os.execv(sys.executable, [sys.executable, "-m", "engine_proc", *argv])
+    os.execve(sys.executable, [sys.executable, "-m", "engine_proc", *argv], engine_environ(os.environ))
 
 
 def add_keys_parser(commands: Any) -> None:

@@ -20,6 +20,19 @@ def resident_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def huge_page_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no AnonHugePages")
+
+
+def is_thp_on_request() -> bool:
+    """Whether this kernel gives transparent huge pages to memory that asks (`madvise` or `always`)."""
+    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    return path.exists() and "[never]" not in path.read_text()
+
+
 def test_an_engine_reports_its_weights_kv_cache_and_peak_and_heartbeats_keep_the_peak_current(
     tiny_model_dir: Path,
 ) -> None:
@@ -35,6 +48,10 @@ def test_an_engine_reports_its_weights_kv_cache_and_peak_and_heartbeats_keep_the
         # NOTE: a cache not yet written is not resident, but counts whole: a full one will be.
         assert ready.runtime_bytes > 0
         assert ready.memory_bytes >= ready.runtime_bytes + ready.weight_bytes + ready.kv_cache_bytes
+        # NOTE: its malloc asks for huge pages: the weights and the cache stream through fewer TLB entries.
+        assert b"glibc.malloc.hugetlb=1" in Path(f"/proc/{client.engine_pid}/environ").read_bytes()
+        if is_thp_on_request():
+            assert huge_page_bytes(client.engine_pid) > 0
         bytes_per_block = ready.kv_cache_bytes // ready.num_kv_blocks
         assert 0 <= int(KV_CACHE_MEMORY_GIB * 2**30) - ready.kv_cache_bytes < bytes_per_block
 
