@@ -124,12 +124,18 @@ class Contenders:
     def start(self, name: str, stack: ExitStack) -> tuple[str, int]:
         """(base URL, pid) of server `name`, started inside `stack` and timed to ready."""
         args, started = self.args, time.monotonic()
-        if name == "llama-server":
-            url, pid = stack.enter_context(llama_server(args.llama_server, args.model, args.threads, self.tmp / "llama.log"))
-        else:
-            serve = [str(args.model), "--num-threads", str(args.threads), *self.configs[name]]
-            server = stack.enter_context(local_server(serve, log_file=self.tmp / f"{name.replace(' ', '_')}.log"))
-            url, pid = server.base_url, server.proc.pid
+        log = self.tmp / ("llama.log" if name == "llama-server" else f"{name.replace(' ', '_')}.log")
+        try:
+            if name == "llama-server":
+                url, pid = stack.enter_context(llama_server(args.llama_server, args.model, args.threads, log))
+            else:
+                serve = [str(args.model), "--num-threads", str(args.threads), *self.configs[name]]
+                server = stack.enter_context(local_server(serve, log_file=log))
+                url, pid = server.base_url, server.proc.pid
+        except RuntimeError:
+            # NOTE: the log lives in a temporary folder that goes with the run: its end is printed first.
+            print(f"{name} did not start; the end of its log:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]), file=sys.stderr)
+            raise
         self.ready_s.setdefault(name, []).append(time.monotonic() - started)
         if not self.version and name == "zeroserve default flags":
             self.version.update(httpx.get(f"{url}/version", timeout=10).json())
