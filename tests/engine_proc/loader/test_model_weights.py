@@ -136,6 +136,7 @@ def test_an_engine_holds_little_more_than_its_file(tmp_path: Path) -> None:
     file_bytes, kv_bytes = path.stat().st_size, 2**28
     # NOTE: the bound: the file's size and a third, the KV cache, and 400 MB (torch and the rest);
     # and, closer, what loading added to a process with torch and the kernels in it: a bfloat16 copy of the
-    # weights (345 MB) or their float32 values would break it.
+    # weights (345 MB) or their float32 values would break it. (The load's temporaries move its peak: 158-200 MB
+    # over the same code's runs, so 64 MB over the file's third was too close.)
     assert memory["peak"] <= 1.3 * file_bytes + kv_bytes + 400e6, (memory, file_bytes)
-    assert memory["peak"] - memory["before"] <= 1.3 * file_bytes + 64e6, (memory, file_bytes)
+    assert memory["peak"] - memory["before"] <= 1.3 * file_bytes + 128e6, (memory, file_bytes)
