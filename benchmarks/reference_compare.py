@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 import torch
 
-from engine_proc.cpu_features import cpu_model_name
+from engine_proc.cpu.features import cpu_model_name
 from service.bench.chat_prompts import chat_prompts
 from service.bench.local_server import local_server
 from service.model_files.model_registry import DEFAULT_MODEL, resolve_model

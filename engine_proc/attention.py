@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.cpu.kernels import load_cpu_kernels
 from engine_proc.models.attention_api import HeadNorms
 from engine_proc.torch_attention import additive_mask, decode_attention, mask_per_row, prefill_attention, seen_keys
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan, decode_query_grid
-from engine_proc.cpu_features import cpu_features, cpu_model_name
+from engine_proc.cpu.features import cpu_features, cpu_model_name
 from engine_proc.kv_cache_memory import num_kv_blocks, release_memory
 from engine_proc.loader import TORCH_DTYPES, load_model
 from engine_proc.models.llama import LlamaForCausalLM

@@ -14,9 +14,9 @@ import torch
 
 
 def main() -> None:
-    from engine_proc.cpu_features import cpu_features
+    from engine_proc.cpu.features import cpu_features
+    from engine_proc.cpu.quantized_linear import Linear
     from engine_proc.loader import load_model
-    from engine_proc.models.quantized_linear import Linear
     from tests.engine_proc.models.tiny_llama import run
 
     path, out = sys.argv[1], sys.argv[2]

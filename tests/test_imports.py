@@ -155,3 +155,29 @@ def test_service_rooms_import_one_way() -> None:
                 if SERVICE_ROOMS.index(parts[1]) > SERVICE_ROOMS.index(room):
                     back_arrows.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not back_arrows, back_arrows
+
+
+# NOTE: engine_proc/'s rooms, lowest first: the CPU's matmul machinery, the model families, the loader;
+# the engine's own modules (the loop, scheduler, runner, attention, sampler) stand above them all.
+ENGINE_ROOMS = ("cpu", "models", "loader")
+
+
+def _engine_room(path: Path) -> str:
+    parts = path.relative_to(ROOT / "engine_proc").parts
+    return parts[0] if len(parts) > 1 else "engine"
+
+
+def test_engine_rooms_import_one_way() -> None:
+    assert {_engine_room(path) for path in (ROOT / "engine_proc").rglob("*.py")} == {*ENGINE_ROOMS, "engine"}
+    back_arrows = []
+    for path in (ROOT / "engine_proc").rglob("*.py"):
+        room = _engine_room(path)
+        if room == "engine":
+            continue
+        for name in _all_imports(path):
+            parts = name.split(".")
+            if parts[0] != "engine_proc" or len(parts) < 2 or parts[1] == room:
+                continue
+            if parts[1] not in ENGINE_ROOMS or ENGINE_ROOMS.index(parts[1]) > ENGINE_ROOMS.index(room):
+                back_arrows.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not back_arrows, back_arrows

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine_proc.cpu_kernels import build_root
+from engine_proc.cpu.kernels import build_root
 from proto import envs
 from tests.server_process import free_port
 

@@ -11,16 +11,16 @@ from typing import Any
 
 import torch
 
-from engine_proc.cpu_features import cpu_features
-from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.cpu.features import cpu_features
+from engine_proc.cpu.kernels import load_cpu_kernels
+from engine_proc.cpu.quantized_linear import is_int4_supported
+from engine_proc.cpu.weight_blocks import Q4Blocks, Q8Blocks
 from engine_proc.loader.gguf_loader import load_gguf, load_gguf_config
 from engine_proc.loader.hf_loader import hf_tensor_names, load_hf_config, load_hf_dir
 from engine_proc.loader.model_weights import RoundedAtLoad, TensorDict, WeightSource, check_names, load_weights
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.llama import LlamaForCausalLM
-from engine_proc.models.quantized_linear import is_int4_supported
 from engine_proc.models.registry import model_class, reset_rotary_tables
-from engine_proc.models.weight_blocks import Q4Blocks, Q8Blocks
 from proto.engine_config import LOAD_FORMATS, QUANTIZATIONS, EngineConfig
 
 __all__ = ["TORCH_DTYPES", "check_model", "load_gguf", "load_hf_dir", "load_model", "load_model_config"]

@@ -14,12 +14,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from engine_proc.loader.gguf_blocks import ARRAYS
-from engine_proc.models.config import ModelConfig
-from engine_proc.models.family import Family
-from engine_proc.models.registry import family_of, gguf_family
-from engine_proc.models.rope import inverse_frequencies, yarn_mscale
-from engine_proc.models.weight_blocks import (
+from engine_proc.cpu.weight_blocks import (
     Blocks,
     BlocksKind,
     BlocksReader,
@@ -32,6 +27,11 @@ from engine_proc.models.weight_blocks import (
     Q6KBlocks,
     Q8Blocks,
 )
+from engine_proc.loader.gguf_blocks import ARRAYS
+from engine_proc.models.config import ModelConfig
+from engine_proc.models.family import Family
+from engine_proc.models.registry import family_of, gguf_family
+from engine_proc.models.rope import inverse_frequencies, yarn_mscale
 from proto.gguf_header import GGUFHeader, read_gguf_header
 from proto.model_support import GGML_TYPES, GGUF_ARCHITECTURES
 

@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from engine_proc.cpu.form_registry import KERNEL_FORMS
+from engine_proc.cpu.quantized_linear import Linear, kernel_form, parts_form
+from engine_proc.cpu.weight_blocks import Blocks, BlocksReader, Q4Blocks, Q8Blocks, cat_blocks
 from engine_proc.models.family import FolderTensor
-from engine_proc.models.form_registry import KERNEL_FORMS
 from engine_proc.models.llama import LlamaForCausalLM, RowEmbedding
-from engine_proc.models.quantized_linear import Linear, kernel_form, parts_form
 from engine_proc.models.registry import family_of, reset_rotary_tables
-from engine_proc.models.weight_blocks import Blocks, BlocksReader, Q4Blocks, Q8Blocks, cat_blocks
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
 FUSED_PROJECTIONS = (

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
-from engine_proc.models.weight_blocks import Blocks
+from engine_proc.cpu.weight_blocks import Blocks
 
 # NOTE: the fields a Hugging Face config.json or a GGUF's metadata gives ModelConfig, as read so far.
 Fields = dict[str, Any]

@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine_proc.cpu.quantized_linear import Linear
 from engine_proc.models.attention_api import AttentionBackend
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.family import Family, Fields, MetadataReader
 from engine_proc.models.hf_config import rope
 from engine_proc.models.llama import LlamaForCausalLM, RMSNorm, RotaryEmbedding, RotaryRows, RowEmbedding, apply_rotary
-from engine_proc.models.quantized_linear import Linear
 
 
 class Gemma3Attention(nn.Module):

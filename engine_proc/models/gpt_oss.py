@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from engine_proc.cpu.quantized_linear import Linear
+from engine_proc.cpu.weight_blocks import MXFP4Blocks
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.family import Family, Fields, FolderTensor, MetadataReader
 from engine_proc.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel, RMSNorm
 from engine_proc.models.moe import SparseMoeBlock, gguf_expert_fields, hf_expert_fields
-from engine_proc.models.quantized_linear import Linear
-from engine_proc.models.weight_blocks import MXFP4Blocks
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 # NOTE: llama.cpp's gpt-oss: every other layer slides (the first of each two) unless the file says.

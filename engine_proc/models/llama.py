@@ -11,18 +11,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.cpu.form_registry import KERNEL_FORMS, is_plan_row_invariant
+from engine_proc.cpu.greedy_head import GreedyHead
+from engine_proc.cpu.kernels import load_cpu_kernels
+from engine_proc.cpu.matmul_forms import Int8Rows, MatmulForms
+from engine_proc.cpu.matmul_plan import TimingBudget, plan_head, plan_linears
+from engine_proc.cpu.quantized_linear import Linear, kernel_form
+from engine_proc.cpu.weight_blocks import Blocks, BlocksReader
 from engine_proc.models.attention_api import AttentionBackend, HeadNorms
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.family import Family
-from engine_proc.models.form_registry import KERNEL_FORMS, is_plan_row_invariant
-from engine_proc.models.greedy_head import GreedyHead
-from engine_proc.models.matmul_forms import Int8Rows, MatmulForms
-from engine_proc.models.matmul_plan import TimingBudget, plan_head, plan_linears
 from engine_proc.models.moe import Router, SparseMoeBlock
-from engine_proc.models.quantized_linear import Linear, kernel_form
 from engine_proc.models.rope import attention_factor, inverse_frequencies
-from engine_proc.models.weight_blocks import Blocks, BlocksReader
 
 logger = logging.getLogger(__name__)
 

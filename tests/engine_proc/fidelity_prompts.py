@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from engine_proc.core import EngineCore
-from engine_proc.models.quantized_linear import Linear
+from engine_proc.cpu.quantized_linear import Linear
 from proto.engine_input import EngineCoreRequest, SamplingParams
 
 QUESTIONS = [

@@ -21,7 +21,7 @@ from service.model_files.tokenizer import Tokenizer
 REFERENCE = Path(__file__).parent / "data" / "gemma-3-270m.llama-server.json"
 # NOTE: the widest margin at which an answer left llama-server's was 0.27 nats (default flags on a Zen 2,
 # 2026-12-07, commit eb2eb11: bfloat16 activations between layers, where llama.cpp keeps float32). The
-# kernels' AVX-512 and AVX2 bodies give the same bits (tests/engine_proc/test_kernel_bodies.py), so an
+# kernels' AVX-512 and AVX2 bodies give the same bits (tests/engine_proc/cpu/test_kernel_bodies.py), so an
 # AVX-512 CPU leaves at the same steps; only torch's own vectorised ops (Gemma's GELU) could differ there.
 NEAR_TIE = 0.5
 

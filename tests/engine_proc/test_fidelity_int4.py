@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from engine_proc.core import EngineCore
-from engine_proc.cpu_features import cpu_features
-from engine_proc.cpu_kernels import load_cpu_kernels
-from engine_proc.models.form_registry import FORMS, KERNEL_FORMS
-from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear
+from engine_proc.cpu.features import cpu_features
+from engine_proc.cpu.form_registry import FORMS, KERNEL_FORMS
+from engine_proc.cpu.kernels import load_cpu_kernels
+from engine_proc.cpu.quantized_linear import INT4_MAX_TOKENS, Linear
 from proto.engine_config import EngineConfig
 from proto.engine_input import SamplingParams
 from tests.engine_proc.fidelity_prompts import NGRAM_DRAFTS, planned_forms, reference_margin, run, teacher_forced_ranks

@@ -26,9 +26,9 @@ import transformers
 
 from benchmarks.real_size_ggufs import requantize
 from engine_proc.core import EngineCore
-from engine_proc.cpu_features import cpu_features
-from engine_proc.cpu_kernels import load_cpu_kernels
-from engine_proc.models.form_registry import FORMS
+from engine_proc.cpu.features import cpu_features
+from engine_proc.cpu.form_registry import FORMS
+from engine_proc.cpu.kernels import load_cpu_kernels
 from proto.engine_config import EngineConfig
 from service.model_files.tokenizer import Tokenizer
 from tests.engine_proc.fidelity_prompts import planned_forms, reference_margin, teacher_forced_ranks

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.real_size_ggufs import SHAPES, mxfp4_moe, write
-from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.cpu.kernels import load_cpu_kernels
 from engine_proc.model_runner import ModelRunner
 from proto.engine_config import EngineConfig
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 import transformers
 
+from engine_proc.cpu.quantized_linear import INT4_MAX_TOKENS
 from engine_proc.loader import load_gguf, load_model, load_model_config
 from engine_proc.loader.gguf_blocks import ARRAYS
 from engine_proc.loader.gguf_loader import _BLOCK_KINDS
-from engine_proc.models.quantized_linear import INT4_MAX_TOKENS
 from engine_proc.models.rope import attention_factor, inverse_frequencies
 from proto.model_support import GGML_TYPES
 from tests.engine_proc.models.tiny_llama import TINY, run, save_tiny_checkpoint

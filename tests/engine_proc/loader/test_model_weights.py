@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from benchmarks.real_size_ggufs import Shape, write
-from engine_proc.cpu_features import cpu_features
-from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.cpu.features import cpu_features
+from engine_proc.cpu.form_registry import FORMS
+from engine_proc.cpu.kernels import load_cpu_kernels
+from engine_proc.cpu.quantized_linear import Linear
 from engine_proc.loader import load_gguf, load_model
-from engine_proc.models.form_registry import FORMS
-from engine_proc.models.quantized_linear import Linear
 from tests.engine_proc.models.tiny_llama import run
 
 needs_kernels = pytest.mark.skipif(
@@ -124,7 +124,7 @@ def test_an_engine_holds_little_more_than_its_file(tmp_path: Path) -> None:
     path = tmp_path / "mid-q4_0.gguf"
     write(Shape(1024, 8, 4096, 16, 4, 64, is_tied=True), "Q4_0", path)
     code = (
-        "import json\nfrom engine_proc.core import EngineCore\nfrom engine_proc.cpu_kernels import load_cpu_kernels\n"
+        "import json\nfrom engine_proc.core import EngineCore\nfrom engine_proc.cpu.kernels import load_cpu_kernels\n"
         "from proto.engine_config import EngineConfig\n"
         "def memory(): return dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
         "load_cpu_kernels()\nbefore = memory()['VmRSS']\n"

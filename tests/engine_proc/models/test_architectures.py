@@ -29,7 +29,7 @@ from benchmarks.reference_models import (
 )
 from benchmarks.tokenizer_corpus import tokenizer_corpus
 from engine_proc.core import EngineCore
-from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.cpu.kernels import load_cpu_kernels
 from proto.engine_config import EngineConfig
 from service.model_files.tokenizer import Tokenizer
 

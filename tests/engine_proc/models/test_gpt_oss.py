@@ -23,12 +23,12 @@ from benchmarks.reference_models import (
     write_hf_folder,
 )
 from engine_proc.core import EngineCore
-from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.cpu.kernels import load_cpu_kernels
+from engine_proc.cpu.weight_blocks import MXFP4Blocks
 from engine_proc.loader import check_model
 from engine_proc.models import gpt_oss
 from engine_proc.models.gpt_oss import clamped_swiglu
 from engine_proc.models.moe import SparseMoeBlock
-from engine_proc.models.weight_blocks import MXFP4Blocks
 from proto.engine_config import EngineConfig
 from service.model_files.tokenizer import Tokenizer
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from engine_proc.loader import load_model
 from proto import envs
-from tests.engine_proc.models.stand_in_timer import stand_in_timer
+from tests.engine_proc.cpu.stand_in_timer import stand_in_timer
 from tests.engine_proc.models.tiny_llama import CHECKPOINTS, TINY, run, save_tiny_checkpoint
 
 

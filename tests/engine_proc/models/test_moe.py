@@ -11,7 +11,7 @@ import torch
 
 from benchmarks.reference_models import engine_greedy, write_hf_folder
 from engine_proc.core import EngineCore
-from engine_proc.cpu_kernels import load_cpu_kernels
+from engine_proc.cpu.kernels import load_cpu_kernels
 from engine_proc.models.moe import SparseMoeBlock, route
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams

@@ -7,8 +7,8 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from engine_proc.models import matmul_forms
-from engine_proc.models.matmul_forms import (
+from engine_proc.cpu import matmul_forms
+from engine_proc.cpu.matmul_forms import (
     MEASURED_TOKENS,
     Int8Rows,
     MatmulForms,
@@ -17,8 +17,8 @@ from engine_proc.models.matmul_forms import (
     measure_invariant_plan,
     measure_plan,
 )
-from engine_proc.models.quantized_linear import Linear
-from engine_proc.models.saved_plans import saved_plan
+from engine_proc.cpu.quantized_linear import Linear
+from engine_proc.cpu.saved_plans import saved_plan
 
 logger = logging.getLogger(__name__)
 

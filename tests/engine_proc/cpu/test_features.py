@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
-from engine_proc.cpu_features import CpuFeatures, cpu_features
+from engine_proc.cpu.features import CpuFeatures, cpu_features
 
 _PRINT_FEATURES = (
-    "import json; from engine_proc.cpu_features import cpu_features as f; c = f(); "
+    "import json; from engine_proc.cpu.features import cpu_features as f; c = f(); "
     "print(json.dumps([c.capability, c.has_avx2, c.has_avx512_bf16, c.has_amx, c.kernel_isa]))"
 )
 

@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 import torch
 
-from engine_proc import cpu_kernels
-from engine_proc.cpu_features import cpu_features
-from engine_proc.models.form_registry import FORMS
-from engine_proc.models.llama import RMSNorm
-from engine_proc.models.weight_blocks import (
+from engine_proc.cpu import kernels as cpu_kernels
+from engine_proc.cpu.features import cpu_features
+from engine_proc.cpu.form_registry import FORMS
+from engine_proc.cpu.weight_blocks import (
     Blocks,
     IQ4XSBlocks,
     MXFP4Blocks,
@@ -37,6 +36,7 @@ from engine_proc.models.weight_blocks import (
     Q6KBlocks,
     Q8Blocks,
 )
+from engine_proc.models.llama import RMSNorm
 from proto import envs
 
 SIMDE_HEADER = Path("/usr/include/simde/x86/avx512.h")

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from engine_proc.cpu_features import cpu_features, cpu_model_name
-from engine_proc.models.matmul_forms import MatmulForms, Plan
+from engine_proc.cpu.features import cpu_features, cpu_model_name
+from engine_proc.cpu.matmul_forms import MatmulForms, Plan
 from proto import envs
 
 logger = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from engine_proc.models import matmul_forms
-from engine_proc.models.form_registry import FORMS
+from engine_proc.cpu import matmul_forms
+from engine_proc.cpu.form_registry import FORMS
 
 
 class StandInTimer:

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine_proc.cpu_features import cpu_features
-from engine_proc.models.form_registry import KERNEL_FORMS
+from engine_proc.cpu.features import cpu_features
+from engine_proc.cpu.form_registry import KERNEL_FORMS
 from proto import envs
 
 logger = logging.getLogger(__name__)

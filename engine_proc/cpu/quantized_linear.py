@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine_proc.models.form_registry import FORMS, KERNEL_FORMS, FormSpec
-from engine_proc.models.matmul_forms import MatmulForms
-from engine_proc.models.weight_blocks import GROUP_SIZE, Blocks, BlocksReader, Q4Blocks, cat_blocks
+from engine_proc.cpu.form_registry import FORMS, KERNEL_FORMS, FormSpec
+from engine_proc.cpu.matmul_forms import MatmulForms
+from engine_proc.cpu.weight_blocks import GROUP_SIZE, Blocks, BlocksReader, Q4Blocks, cat_blocks
 
 # NOTE: all 120 projections of SmolLM2-135M, weights streamed from memory as in a step, 2
 # threads. Intel with AMX: int4 6.0 / 8.0 / 15.4 / 19.8 ms at 1 / 2 / 4 / 6 tokens against

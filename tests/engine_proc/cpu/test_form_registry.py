@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from engine_proc import cpu_kernels
-from engine_proc.cpu_features import cpu_features
-from engine_proc.models.form_registry import FORMS, KERNEL_FORMS, Fidelity
+from engine_proc.cpu import kernels as cpu_kernels
+from engine_proc.cpu.features import cpu_features
+from engine_proc.cpu.form_registry import FORMS, KERNEL_FORMS, Fidelity
 
 needs_kernels = pytest.mark.skipif(
     cpu_kernels.load_cpu_kernels() is None,

@@ -29,7 +29,7 @@ tokens to the fastest form.
 Speed must not change the answer: a batch-invariant plan (the engine's default) runs one
 row-invariant form at every batch size, so a row's result never depends on the rows beside it.
 A form is row-invariant when each row's arithmetic is the same, in the same order, whatever
-other rows share the call (form_registry says which are; tests/engine_proc/models/test_quantized_linear.py
+other rows share the call (form_registry says which are; tests/engine_proc/cpu/test_quantized_linear.py
 holds each that claims it to bit-identical rows at 1, 3, 16 and 64 rows). torch's and oneDNN's kernels pick their
 blocking, and with it the order of a row's sums, by the batch's shape, so none of theirs claims it.
 """
@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine_proc.models.form_registry import FORMS
+from engine_proc.cpu.form_registry import FORMS
 
 logger = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from engine_proc.models import matmul_forms
-from engine_proc.models.form_registry import is_plan_row_invariant
-from engine_proc.models.matmul_forms import MatmulForms, describe_plan, measure_invariant_plan, measure_plan
+from engine_proc.cpu import matmul_forms
+from engine_proc.cpu.form_registry import is_plan_row_invariant
+from engine_proc.cpu.matmul_forms import MatmulForms, describe_plan, measure_invariant_plan, measure_plan
 
 
 def forms_with(*names: str) -> MatmulForms:

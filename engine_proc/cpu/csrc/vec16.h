@@ -8,7 +8,7 @@
 // its own: bfloat16 conversions round to nearest even by integer arithmetic, keeping subnormals
 // and making NaNs quiet as torch does (AVX-512's `vcvtneps2bf16` would flush subnormals to zero),
 // 2^n is built from its bits, and no approximate reciprocal or bfloat16 dot product appears.
-// tests/engine_proc/test_kernel_bodies.py holds this: it builds the AVX-512 bodies through SIMDe
+// tests/engine_proc/cpu/test_kernel_bodies.py holds this: it builds the AVX-512 bodies through SIMDe
 // (`ZEROSERVE_SIMDE_AVX512`) on an AVX2 CPU and compares every kernel's output bit for bit.
 #pragma once
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_proc import cpu_kernels
 from engine_proc.attention import AttentionMetadata, PagedAttention, PrefillSpan
-from engine_proc.cpu_features import CpuFeatures, cpu_features
-from engine_proc.cpu_kernels import has_amx, load_cpu_kernels
+from engine_proc.cpu import kernels as cpu_kernels
+from engine_proc.cpu.argmax import greedy_ids
+from engine_proc.cpu.features import CpuFeatures, cpu_features
+from engine_proc.cpu.form_registry import KERNEL_FORMS
+from engine_proc.cpu.greedy_head import GreedyHead
+from engine_proc.cpu.kernels import has_amx, load_cpu_kernels
 from engine_proc.loader import load_model
 from engine_proc.models.attention_api import HeadNorms
 from engine_proc.models.config import ModelConfig
-from engine_proc.models.form_registry import KERNEL_FORMS
-from engine_proc.models.greedy_head import GreedyHead
 from engine_proc.models.llama import RotaryEmbedding, apply_rotary
-from engine_proc.sampler import greedy_ids
 from proto import envs
 from tests.engine_proc.attention_cases import decode_step, mixed_step
 from tests.engine_proc.models.tiny_llama import TINY, run, save_tiny_checkpoint

@@ -1,6 +1,6 @@
 // The AVX-512 intrinsics the kernels use that SIMDe 0.7 (Debian's libsimde-dev) lacks, lane by lane as
 // Intel's manual defines them: vec16.h includes this when the AVX-512 bodies are built through SIMDe
-// (tests/engine_proc/test_kernel_bodies.py). A SIMDe that has one defines its alias, and this one steps aside.
+// (tests/engine_proc/cpu/test_kernel_bodies.py). A SIMDe that has one defines its alias, and this one steps aside.
 #pragma once
 
 #include <immintrin.h>

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine_proc.cpu_kernels import has_amx
-from engine_proc.models.matmul_forms import is_faster
-from engine_proc.sampler import greedy_ids
+from engine_proc.cpu.argmax import greedy_ids
+from engine_proc.cpu.kernels import has_amx
+from engine_proc.cpu.matmul_forms import is_faster
 
 logger = logging.getLogger(__name__)
 

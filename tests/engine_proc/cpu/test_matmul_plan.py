@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine_proc.cpu import matmul_plan
 from engine_proc.loader import load_model
-from engine_proc.models import matmul_plan
 from proto import envs
-from tests.engine_proc.models.stand_in_timer import stand_in_timer
+from tests.engine_proc.cpu.stand_in_timer import stand_in_timer
 from tests.engine_proc.models.tiny_llama import save_tiny_checkpoint
 
 
@@ -30,7 +30,7 @@ def test_a_spent_budget_copies_the_plan_before_and_times_the_head_once(
     monkeypatch.setenv("ZEROSERVE_PLAN_CACHE", "off")
     envs.read.cache_clear()
     try:
-        with caplog.at_level(logging.INFO, logger="engine_proc.models.matmul_plan"):
+        with caplog.at_level(logging.INFO, logger="engine_proc.cpu.matmul_plan"):
             model.prepack(is_measured=True)
     finally:
         envs.read.cache_clear()

@@ -2,7 +2,7 @@
 (row invariance, a fidelity bound), and for the forms of zeroserve's C++ kernels how they pack a
 weight's blocks, multiply by them, and are tried at load.
 
-A new kernel form is one entry here, its kernel in engine_proc/csrc/ and its test cases; the plan
+A new kernel form is one entry here, its kernel in engine_proc/cpu/csrc/ and its test cases; the plan
 (matmul_forms, matmul_plan), the layers (quantized_linear), the trial calls at load (cpu_kernels),
 the log, /version and the tests read this table.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine_proc.models.weight_blocks import (
+from engine_proc.cpu.weight_blocks import (
     Blocks,
     BlocksKind,
     IQ4XSBlocks,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_proc.models.weight_blocks import Q4Blocks, Q8Blocks
+from engine_proc.cpu.weight_blocks import Q4Blocks, Q8Blocks
 
 
 @pytest.mark.parametrize(("kind", "ggml_type"), [(Q8Blocks, gguf.GGMLQuantizationType.Q8_0),

@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_proc.cpu_features import cpu_features
-from engine_proc.cpu_kernels import load_cpu_kernels
-from engine_proc.models.form_registry import FORMS
-from engine_proc.models.matmul_forms import PackedWeight
-from engine_proc.models.matmul_plan import plan_linears
-from engine_proc.models.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form, parts_form
-from engine_proc.models.weight_blocks import (
+from engine_proc.cpu.features import cpu_features
+from engine_proc.cpu.form_registry import FORMS
+from engine_proc.cpu.kernels import load_cpu_kernels
+from engine_proc.cpu.matmul_forms import PackedWeight
+from engine_proc.cpu.matmul_plan import plan_linears
+from engine_proc.cpu.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form, parts_form
+from engine_proc.cpu.weight_blocks import (
     IQ4_VALUES,
     IQ4XSBlocks,
     MXFP4Blocks,
@@ -30,7 +30,7 @@ from engine_proc.models.weight_blocks import (
     cat_blocks,
 )
 from proto import envs
-from tests.engine_proc.models.stand_in_timer import stand_in_timer
+from tests.engine_proc.cpu.stand_in_timer import stand_in_timer
 
 
 def random_blocks(rows: int, cols: int, has_min: bool = True) -> Q4Blocks:

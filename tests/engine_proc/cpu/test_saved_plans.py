@@ -13,7 +13,7 @@ import torch
 from engine_proc.loader import load_model
 from engine_proc.models.llama import LlamaForCausalLM
 from proto import envs
-from tests.engine_proc.models.stand_in_timer import stand_in_timer
+from tests.engine_proc.cpu.stand_in_timer import stand_in_timer
 from tests.engine_proc.models.tiny_llama import save_tiny_checkpoint
 
 
