@@ -94,7 +94,7 @@ class EngineCore:
             structured_output_backend="guidance" if self.config.structured_outputs.backend == "guidance" else "xgrammar",
             instance_id=self.instance_id,
             device=device,
-            weight_bytes=tensor_bytes([*model.parameters(), *model.buffers()]),
+            weight_bytes=tensor_bytes(model.weight_tensors()),
             kv_cache_bytes=tensor_bytes(self.model_runner.attention.kv_caches),
             runtime_bytes=0 if device.startswith("cuda") else self.runtime_bytes,
         )

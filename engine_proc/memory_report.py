@@ -42,8 +42,18 @@ def committed_memory_bytes(ready: EngineReady) -> int:
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """The bytes `tensors` hold (those on the meta device, freed or never loaded, hold none)."""
-    return sum(tensor.nbytes for tensor in tensors if not tensor.is_meta)
+    """The bytes the storages of `tensors` hold, each storage once (views and shared weights are not
+    counted twice; those on the meta device, freed or never loaded, hold none)."""
+    storages: dict[tuple[torch.device, int], int] = {}
+    for tensor in tensors:
+        if tensor.is_meta:
+            continue
+        if tensor.is_mkldnn:  # NOTE: oneDNN's own layout (a packed bfloat16 weight) has no storage to read
+            storages[(tensor.device, id(tensor))] = tensor.nbytes
+            continue
+        storage = tensor.untyped_storage()
+        storages[(tensor.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
 
 
 def device_name(device: torch.device) -> str:

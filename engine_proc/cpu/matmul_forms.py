@@ -140,6 +140,8 @@ class MatmulForms:
         self.bias = bias
         self.has_dense = has_dense
         self.runs: dict[str, Callable[[Tensor], Tensor]] = {"dense": self._dense} if has_dense else {}
+        # NOTE: the tensors each of torch's forms made for itself (a kernel form's run holds its own packing).
+        self.held: dict[str, tuple[Tensor, ...]] = {}
         self.plan: Plan = ((sys.maxsize, "dense"),)
 
     def _dense(self, x: Tensor) -> Tensor:
@@ -152,22 +154,26 @@ class MatmulForms:
         packed = PackedWeight.try_pack(self.weight)
         if packed is not None:
             self.runs["packed"] = lambda x: packed.linear(x, self.bias)
+            self.held["packed"] = (packed.weight,)
         return packed is not None
 
     def add_int8(self, rows: Int8Rows | None = None) -> None:
         int8 = rows if rows is not None else Int8Rows.quantize(self.weight, self.weight.dtype)
         bias = self.bias
         self.runs["int8"] = int8.matmul if bias is None else lambda x: int8.matmul(x) + bias
+        self.held["int8"] = (int8.weight, int8.scales)
 
     def add_float32(self) -> None:
         weight = self.weight.float()
         bias = None if self.bias is None else self.bias.float()
         self.runs["float32"] = lambda x: F.linear(x.float(), weight, bias).to(x.dtype)
+        self.held["float32"] = (weight,) if bias is None else (weight, bias)
 
     def add_transposed(self) -> None:
         transposed = self.weight.t().contiguous()
         bias = self.bias
         self.runs["transposed"] = (lambda x: x @ transposed) if bias is None else (lambda x: x @ transposed + bias)
+        self.held["transposed"] = (transposed,)
 
     def __call__(self, x: Tensor) -> Tensor:
         num_tokens = x.shape[0]
@@ -181,6 +187,17 @@ class MatmulForms:
         self.plan = plan
         used = {form for _, form in plan} | ({"dense"} if self.has_dense else set())
         self.runs = {form: run for form, run in self.runs.items() if form in used}
+        self.held = {form: tensors for form, tensors in self.held.items() if form in used}
+
+    def tensors(self) -> list[Tensor]:
+        """The tensors the kept forms hold: the weight's values where kept, torch's forms' copies, the
+        kernel forms' packings."""
+        held = [self.weight] if self.has_dense else []
+        for form, run in self.runs.items():
+            held += self.held.get(form, ())
+            if hasattr(run, "held_tensors"):
+                held += run.held_tensors()
+        return held
 
 
 def measure_plan(

@@ -36,7 +36,7 @@ _ROWS_PER_PACK = 4096
 
 def kernel_form(
     kernels: Any, spec: FormSpec, blocks: Blocks | BlocksReader, bias: Tensor | None = None
-) -> Callable[[Tensor], Tensor] | None:
+) -> KernelRun | None:
     """The run of `spec`, a form of the C++ kernels, on a weight's `blocks` (its outputs padded to a
     multiple of 16 for the kernel, the padding cut from each result); None where the form does not
     take these blocks (another kind, or scales a float16 does not hold, as a GGUF's always are)."""
@@ -63,8 +63,31 @@ class KernelRun:
         out = out[:, : self.num_rows] if out.shape[1] != self.num_rows else out
         return out if self.bias is None else out + self.bias
 
+    def held_tensors(self) -> list[Tensor]:
+        return self.packed
 
-def parts_form(kernels: Any, parts: list[Blocks], bias: Tensor | None = None) -> Callable[[Tensor], Tensor] | None:
+
+class PartsRun:
+    """A fused weight's parts of several kinds, each run of one kind on its kernel form, the outputs side by side."""
+
+    def __init__(self, runs: list[KernelRun], bias: Tensor | None) -> None:
+        self.runs, self.bias = runs, bias
+
+    def __call__(self, x: Tensor) -> Tensor:
+        out = torch.cat([run(x) for run in self.runs], dim=-1)
+        return out if self.bias is None else out + self.bias
+
+    def held_tensors(self) -> list[Tensor]:
+        return [tensor for run in self.runs for tensor in run.packed]
+
+
+def valueless(weight: Tensor) -> Tensor:
+    """A stand-in for a weight that holds no values (a kernel form of the file's blocks serves it): its
+    shape, dtype and device over one element's storage, so nothing counts it as memory."""
+    return torch.empty((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
+
+
+def parts_form(kernels: Any, parts: list[Blocks], bias: Tensor | None = None) -> PartsRun | None:
     """The run of the `parts` form on a fused weight's parts (stacked by rows) of different kinds: each
     run of consecutive parts of one kind on the kernel form that takes them, the outputs side by side;
     None where a kind has no kernel form here."""
@@ -75,12 +98,7 @@ def parts_form(kernels: Any, parts: list[Blocks], bias: Tensor | None = None) ->
         if run is None:
             return None
         runs.append(run)
-
-    def matmul(x: Tensor) -> Tensor:
-        out = torch.cat([run(x) for run in runs], dim=-1)
-        return out if bias is None else out + bias
-
-    return matmul
+    return PartsRun(runs, bias)
 
 
 def _packed(kernels: Any, spec: FormSpec, reader: BlocksReader) -> list[Tensor] | None:
@@ -182,6 +200,7 @@ class Linear(nn.Linear):
         """Runs the weight as `parts_form`'s `run` alone (the file's parts of several kinds, packed: no values kept)."""
         self.kernel_runs["parts"] = run
         self.has_dense = False
+        self.weight.data = valueless(self.weight)
 
     def set_blocks(self, blocks: Blocks, dtype: torch.dtype, has_dense: bool = True) -> None:
         """Keeps the file's blocks for the kernel forms; with `has_dense` they are the same weight as
@@ -191,7 +210,10 @@ class Linear(nn.Linear):
             raise ValueError(f"blocks of shape {tuple(blocks.codes.shape)} for a {tuple(self.weight.shape)} weight")
         self.blocks = blocks
         self.has_dense = has_dense
-        if not isinstance(blocks, Q4Blocks) or not has_dense:
+        if not has_dense:
+            self.weight.data = valueless(self.weight)
+            return
+        if not isinstance(blocks, Q4Blocks):
             return
         device = self.weight.device
         self.int4_weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from engine_proc.cpu.form_registry import KERNEL_FORMS
-from engine_proc.cpu.quantized_linear import Linear, kernel_form, parts_form
+from engine_proc.cpu.quantized_linear import Linear, kernel_form, parts_form, valueless
 from engine_proc.cpu.weight_blocks import Blocks, BlocksReader, Q4Blocks, Q8Blocks, cat_blocks
 from engine_proc.models.family import FolderTensor
 from engine_proc.models.llama import LlamaForCausalLM, RowEmbedding
@@ -194,9 +194,11 @@ def _embedding_from_file(model: LlamaForCausalLM, source: WeightSource, is_head_
     if reader is not None and (model.lm_head is not None or is_head_kernel):
         model.model.embed_rows = RowEmbedding(reader, model.lm_head_weight.dtype)
         names.add(embed_name)
+        model.model.embed_tokens.weight.data = valueless(model.model.embed_tokens.weight)
     if is_head_kernel and (model.lm_head is not None or names):
         names.add("lm_head.weight" if model.lm_head is not None else embed_name)
         model.has_dense_head = False
+        model.lm_head_weight.data = valueless(model.lm_head_weight)
     return names
 
 

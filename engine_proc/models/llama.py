@@ -60,14 +60,16 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """A (cos, cos, -sin, sin) table for every position, looked up once per forward ("rotate_half" layout)."""
+    """A (cos, sin) table for every position, looked up once per forward and laid out there as
+    (cos, cos, -sin, sin) ("rotate_half" layout) for the step's tokens alone: the whole table in that
+    layout would be twice the size (gemma-3-270m's two tables of 32,768 positions: 64 MiB of a 241 MiB file)."""
 
     cos_sin_cache: Tensor
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        cache = torch.empty(config.max_position_embeddings, 2 * config.head_dim)
+        cache = torch.empty(config.max_position_embeddings, config.head_dim)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
         self.reset_cache()
 
@@ -82,10 +84,11 @@ class RotaryEmbedding(nn.Module):
         # NOTE: YaRN's attention factor scales queries and keys, as transformers scales its cos and sin.
         scale = attention_factor(self.config)
         cos, sin = (freqs.cos(), freqs.sin()) if scale == 1.0 else (freqs.cos() * scale, freqs.sin() * scale)
-        self.cos_sin_cache.copy_(torch.cat((cos, cos, -sin, sin), dim=-1))
+        self.cos_sin_cache.copy_(torch.cat((cos, sin), dim=-1))
 
     def forward(self, positions: Tensor) -> RotaryRows:
-        return RotaryRows(self.cos_sin_cache[positions])
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
+        return RotaryRows(torch.cat((cos, cos, -sin, sin), dim=-1))
 
 
 class RotaryRows:
@@ -379,6 +382,19 @@ class LlamaForCausalLM(nn.Module):
                 module.fused = None
         self.head = None
         self.greedy_head = None
+
+    def weight_tensors(self) -> list[Tensor]:
+        """Every tensor the weights hold, in every form kept: parameters and buffers, torch's forms' copies,
+        the C++ kernels' packings (a weight loaded as blocks alone holds no values: see `valueless`)."""
+        held = [*self.parameters(), *self.buffers()]
+        for module in self.modules():
+            if isinstance(module, Linear) and module.forms is not None:
+                held += module.forms.tensors()
+        if self.head is not None:
+            held += self.head.tensors()
+        if self.greedy_head is not None:
+            held.append(self.greedy_head.weight)
+        return held
 
     @property
     def lm_head_weight(self) -> Tensor:
