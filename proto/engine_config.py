@@ -234,11 +234,12 @@ class EngineConfig:
     )
     max_model_len: int | None = setting(None, "context length (default: the model's)", check=at_least(1))
     max_num_seqs: int = setting(64, "most sequences in one step", check=at_least(1))
-    # NOTE: 512, not more: a prompt longer than what is left of a step's budget is prefilled in
-    # chunks, so running streams keep their pace; 16 prompts of 230 tokens prefilled as fast in
-    # process (2.3-2.8 s on a Zen 4) with 512 as with 2048.
+    # NOTE: 256 (OpenVINO GenAI's prompt tokens a step, too): a prompt longer than what is left of a
+    # step's budget is prefilled in chunks, so running streams keep their pace. 16 clients in a closed loop
+    # on the 1B-shaped Q4_K_M (benchmarks/token_budget.py, README "First tokens under load"): TTFT p50
+    # 1.1 s against 2.1 s at 512 and 4.8 s at 2048, ITL p99 halved, the same output tokens/s.
     max_num_batched_tokens: int = setting(
-        512, "token budget of one step: prompts longer than what is left of it are prefilled in chunks, "
+        256, "token budget of one step: prompts longer than what is left of it are prefilled in chunks, "
         "so running streams keep their pace", check=at_least(1),
     )
     batch_invariant: bool = setting(

@@ -33,7 +33,7 @@ OTHER_VALUES: dict[str, Any] = {
     "kv_cache_memory_gib": 0.5,
     "max_model_len": 1024,
     "max_num_seqs": 8,
-    "max_num_batched_tokens": 256,
+    "max_num_batched_tokens": 1024,
     "num_threads": 1,
     "enable_prefix_caching": False,
     "batch_invariant": False,
@@ -139,4 +139,4 @@ def test_the_serve_help_lists_every_engine_flag_with_its_default() -> None:
     text = _subparser(build_parser(), "serve").format_help()
     for config_field in FLAGGED:
         assert flag_of(config_field) in text
-    assert "(default: 512)" in text and "(default: auto)" in text
+    assert "(default: 256)" in text and "(default: auto)" in text
