@@ -45,6 +45,9 @@ _CFLAGS_BY_ISA = {
     ],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
 }
+# NOTE: no contraction of a multiply and an add into one FMA where the source has two operations:
+# the compiler's choice would differ between the AVX-512 and AVX2 bodies, and so would their bits.
+_BASE_CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
 _EXTRA_SOURCES_BY_ISA = {"avx512_bf16": [_CSRC / "greedy_head.cpp"], "avx2": []}
 
 
@@ -53,6 +56,13 @@ def _build_folder(name: str, sources: list[Path], cflags: list[str]) -> Path:
     depends on (torch's version, the sources' contents, the flags): every checkout and every
     environment with the same torch shares one build, and two different ones never replace
     each other's."""
+    folder = build_root() / f"{name}_{_build_digest(sources, cflags)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _build_digest(sources: list[Path], cflags: list[str]) -> str:
+    """A digest of everything a build's binary depends on: torch's version, Python's, the flags, the sources."""
     import torch
 
     key = hashlib.sha256()
@@ -60,9 +70,18 @@ def _build_folder(name: str, sources: list[Path], cflags: list[str]) -> Path:
         key.update(part.encode() + b"\0")
     for path in sources:
         key.update(path.name.encode() + b"\0" + path.read_bytes())
-    folder = build_root() / f"{name}_{key.hexdigest()[:16]}"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return key.hexdigest()[:16]
+
+
+@functools.cache
+def kernels_digest() -> str:
+    """The digest of the kernels this process runs (its build's), or "none": what a saved matmul plan was
+    timed with, so a plan outlives no change to the kernels."""
+    if load_cpu_kernels() is None:
+        return "none"
+    isa = cpu_features().kernel_isa
+    sources = [*_SOURCES, *_EXTRA_SOURCES_BY_ISA[isa], *_HEADERS]
+    return _build_digest(sources, [*_BASE_CFLAGS, *_CFLAGS_BY_ISA[isa]])
 
 
 def build_root() -> Path:
@@ -83,9 +102,7 @@ def build_or_import(name: str, sources: list[Path], cflags: list[str], headers: 
     torch's extension cache where it was built before."""
     from torch.utils import cpp_extension
 
-    # NOTE: no contraction of a multiply and an add into one FMA where the source has two operations:
-    # the compiler's choice would differ between the AVX-512 and AVX2 bodies, and so would their bits.
-    cflags = ["-O3", "-fopenmp", "-ffp-contract=off", *cflags]
+    cflags = [*_BASE_CFLAGS, *cflags]
     folder = _build_folder(name, [*sources, *_HEADERS, *headers], cflags)
     is_built = folder / "built"
     if is_built.exists():

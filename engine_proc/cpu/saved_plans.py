@@ -3,7 +3,8 @@ machine, torch and thread count reuses them instead of timing again (2.3 s of th
 4.9 s start on a 2-core Zen 4).
 
 Each plan is one small JSON file named for a digest of everything the timing depended on: the
-CPU (torch's capability, its extensions, the CPU's name), torch's version, the thread count, the
+CPU (torch's capability, its extensions, the CPU's name), torch's version, the C++ kernels' build (its
+sources and flags, see kernels.kernels_digest), the thread count, the
 weights' shapes and dtype, the forms they can run in, and the token counts measured. A file
 that cannot be read or names a form this load lacks is measured again; one that cannot be
 written is logged and skipped: neither can fail a load.
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from engine_proc.cpu.features import cpu_features, cpu_model_name
+from engine_proc.cpu.kernels import kernels_digest
 from engine_proc.cpu.matmul_forms import MatmulForms, Plan
 from proto import envs
 
@@ -56,6 +58,7 @@ def _what_was_timed(forms: Sequence[MatmulForms], measured_tokens: Sequence[int]
     return {
         "format": FORMAT,
         "torch": torch.__version__,
+        "kernels": kernels_digest(),
         "cpu": features.describe(),
         "cpu_name": cpu_model_name(),
         "num_threads": torch.get_num_threads(),

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine_proc.cpu import saved_plans
+from engine_proc.cpu.kernels import kernels_digest
 from engine_proc.loader import load_model
 from engine_proc.models.llama import LlamaForCausalLM
 from proto import envs
@@ -74,6 +76,13 @@ def test_a_second_load_reuses_the_plans_the_first_measured_and_says_so(
     finally:
         torch.set_num_threads(threads)
     assert third.choices["head"] != "int8" and second_timings
+
+    # So are other kernels (their sources or flags changed): a plan names the build it timed.
+    assert all(plan["what"]["kernels"] == kernels_digest() for plan in saved)
+    num_timed = len(second_timings)
+    monkeypatch.setattr(saved_plans, "kernels_digest", lambda: "another build")
+    fourth = load(checkpoint)
+    assert fourth.choices["head"] != "int8" and len(second_timings) > num_timed
 
 
 def test_an_unreadable_plan_or_folder_never_fails_a_load(
