@@ -4,9 +4,24 @@ scales and minimums weight_blocks' kinds hold (each block type's layout told whe
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
+import torch
 from gguf import GGMLQuantizationType
+
+from engine_proc.cpu.weight_blocks import (
+    Blocks,
+    BlocksKind,
+    IQ4XSBlocks,
+    MXFP4Blocks,
+    Q4Blocks,
+    Q4KBlocks,
+    Q5Blocks,
+    Q5KBlocks,
+    Q6KBlocks,
+    Q8Blocks,
+)
 
 
 def affine_arrays(raw_bytes: np.ndarray, has_min: bool, has_fifth_bit: bool) -> tuple[np.ndarray, ...]:
@@ -102,15 +117,29 @@ def q8_arrays(raw_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
     return codes, scales
 
 
-ARRAYS: dict[GGMLQuantizationType, Callable[[np.ndarray], tuple[np.ndarray, ...]]] = {
-    GGMLQuantizationType.Q4_0: lambda raw: affine_arrays(raw, has_min=False, has_fifth_bit=False),
-    GGMLQuantizationType.Q4_1: lambda raw: affine_arrays(raw, has_min=True, has_fifth_bit=False),
-    GGMLQuantizationType.Q5_0: lambda raw: affine_arrays(raw, has_min=False, has_fifth_bit=True),
-    GGMLQuantizationType.Q5_1: lambda raw: affine_arrays(raw, has_min=True, has_fifth_bit=True),
-    GGMLQuantizationType.Q4_K: lambda raw: k_arrays(raw, has_fifth_bit=False),
-    GGMLQuantizationType.Q5_K: lambda raw: k_arrays(raw, has_fifth_bit=True),
-    GGMLQuantizationType.Q6_K: q6k_arrays,
-    GGMLQuantizationType.IQ4_XS: iq4xs_arrays,
-    GGMLQuantizationType.MXFP4: mxfp4_arrays,
-    GGMLQuantizationType.Q8_0: q8_arrays,
+class BlockType(NamedTuple):
+    """One GGUF block type as zeroserve holds it: the weight_blocks kind of its blocks (which kernel forms
+    take, see form_registry), and the reader of its arrays from the file's bytes."""
+
+    kind: BlocksKind
+    arrays: Callable[[np.ndarray], tuple[np.ndarray, ...]]
+
+    def blocks(self, raw_bytes: np.ndarray, arrange: Callable[[np.ndarray], np.ndarray] = lambda a: a) -> Blocks:
+        """The blocks of `raw_bytes` [rows, row bytes], each array through `arrange` (the loader's row order)."""
+        return self.kind(*(torch.from_numpy(np.ascontiguousarray(arrange(a))) for a in self.arrays(raw_bytes)))
+
+
+# The block types whose blocks zeroserve keeps as the file holds them, one entry each: the loader reads
+# them by this table, and a kernel form takes the kind it names.
+BLOCK_TYPES: dict[GGMLQuantizationType, BlockType] = {
+    GGMLQuantizationType.Q4_0: BlockType(Q4Blocks, lambda raw: affine_arrays(raw, has_min=False, has_fifth_bit=False)),
+    GGMLQuantizationType.Q4_1: BlockType(Q4Blocks, lambda raw: affine_arrays(raw, has_min=True, has_fifth_bit=False)),
+    GGMLQuantizationType.Q5_0: BlockType(Q5Blocks, lambda raw: affine_arrays(raw, has_min=False, has_fifth_bit=True)),
+    GGMLQuantizationType.Q5_1: BlockType(Q5Blocks, lambda raw: affine_arrays(raw, has_min=True, has_fifth_bit=True)),
+    GGMLQuantizationType.Q4_K: BlockType(Q4KBlocks, lambda raw: k_arrays(raw, has_fifth_bit=False)),
+    GGMLQuantizationType.Q5_K: BlockType(Q5KBlocks, lambda raw: k_arrays(raw, has_fifth_bit=True)),
+    GGMLQuantizationType.Q6_K: BlockType(Q6KBlocks, q6k_arrays),
+    GGMLQuantizationType.IQ4_XS: BlockType(IQ4XSBlocks, iq4xs_arrays),
+    GGMLQuantizationType.MXFP4: BlockType(MXFP4Blocks, mxfp4_arrays),
+    GGMLQuantizationType.Q8_0: BlockType(Q8Blocks, q8_arrays),
 }

@@ -14,20 +14,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from engine_proc.cpu.weight_blocks import (
-    Blocks,
-    BlocksKind,
-    BlocksReader,
-    IQ4XSBlocks,
-    MXFP4Blocks,
-    Q4Blocks,
-    Q4KBlocks,
-    Q5Blocks,
-    Q5KBlocks,
-    Q6KBlocks,
-    Q8Blocks,
-)
-from engine_proc.loader.gguf_blocks import ARRAYS
+from engine_proc.cpu.weight_blocks import Blocks, BlocksReader, Q8Blocks
+from engine_proc.loader.gguf_blocks import BLOCK_TYPES
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.family import Family
 from engine_proc.models.registry import family_of, gguf_family
@@ -155,22 +143,21 @@ class GGUFWeights:
         values rounded to Q8_0, whose 8 bits a weight with a scale per 32 are finer than theirs; None for
         float tensors."""
         tensor = self._tensors[name]
-        kind = _BLOCK_KINDS.get(tensor.tensor_type)
-        if kind is None and tensor.tensor_type not in _UNQUANTIZED and len(tensor.shape) == 2 and tensor.shape[0] % 32 == 0:
+        block_type = BLOCK_TYPES.get(tensor.tensor_type)
+        if block_type is None and tensor.tensor_type not in _UNQUANTIZED and len(tensor.shape) == 2 and tensor.shape[0] % 32 == 0:
             return Q8Blocks.quantize(self.float(name, rows))
-        if kind is None:
+        if block_type is None:
             return None
         if name in self._permuted_heads:
             rows = slice(None)
         start, stop, _ = rows.indices(tensor.num_rows)
-        data = _read(self.path, tensor, start, stop)
-        arrays = ARRAYS[tensor.tensor_type](data)
-        return kind(*(torch.from_numpy(np.ascontiguousarray(self._unpermuted(name, a))) for a in arrays))
+        return block_type.blocks(_read(self.path, tensor, start, stop), lambda array: self._unpermuted(name, array))
 
     def blocks_reader(self, name: str) -> BlocksReader | None:
         """The tensor's blocks read some rows at a time; None for types other than blocks'."""
         tensor = self._tensors[name]
-        kind = _BLOCK_KINDS.get(tensor.tensor_type, None if tensor.tensor_type in _UNQUANTIZED else Q8Blocks)
+        block_type = BLOCK_TYPES.get(tensor.tensor_type)
+        kind = block_type.kind if block_type is not None else None if tensor.tensor_type in _UNQUANTIZED else Q8Blocks
         if kind is None or name in self._permuted_heads or len(tensor.shape) != 2 or tensor.shape[0] % 32:
             return None
 
@@ -188,12 +175,6 @@ class GGUFWeights:
 
 _FLOAT_TYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
 _UNQUANTIZED = {*_FLOAT_TYPES, GGMLQuantizationType.BF16}
-_BLOCK_KINDS: dict[GGMLQuantizationType, BlocksKind] = {
-    GGMLQuantizationType.Q4_0: Q4Blocks, GGMLQuantizationType.Q4_1: Q4Blocks, GGMLQuantizationType.Q8_0: Q8Blocks,
-    GGMLQuantizationType.Q5_0: Q5Blocks, GGMLQuantizationType.Q5_1: Q5Blocks,
-    GGMLQuantizationType.Q4_K: Q4KBlocks, GGMLQuantizationType.Q5_K: Q5KBlocks, GGMLQuantizationType.Q6_K: Q6KBlocks,
-    GGMLQuantizationType.IQ4_XS: IQ4XSBlocks, GGMLQuantizationType.MXFP4: MXFP4Blocks,
-}
 
 
 def _numpy_shape(tensor: _Tensor, num_rows: int) -> tuple[int, ...]:

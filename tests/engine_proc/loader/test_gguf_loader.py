@@ -13,8 +13,7 @@ import transformers
 
 from engine_proc.cpu.quantized_linear import INT4_MAX_TOKENS
 from engine_proc.loader import load_gguf, load_model, load_model_config
-from engine_proc.loader.gguf_blocks import ARRAYS
-from engine_proc.loader.gguf_loader import _BLOCK_KINDS
+from engine_proc.loader.gguf_blocks import BLOCK_TYPES
 from engine_proc.models.rope import attention_factor, inverse_frequencies
 from proto.model_support import GGML_TYPES
 from tests.engine_proc.models.tiny_llama import TINY, run, save_tiny_checkpoint
@@ -152,7 +151,7 @@ def test_the_supported_tensor_types_are_those_the_loader_reads(tmp_path: Path) -
     for layer, ggml_type in enumerate(supported):
         values = weights.float(f"model.layers.{layer}.mlp.up_proj.weight")
         assert (values.dtype, tuple(values.shape)) == (torch.float32, (2, 256)), ggml_type.name
-    assert set(_BLOCK_KINDS) <= GGML_TYPES
+    assert set(BLOCK_TYPES) <= GGML_TYPES
     for ggml_type in set(gguf.GGMLQuantizationType) - GGML_TYPES:
         with pytest.raises(NotImplementedError):
             gguf.quants.dequantize(np.zeros((1, gguf.GGML_QUANT_SIZES[ggml_type][1]), dtype=np.uint8), ggml_type)
@@ -164,7 +163,7 @@ def test_mxfp4_blocks_hold_gguf_pys_values_for_every_exponent_and_code() -> None
     raw.reshape(16, 16, 17)[..., 0] = np.arange(256, dtype=np.uint8).reshape(16, 16)
     with np.errstate(over="ignore"):  # NOTE: from exponent 253 on, 12 · 2^(E − 128) is past float32's range
         theirs = gguf.quants.dequantize(raw, mxfp4)
-    blocks = _BLOCK_KINDS[mxfp4](*(torch.from_numpy(np.ascontiguousarray(a)) for a in ARRAYS[mxfp4](raw)))
+    blocks = BLOCK_TYPES[mxfp4].blocks(raw)
     ours = blocks.dequantize().numpy()
     assert ours.shape == theirs.shape == (16, 512) and np.isinf(theirs).any() and (theirs[theirs != 0] < 1e-38).any()
     np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
