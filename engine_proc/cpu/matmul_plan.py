@@ -17,6 +17,7 @@ from engine_proc.cpu.matmul_forms import (
     measure_invariant_plan,
     measure_plan,
 )
+from engine_proc.cpu.policy import MatmulPolicy
 from engine_proc.cpu.quantized_linear import Linear
 from engine_proc.cpu.saved_plans import saved_plan
 
@@ -50,14 +51,14 @@ class TimingBudget:
 
 
 def plan_linears(
-    linears: Sequence[tuple[str, Linear]], forms: tuple[str, ...], is_measured: bool, budget: TimingBudget | None = None,
-    is_invariant: bool = False,
+    linears: Sequence[tuple[str, Linear]], forms: tuple[str, ...], policy: MatmulPolicy, budget: TimingBudget | None = None,
 ) -> tuple[str, int]:
-    """Builds each projection's forms and, when `is_measured`, plans them per kind (q/k/v, o,
+    """Builds each projection's forms and, when the `policy` measures, plans them per kind (q/k/v, o,
     gate/up, down): a plan an earlier load of the same shapes here saved, else timed (see
-    `measure_plan`; with `is_invariant`, one row-invariant form for every size where the kind has
+    `measure_plan`; batch-invariant, one row-invariant form for every size where the kind has
     one, see `measure_invariant_plan`), or once the `budget` is spent the kind before's plan.
     Returns the plan in words and how many plans were saved ones."""
+    is_invariant, is_measured = policy.is_batch_invariant, policy.is_measured
     groups: dict[str, list[MatmulForms]] = {}
     for name, linear in linears:
         groups.setdefault(name.rpartition(".")[2], []).append(linear.prepack(forms, is_invariant))
@@ -102,15 +103,15 @@ def _saved_timed_or_copied(
 
 
 def plan_head(
-    head: MatmulForms, forms: tuple[str, ...], int8_rows: Int8Rows | None, is_measured: bool,
-    budget: TimingBudget | None = None, is_invariant: bool = False,
+    head: MatmulForms, forms: tuple[str, ...], int8_rows: Int8Rows | None, policy: MatmulPolicy,
+    budget: TimingBudget | None = None,
 ) -> tuple[str, int]:
     """Builds the output head's forms (int8 rows only if given: they come from float32 weights) and
     plans them: a saved plan, or timed (once the `budget` is spent, at one row count only).
-    Without measuring, packed where it packs, else dense (the other forms kept, unused). With
-    `is_invariant`, a head given a row-invariant form runs it at every row count. Returns
-    the plan in words and whether it was a saved one."""
-    if (is_invariant or not head.has_dense) and (plan := measure_invariant_plan([head], HEAD_MEASURED_ROWS)) is not None:
+    Without measuring, packed where it packs, else dense (the other forms kept, unused). Batch-invariant,
+    a head given a row-invariant form runs it at every row count. Returns the plan in words and whether
+    it was a saved one."""
+    if (policy.is_batch_invariant or not head.has_dense) and (plan := measure_invariant_plan([head], HEAD_MEASURED_ROWS)) is not None:
         head.set_plan(plan)
         return describe_plan(head.plan), 0
     is_packed = "packed" in forms and head.add_packed()
@@ -124,7 +125,7 @@ def plan_head(
         head.add_int8(int8_rows)
     default = "packed" if is_packed else "dense"
     is_saved = False
-    if is_measured and len(head.runs) > 1:
+    if policy.is_measured and len(head.runs) > 1:
         plan, save = saved_plan([head], HEAD_MEASURED_ROWS)
         is_saved = plan is not None
         if plan is None:

@@ -13,6 +13,7 @@ import torch
 
 from engine_proc.cpu.features import cpu_features
 from engine_proc.cpu.kernels import load_cpu_kernels
+from engine_proc.cpu.policy import MatmulPolicy
 from engine_proc.cpu.quantized_linear import is_int4_supported
 from engine_proc.cpu.weight_blocks import Q4Blocks, Q8Blocks
 from engine_proc.loader.gguf_loader import load_gguf, load_gguf_config
@@ -103,6 +104,7 @@ def load_model(
         source = RoundedAtLoad(source, ROUNDED_KINDS[quantization])
     if dtype is None:
         dtype = _auto_dtype(source, device)
+    policy = MatmulPolicy.of(batch_invariant)
     # NOTE: built on the meta device so no memory or time goes to random initialisation.
     with torch.device("meta"):
         model = model_class(config)(config)
@@ -113,22 +115,22 @@ def load_model(
     if source is None:
         _fill_random(model)
     else:
-        _load(model, source, quantization, batch_invariant)
+        _load(model, source, quantization, policy)
     model.eval().requires_grad_(False)
     started = time.perf_counter()
-    model.prepack(is_measured=True, is_batch_invariant=batch_invariant)
+    model.prepack(policy)
     saved = f"; {model.num_saved_plans} plans measured by an earlier load" if model.num_saved_plans else ""
     logger.info("%s (chosen in %.1f s%s)", describe_choices(model.choices), time.perf_counter() - started, saved)
     return model
 
 
-def _load(model: LlamaForCausalLM, source: WeightSource, quantization: str, batch_invariant: bool) -> None:
+def _load(model: LlamaForCausalLM, source: WeightSource, quantization: str, policy: MatmulPolicy) -> None:
     weight = model.lm_head_weight
     use_blocks = quantization != "none" and is_int4_supported(weight.dtype, weight.device)
     kernels = load_cpu_kernels() if use_blocks else None
     if quantization in ROUNDED_KINDS and not use_blocks:
         raise ValueError(f"quantization {quantization!r} runs on the CPU kernels, which need dtype bfloat16 here")
-    loaded = load_weights(model, source, use_blocks=use_blocks, kernels=kernels, is_invariant=batch_invariant)
+    loaded = load_weights(model, source, use_blocks=use_blocks, kernels=kernels, policy=policy)
     num_blocks = loaded.num_blocks_only + loaded.num_with_blocks
     if quantization == "gguf" and num_blocks == 0:
         raise ValueError(
@@ -139,7 +141,7 @@ def _load(model: LlamaForCausalLM, source: WeightSource, quantization: str, batc
             "the file's blocks for %d projections (%d as blocks alone, packed for the kernels)", num_blocks,
             loaded.num_blocks_only,
         )
-    if loaded.num_with_blocks and not batch_invariant:
+    if loaded.num_with_blocks and not policy.is_batch_invariant:
         # NOTE: int8 rows of the head, for the plan by batch size to time beside its other forms.
         model.set_int8_lm_head(source.float("model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"))
 

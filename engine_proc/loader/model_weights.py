@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from engine_proc.cpu.form_registry import KERNEL_FORMS
+from engine_proc.cpu.policy import MatmulPolicy
 from engine_proc.cpu.quantized_linear import Linear, kernel_form, parts_form, valueless
 from engine_proc.cpu.weight_blocks import Blocks, BlocksReader, Q4Blocks, Q8Blocks, cat_blocks
 from engine_proc.models.family import FolderTensor
@@ -115,11 +116,12 @@ class LoadedWeights(NamedTuple):
 
 @torch.no_grad()
 def load_weights(
-    model: LlamaForCausalLM, source: WeightSource, *, use_blocks: bool, kernels: Any | None, is_invariant: bool
+    model: LlamaForCausalLM, source: WeightSource, *, use_blocks: bool, kernels: Any | None, policy: MatmulPolicy
 ) -> LoadedWeights:
     """Copies the source's tensors into the model's parameters (every parameter covered exactly, shapes
     checked), projections from their blocks where `use_blocks` (see the module's note), and gives the
     output head the blocks a kernel form runs it on; then rebuilds the rotary table."""
+    is_invariant = policy.is_batch_invariant
     targets = hf_targets(model)
     check_names(model, source.names())
     loaded: set[str] = set()

@@ -16,6 +16,7 @@ from engine_proc.cpu.greedy_head import GreedyHead
 from engine_proc.cpu.kernels import load_cpu_kernels
 from engine_proc.cpu.matmul_forms import Int8Rows, MatmulForms
 from engine_proc.cpu.matmul_plan import TimingBudget, plan_head, plan_linears
+from engine_proc.cpu.policy import UNMEASURED, MatmulPolicy
 from engine_proc.cpu.quantized_linear import Linear, kernel_form
 from engine_proc.cpu.weight_blocks import Blocks, BlocksReader
 from engine_proc.models.attention_api import AttentionBackend, HeadNorms
@@ -311,11 +312,11 @@ class LlamaForCausalLM(nn.Module):
         return self.greedy_head.greedy_ids(hidden)
 
     @torch.no_grad()
-    def prepack(self, is_measured: bool = False, is_batch_invariant: bool = False) -> None:
+    def prepack(self, policy: MatmulPolicy = UNMEASURED) -> None:
         """Keeps every matmul's weight in the forms this machine runs (oneDNN's bfloat16 layout, int8
-        rows, float32 copies: see matmul_forms), measured at load to pick one per batch size when
-        `is_measured` (with `is_batch_invariant`, one row-invariant form for all sizes wherever a
-        weight has one), and hands the norms and MLPs the fused CPU kernels where those run."""
+        rows, float32 copies, the kernels' packings: see matmul_forms), planned as the `policy` says (timed
+        at load to pick one per batch size, or batch-invariant: one row-invariant form for all sizes
+        wherever a weight has one), and hands the norms and MLPs the fused CPU kernels where those run."""
         weight = self.lm_head_weight
         is_cpu = weight.device.type == "cpu"
         kernels = load_cpu_kernels() if weight.dtype == torch.bfloat16 and is_cpu else None
@@ -333,11 +334,11 @@ class LlamaForCausalLM(nn.Module):
         linears = [(name, module) for name, module in self.named_modules() if isinstance(module, Linear)]
         self.choices = {}
         budget = TimingBudget()
-        self.choices["linears"], num_saved = plan_linears(linears, forms, is_measured, budget, is_batch_invariant)
-        self.choices["head"], is_head_saved = self._plan_head(forms, kernels, is_measured, budget, is_batch_invariant)
+        self.choices["linears"], num_saved = plan_linears(linears, forms, policy, budget)
+        self.choices["head"], is_head_saved = self._plan_head(forms, kernels, policy, budget)
         self.num_saved_plans = num_saved + is_head_saved
         self.greedy_head = None
-        if kernels is not None and not is_batch_invariant and self.has_dense_head:
+        if kernels is not None and not policy.is_batch_invariant and self.has_dense_head:
             # NOTE: its sums run in AMX tiles, in another order than the head's form: a greedy row's
             # pick would depend on whether the other rows let the step take it.
             self.greedy_head = GreedyHead.if_faster(kernels, weight, self.compute_raw_logits)
@@ -356,7 +357,7 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def _plan_head(
-        self, forms: tuple[str, ...], kernels: Any | None, is_measured: bool, budget: TimingBudget, is_batch_invariant: bool
+        self, forms: tuple[str, ...], kernels: Any | None, policy: MatmulPolicy, budget: TimingBudget
     ) -> tuple[str, int]:
         """The output head's forms (a kernel form of `head_blocks` among them) and its plan (plan_head),
         the blocks and int8 rows freed once the head's forms hold what its plan uses."""
@@ -368,7 +369,7 @@ class LlamaForCausalLM(nn.Module):
             for spec in KERNEL_FORMS:
                 if (run := kernel_form(kernels, spec, self.head_blocks)) is not None:
                     self.head.add(spec.name, run)
-        plan = plan_head(self.head, forms, int8_head, is_measured, budget, is_batch_invariant)
+        plan = plan_head(self.head, forms, int8_head, policy, budget)
         self.int8_lm_head_weight = self.int8_lm_head_scales = None
         self.head_blocks = None
         return plan

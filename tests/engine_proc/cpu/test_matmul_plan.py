@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine_proc.cpu import matmul_plan
+from engine_proc.cpu.policy import FASTEST
 from engine_proc.loader import load_model
 from proto import envs
 from tests.engine_proc.cpu.stand_in_timer import stand_in_timer
@@ -31,7 +32,7 @@ def test_a_spent_budget_copies_the_plan_before_and_times_the_head_once(
     envs.read.cache_clear()
     try:
         with caplog.at_level(logging.INFO, logger="engine_proc.cpu.matmul_plan"):
-            model.prepack(is_measured=True)
+            model.prepack(FASTEST)
     finally:
         envs.read.cache_clear()
     # One size of the first kind (q/k/v), none of the three kinds after it, one row count of the head.

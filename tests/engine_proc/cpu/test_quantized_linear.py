@@ -16,6 +16,7 @@ from engine_proc.cpu.form_registry import FORMS
 from engine_proc.cpu.kernels import load_cpu_kernels
 from engine_proc.cpu.matmul_forms import PackedWeight
 from engine_proc.cpu.matmul_plan import plan_linears
+from engine_proc.cpu.policy import FASTEST
 from engine_proc.cpu.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form, parts_form
 from engine_proc.cpu.weight_blocks import (
     IQ4_VALUES,
@@ -203,7 +204,7 @@ def test_a_measured_plan_frees_the_packings_it_does_not_use(monkeypatch: pytest.
     envs.read.cache_clear()
     try:
         linear = int4_linear(random_blocks(32, 64))
-        plan_linears([("layers.0.o_proj", linear)], ("packed", "int4_q8"), is_measured=True)
+        plan_linears([("layers.0.o_proj", linear)], ("packed", "int4_q8"), FASTEST)
     finally:
         envs.read.cache_clear()
     assert linear.forms is not None and {form for _, form in linear.forms.plan} == {"int4"}

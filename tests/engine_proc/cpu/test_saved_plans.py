@@ -12,6 +12,7 @@ import torch
 
 from engine_proc.cpu import saved_plans
 from engine_proc.cpu.kernels import kernels_digest
+from engine_proc.cpu.policy import FASTEST
 from engine_proc.loader import load_model
 from engine_proc.models.llama import LlamaForCausalLM
 from proto import envs
@@ -46,7 +47,7 @@ def time_int8_head_as(monkeypatch: pytest.MonkeyPatch, is_int8_faster: bool) -> 
 def load(checkpoint: Path) -> LlamaForCausalLM:
     model = load_model(checkpoint, dtype=torch.bfloat16)
     model.set_int8_lm_head(model.lm_head_weight.float())
-    model.prepack(is_measured=True)
+    model.prepack(FASTEST)
     return model
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine_proc.cpu.policy import FASTEST
 from engine_proc.loader import load_model
 from proto import envs
 from tests.engine_proc.cpu.stand_in_timer import stand_in_timer
@@ -109,7 +110,7 @@ def test_int8_output_head_is_kept_only_where_it_measures_faster(
     stand_in_timer(monkeypatch, lambda form: 0.5 if (form == "int8") is is_int8_faster else 1.0)
     monkeypatch.setenv("ZEROSERVE_PLAN_CACHE", "off")  # NOTE: timed anew, not a plan saved by the other case
     envs.read.cache_clear()
-    model.prepack(is_measured=True)
+    model.prepack(FASTEST)
     envs.read.cache_clear()
     assert model.head is not None
     assert ("int8" in model.head.runs) is is_int8_faster
