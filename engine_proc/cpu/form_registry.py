@@ -1,6 +1,7 @@
 """Every form a matmul's weight can run in, one entry each: what it is made from, what it promises
-(row invariance, a fidelity bound), and for the forms of zeroserve's C++ kernels how they pack a
-weight's blocks, multiply by them, and are tried at load.
+(row invariance, a fidelity bound), for torch's forms how they are made and which weights get them,
+and for the forms of zeroserve's C++ kernels how they pack a weight's blocks, multiply by them, and
+are tried at load.
 
 A new kernel form is one entry here, its kernel in engine_proc/cpu/csrc/ and its test cases; the plan
 (matmul_forms, matmul_plan), the layers (quantized_linear), the trial calls at load (cpu_kernels),
@@ -16,6 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from engine_proc.cpu.torch_forms import (
+    Int8Rows,
+    Made,
+    TorchFormContext,
+    make_float32,
+    make_int8,
+    make_packed,
+    make_transposed,
+)
 from engine_proc.cpu.weight_blocks import (
     Blocks,
     BlocksKind,
@@ -61,14 +71,24 @@ class KernelOps:
 
 
 @dataclass(frozen=True)
+class TorchOps:
+    """How one of torch's forms is made from a weight's loaded values, and which weights get it."""
+
+    make: Callable[[Tensor, Tensor | None, Int8Rows | None], Made | None]
+    is_given: Callable[[TorchFormContext], bool]
+
+
+@dataclass(frozen=True)
 class FormSpec:
-    """One matmul form: what it is built from, its promises, and (ours) its kernel."""
+    """One matmul form: what it is built from, its promises, and how it is made: torch's (`torch_ops`) or
+    zeroserve's C++ kernel (`kernel`)."""
 
     name: str
     source: str  # "weight": the loaded float weight; "q4 blocks", "q5k blocks", ...: the file's blocks (weight_blocks)
     is_row_invariant: bool  # each row's bits are the same whatever other rows share the call
     fidelity: Fidelity
     kernel: KernelOps | None = None  # zeroserve's C++ kernel forms only
+    torch_ops: TorchOps | None = None  # torch's forms, made from the loaded values
 
 
 def _trial_q4(kernels: Any) -> bool:
@@ -145,10 +165,27 @@ def _is_close(kernels: Any, spec: FormSpec, blocks: Blocks) -> bool:
 
 FORMS = {spec.name: spec for spec in (
     FormSpec("dense", "weight", is_row_invariant=False, fidelity=Fidelity()),
-    FormSpec("packed", "weight", is_row_invariant=False, fidelity=Fidelity()),
-    FormSpec("float32", "weight", is_row_invariant=False, fidelity=Fidelity()),
-    FormSpec("transposed", "weight", is_row_invariant=False, fidelity=Fidelity()),
-    FormSpec("int8", "weight", is_row_invariant=False, fidelity=Fidelity()),
+    # oneDNN's blocked bfloat16 layout, where it packs (native bfloat16).
+    FormSpec(
+        "packed", "weight", is_row_invariant=False, fidelity=Fidelity(),
+        torch_ops=TorchOps(make_packed, lambda c: "packed" in c.asked),
+    ),
+    # A float32 copy where bfloat16 cannot be packed (emulated on AVX2).
+    FormSpec(
+        "float32", "weight", is_row_invariant=False, fidelity=Fidelity(),
+        torch_ops=TorchOps(make_float32, lambda c: "float32" in c.asked and "packed" not in c.made and c.dtype.itemsize < 4),
+    ),
+    # [in, out] for `x @ w`: an output head beside its packed form (a narrow head ran faster so at many rows).
+    FormSpec(
+        "transposed", "weight", is_row_invariant=False, fidelity=Fidelity(),
+        torch_ops=TorchOps(make_transposed, lambda c: c.role == "head" and "packed" in c.made),
+    ),
+    # int8 rows: a projection's beside its 4-bit blocks on torch's int4 kernel (the rounding of an 8-bit row
+    # is far below the file's 4-bit one), a head's given from its float32 values.
+    FormSpec(
+        "int8", "weight", is_row_invariant=False, fidelity=Fidelity(),
+        torch_ops=TorchOps(make_int8, lambda c: "int8" in c.asked and (c.has_int8_rows if c.role == "head" else c.has_int4)),
+    ),
     FormSpec("int4", "q4 blocks", is_row_invariant=False, fidelity=Fidelity()),
     # A fused projection whose parts came in different types (a Q4_K_M file's Q4_K queries and keys
     # beside Q6_K values): each run of parts of one type on the kernel form that takes them, their
@@ -205,6 +242,8 @@ FORMS = {spec.name: spec for spec in (
 )}
 # The forms zeroserve's C++ kernels run, in the order a weight is given them.
 KERNEL_FORMS = tuple(spec for spec in FORMS.values() if spec.kernel is not None)
+# torch's forms of the loaded values, in the order a weight is given them (a rule may read the ones before).
+TORCH_FORMS = tuple(spec for spec in FORMS.values() if spec.torch_ops is not None)
 
 
 def is_plan_row_invariant(plan: tuple[tuple[int, str], ...]) -> bool:

@@ -17,6 +17,8 @@ A weight [out, in] is kept as loaded ("dense", the model's dtype) and, where the
 - "transposed": [in, out] for `x @ w` (output heads with a narrow input, where oneDNN's layout
   loses at many rows).
 
+(torch's forms are made by torch_forms; form_registry's entry of each says which weights get it.)
+
 - "int8_q8": 8-bit blocks of 32 (GGUF's Q8_0; an output head's float weight is rounded to them)
   times the activations rounded to 8 bits per group of 32, integer products (csrc/int8_q8.cpp),
   as llama.cpp multiplies a Q8_0 tensor.
@@ -47,7 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine_proc.cpu.form_registry import FORMS
+from engine_proc.cpu.form_registry import FORMS, TORCH_FORMS
+from engine_proc.cpu.torch_forms import Int8Rows, TorchFormContext
 
 logger = logging.getLogger(__name__)
 
@@ -76,60 +79,6 @@ clock: Callable[[], float] = time.perf_counter
 
 
 
-class PackedWeight:
-    """A dense bfloat16 weight [out, in] reordered once for oneDNN, so no matmul reorders it again.
-
-    `F.linear` on the CPU re-lays out a bfloat16 weight on every call; measured on the
-    default model's 120 projections (2 threads, AVX-512): 11.7 → 7.2 ms at 16 tokens, 18.9 → 11.8 at 64.
-    """
-
-    # NOTE: oneDNN picks the blocked layout for a batch size; 16 was as fast as 1, 64 or
-    # 512 for every size measured.
-    _BATCH_SIZE_HINT = 16
-
-    def __init__(self, weight: Tensor) -> None:
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, self._BATCH_SIZE_HINT)
-
-    def linear(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
-
-    @staticmethod
-    def try_pack(weight: Tensor) -> PackedWeight | None:
-        """The packed weight, or None where this CPU, device or dtype has no packing (never raises)."""
-        if not is_packing_possible(weight):
-            return None
-        try:
-            packed = PackedWeight(weight)
-            packed.linear(torch.zeros(1, weight.shape[1], dtype=weight.dtype))
-        except RuntimeError as exc:  # NOTE: oneDNN refuses bfloat16 without native support (AVX2)
-            _log_once("oneDNN bfloat16 packing: not used (%s)", str(exc).splitlines()[0])
-            return None
-        return packed
-
-
-def is_packing_possible(weight: Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-
-
-class Int8Rows:
-    """A weight [rows, cols] as int8 with one scale per row (symmetric), for `x @ weight.T`."""
-
-    def __init__(self, weight: Tensor, scales: Tensor) -> None:
-        self.weight = weight  # [rows, cols] int8
-        self.scales = scales  # [rows], the activations' dtype
-
-    @staticmethod
-    def quantize(weight: Tensor, dtype: torch.dtype) -> Int8Rows:
-        """Per-row absmax int8 of a weight (computed in float32)."""
-        weight = weight.float()
-        scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
-        codes = (weight / scales.unsqueeze(1)).round_().clamp_(-127, 127).to(torch.int8)
-        return Int8Rows(codes, scales.to(dtype))
-
-    def matmul(self, x: Tensor) -> Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
-
-
 class MatmulForms:
     """One weight in the forms kept for it here, and the plan that picks one per batch size."""
 
@@ -150,30 +99,19 @@ class MatmulForms:
     def add(self, form: str, run: Callable[[Tensor], Tensor]) -> None:
         self.runs[form] = run
 
-    def add_packed(self) -> bool:
-        packed = PackedWeight.try_pack(self.weight)
-        if packed is not None:
-            self.runs["packed"] = lambda x: packed.linear(x, self.bias)
-            self.held["packed"] = (packed.weight,)
-        return packed is not None
-
-    def add_int8(self, rows: Int8Rows | None = None) -> None:
-        int8 = rows if rows is not None else Int8Rows.quantize(self.weight, self.weight.dtype)
-        bias = self.bias
-        self.runs["int8"] = int8.matmul if bias is None else lambda x: int8.matmul(x) + bias
-        self.held["int8"] = (int8.weight, int8.scales)
-
-    def add_float32(self) -> None:
-        weight = self.weight.float()
-        bias = None if self.bias is None else self.bias.float()
-        self.runs["float32"] = lambda x: F.linear(x.float(), weight, bias).to(x.dtype)
-        self.held["float32"] = (weight,) if bias is None else (weight, bias)
-
-    def add_transposed(self) -> None:
-        transposed = self.weight.t().contiguous()
-        bias = self.bias
-        self.runs["transposed"] = (lambda x: x @ transposed) if bias is None else (lambda x: x @ transposed + bias)
-        self.held["transposed"] = (transposed,)
+    def add_torch_forms(
+        self, asked: tuple[str, ...], role: str, has_int4: bool = False, int8_rows: Int8Rows | None = None
+    ) -> None:
+        """Adds, in the registry's order, each of torch's forms that its entry's rule gives this weight
+        (`role` "projection" or "head"; `asked`: the forms the model asks for on this machine) and that
+        can be made here (oneDNN's layout is refused without native bfloat16)."""
+        for spec in TORCH_FORMS:
+            assert spec.torch_ops is not None
+            context = TorchFormContext(role, asked, frozenset(self.runs), self.weight.dtype, has_int4, int8_rows is not None)
+            if self.has_dense and spec.torch_ops.is_given(context):
+                made = spec.torch_ops.make(self.weight, self.bias, int8_rows)
+                if made is not None:
+                    self.runs[spec.name], self.held[spec.name] = made
 
     def __call__(self, x: Tensor) -> Tensor:
         num_tokens = x.shape[0]
@@ -314,13 +252,3 @@ def _run_all(forms: Sequence[MatmulForms], form: str, x: Tensor) -> Callable[[],
             matmul(x)
 
     return run
-
-
-_logged: set[str] = set()
-
-
-def _log_once(message: str, *args: object) -> None:
-    text = message % args
-    if text not in _logged:
-        _logged.add(text)
-        logger.info(text)

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from engine_proc.cpu import matmul_forms
 from engine_proc.cpu.matmul_forms import (
     MEASURED_TOKENS,
-    Int8Rows,
     MatmulForms,
     Plan,
     describe_plan,
@@ -20,6 +19,7 @@ from engine_proc.cpu.matmul_forms import (
 from engine_proc.cpu.policy import MatmulPolicy
 from engine_proc.cpu.quantized_linear import Linear
 from engine_proc.cpu.saved_plans import saved_plan
+from engine_proc.cpu.torch_forms import Int8Rows
 
 logger = logging.getLogger(__name__)
 
@@ -114,15 +114,10 @@ def plan_head(
     if (policy.is_batch_invariant or not head.has_dense) and (plan := measure_invariant_plan([head], HEAD_MEASURED_ROWS)) is not None:
         head.set_plan(plan)
         return describe_plan(head.plan), 0
-    is_packed = "packed" in forms and head.add_packed()
-    if is_packed:
-        # NOTE: a narrow head (64 inputs, 49152 outputs, 256 rows) ran 10.9 ms packed against 5.9 ms
-        # as a plain matmul of the stored transpose on one core; at 576 inputs packed was ahead.
-        head.add_transposed()
-    elif "float32" in forms and head.weight.dtype.itemsize < 4:
-        head.add_float32()
-    if int8_rows is not None and "int8" in forms:
-        head.add_int8(int8_rows)
+    # NOTE: beside a packed head, its transpose: a narrow head (64 inputs, 49152 outputs, 256 rows) ran 10.9 ms
+    # packed against 5.9 ms as a plain matmul of the stored transpose on one core; at 576 inputs packed was ahead.
+    head.add_torch_forms(forms, "head", int8_rows=int8_rows)
+    is_packed = "packed" in head.runs
     default = "packed" if is_packed else "dense"
     is_saved = False
     if policy.is_measured and len(head.runs) > 1:

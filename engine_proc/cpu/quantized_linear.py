@@ -169,12 +169,8 @@ class Linear(nn.Linear):
                 raise RuntimeError("a weight loaded as blocks alone has lost its kernel forms")
             matmul.plan = ((sys.maxsize, next(form for form in matmul.runs if FORMS[form].is_row_invariant)),)
             return matmul
-        is_packed = "packed" in forms and matmul.add_packed()
-        if "int8" in forms and self.int4_weight is not None:
-            matmul.add_int8()
-        if "float32" in forms and not is_packed and self.weight.dtype != torch.float32:
-            matmul.add_float32()
-        large = "packed" if is_packed else "dense"
+        matmul.add_torch_forms(forms, "projection", has_int4=self.int4_weight is not None)
+        large = "packed" if "packed" in matmul.runs else "dense"
         matmul.plan = ((INT4_MAX_TOKENS, "int4"), (sys.maxsize, large)) if "int4" in matmul.runs else ((sys.maxsize, large),)
         return matmul
 

@@ -14,10 +14,11 @@ from torch import Tensor, nn
 from engine_proc.cpu.form_registry import KERNEL_FORMS, is_plan_row_invariant
 from engine_proc.cpu.greedy_head import GreedyHead
 from engine_proc.cpu.kernels import load_cpu_kernels
-from engine_proc.cpu.matmul_forms import Int8Rows, MatmulForms
+from engine_proc.cpu.matmul_forms import MatmulForms
 from engine_proc.cpu.matmul_plan import TimingBudget, plan_head, plan_linears
 from engine_proc.cpu.policy import UNMEASURED, MatmulPolicy
 from engine_proc.cpu.quantized_linear import Linear, kernel_form
+from engine_proc.cpu.torch_forms import Int8Rows
 from engine_proc.cpu.weight_blocks import Blocks, BlocksReader
 from engine_proc.models.attention_api import AttentionBackend, HeadNorms
 from engine_proc.models.config import ModelConfig

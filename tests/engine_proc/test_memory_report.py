@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine_proc import memory_report
-from engine_proc.cpu.matmul_forms import PackedWeight
 from engine_proc.cpu.quantized_linear import valueless
+from engine_proc.cpu.torch_forms import PackedWeight
 from engine_proc.memory_report import peak_memory_bytes, tensor_bytes
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")

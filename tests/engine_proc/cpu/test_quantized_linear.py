@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from engine_proc.cpu.features import cpu_features
 from engine_proc.cpu.form_registry import FORMS
 from engine_proc.cpu.kernels import load_cpu_kernels
-from engine_proc.cpu.matmul_forms import PackedWeight
 from engine_proc.cpu.matmul_plan import plan_linears
 from engine_proc.cpu.policy import FASTEST
 from engine_proc.cpu.quantized_linear import INT4_MAX_TOKENS, Linear, kernel_form, parts_form
+from engine_proc.cpu.torch_forms import PackedWeight
 from engine_proc.cpu.weight_blocks import (
     IQ4_VALUES,
     IQ4XSBlocks,
