@@ -8,6 +8,7 @@ its own and copied into its parameter, so a load never holds the float32 values 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -22,6 +23,9 @@ from engine_proc.cpu.weight_blocks import Blocks, BlocksReader, Q4Blocks, Q8Bloc
 from engine_proc.models.family import FolderTensor
 from engine_proc.models.llama import LlamaForCausalLM, RowEmbedding
 from engine_proc.models.registry import family_of, reset_rotary_tables
+from proto.kv_cache_budget import available_ram_bytes
+
+logger = logging.getLogger(__name__)
 
 # Hugging Face projections that we store fused, as (fused name, its shards in order).
 FUSED_PROJECTIONS = (
@@ -121,18 +125,18 @@ def load_weights(
     """Copies the source's tensors into the model's parameters (every parameter covered exactly, shapes
     checked), projections from their blocks where `use_blocks` (see the module's note), and gives the
     output head the blocks a kernel form runs it on; then rebuilds the rotary table."""
-    is_invariant = policy.is_batch_invariant
+    is_blocks_alone = policy.is_batch_invariant or (use_blocks and not _values_fit(model))
     targets = hf_targets(model)
     check_names(model, source.names())
     loaded: set[str] = set()
     if use_blocks:
         model.head_blocks = _head_blocks(model, source, kernels)
-        loaded |= _embedding_from_file(model, source, is_head_kernel=is_invariant and model.head_blocks is not None)
+        loaded |= _embedding_from_file(model, source, is_head_kernel=is_blocks_alone and model.head_blocks is not None)
     kinds: list[str] = []
     for module_name, linear in model.named_modules():
         if isinstance(linear, Linear) and use_blocks:
             shard_names = _shard_names(module_name, model.config.architecture)
-            kind = _load_projection(linear, shard_names, source, targets, kernels if is_invariant else None)
+            kind = _load_projection(linear, shard_names, source, targets, kernels if is_blocks_alone else None)
             if kind is not None:
                 kinds.append(kind)
                 loaded.update(shard_names)
@@ -141,6 +145,30 @@ def load_weights(
             _copy_in_chunks(name, source, *target)
     reset_rotary_tables(model)
     return LoadedWeights(kinds.count("blocks only"), kinds.count("with blocks"))
+
+
+# NOTE: a load that keeps a quantized file's values (not batch-invariant) holds each projection in bfloat16
+# twice, the values and oneDNN's copy, beside its packing: the 1B-shaped Q4_K_M 3.4 GB for a 0.64 GB file. It
+# does so only where they take at most this share of the memory available as it starts.
+_VALUES_SHARE_OF_AVAILABLE = 0.5
+
+
+def _values_fit(model: LlamaForCausalLM) -> bool:
+    """Whether the matmuls' bfloat16 forms (4 bytes a weight) fit the share of available memory a load may give them."""
+    num_weights = sum(module.weight.numel() for module in model.modules() if isinstance(module, Linear))
+    needed = 4 * (num_weights + model.lm_head_weight.numel())
+    try:
+        available = available_ram_bytes()
+    except (OSError, RuntimeError):  # NOTE: no /proc/meminfo: as before this check
+        return True
+    if needed <= _VALUES_SHARE_OF_AVAILABLE * available:
+        return True
+    logger.warning(
+        "not batch-invariant, but the matmuls' bfloat16 forms (%.1f GiB) would take more than half the available "
+        "memory (%.1f GiB): the file's blocks alone, each on its kernel form, as a batch-invariant load",
+        needed / 2**30, available / 2**30,
+    )
+    return False
 
 
 def check_names(model: LlamaForCausalLM, names: set[str]) -> None:

@@ -5,6 +5,7 @@ load that keeps every value, and an engine whose memory follows the file's size,
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from engine_proc.cpu.features import cpu_features
 from engine_proc.cpu.form_registry import FORMS
 from engine_proc.cpu.kernels import load_cpu_kernels
 from engine_proc.cpu.quantized_linear import Linear
-from engine_proc.loader import load_gguf, load_model
+from engine_proc.loader import load_gguf, load_model, model_weights
 from tests.engine_proc.models.tiny_llama import run
 
 needs_kernels = pytest.mark.skipif(
@@ -54,6 +55,26 @@ def test_projections_loaded_as_blocks_alone_give_the_logits_of_a_load_that_keeps
     ids = torch.randint(0, 49152, (40,))
     assert torch.equal(lean.model.embed_rows(ids), full.model.embed_tokens(ids))
     assert torch.equal(run(lean, [ids]), run(full, [ids]))
+
+
+@needs_kernels
+def test_a_load_not_batch_invariant_keeps_the_blocks_alone_where_their_bfloat16_forms_would_not_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "small-q4_k.gguf"
+    write(SMALL, "Q4_K", path)
+    roomy = load_model(path, dtype=None, quantization="auto", batch_invariant=False)
+    assert all(p.has_dense for p in roomy.modules() if isinstance(p, Linear))
+    # NOTE: 1 MiB available: the small model's bfloat16 forms (4 bytes a weight, 13M of them, most the tied head) would not fit.
+    monkeypatch.setattr(model_weights, "available_ram_bytes", lambda: 2**20)
+    with caplog.at_level(logging.WARNING, logger="engine_proc.loader.model_weights"):
+        tight = load_model(path, dtype=None, quantization="auto", batch_invariant=False)
+    assert "the file's blocks alone" in caplog.text
+    projections = [module for module in tight.modules() if isinstance(module, Linear)]
+    assert projections and all(not p.has_dense for p in projections) and not tight.has_dense_head
+    lean = load_model(path, dtype=None, quantization="auto")
+    ids = torch.randint(0, 49152, (40,))
+    assert torch.equal(run(tight, [ids]), run(lean, [ids]))
 
 
 @needs_kernels
