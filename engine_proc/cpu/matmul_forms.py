@@ -17,11 +17,11 @@ A weight [out, in] is kept as loaded ("dense", the model's dtype) and, where the
 - "transposed": [in, out] for `x @ w` (output heads with a narrow input, where oneDNN's layout
   loses at many rows).
 
-(torch's forms are made by torch_forms; form_registry's entry of each says which weights get it.)
-
 - "int8_q8": 8-bit blocks of 32 (GGUF's Q8_0; an output head's float weight is rounded to them)
   times the activations rounded to 8 bits per group of 32, integer products (csrc/int8_q8.cpp),
   as llama.cpp multiplies a Q8_0 tensor.
+
+torch's forms are made by torch_forms, and form_registry's entry of each says which weights get it.
 
 Which is fastest depends on the CPU and the batch (for the default model's projections, of
 torch's forms: on a Zen 2 int4 at 1 token, int8 at 16 and 64; on Zen 4 and AMX int4 at few tokens,

@@ -1,4 +1,4 @@
-// The Python module of zeroserve's CPU kernels (engine_proc/cpu_kernels.py builds it).
+// The Python module of zeroserve's CPU kernels (engine_proc/cpu/kernels.py builds it).
 #include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 

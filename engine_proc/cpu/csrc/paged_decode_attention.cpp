@@ -1,6 +1,6 @@
 // Decode attention that reads a paged bfloat16 K/V cache in place (x86 CPUs, AVX-512 BF16 or AVX2).
 //
-// The Python side (engine_proc/cpu_kernels.py) builds this once per machine with
+// The Python side (engine_proc/cpu/kernels.py) builds this once per machine with
 // torch.utils.cpp_extension and falls back to gather + SDPA where it cannot. For each
 // (sequence, KV head), in one OpenMP task: (1) block by block, the 16 keys transposed to
 // [head_dim][16] floats in registers and every query row's

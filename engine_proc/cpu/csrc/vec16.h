@@ -1,5 +1,5 @@
 // 16 floats as one value, for the CPU kernels: one AVX-512 register, or two AVX2 registers.
-// Each build compiles the kernels for one instruction set (engine_proc/cpu_kernels.py passes
+// Each build compiles the kernels for one instruction set (engine_proc/cpu/kernels.py passes
 // its flags): with AVX-512 F/BW/VL/BF16/VNNI the AVX-512 bodies (`ZEROSERVE_AVX512`), with
 // AVX2 + FMA + F16C the others.
 //
