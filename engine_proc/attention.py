@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from engine_proc.cpu.kernels import load_cpu_kernels
-from engine_proc.models.attention_api import HeadNorms
+from engine_proc.models.attention_api import DecodeStep, HeadNorms
 from engine_proc.torch_attention import additive_mask, decode_attention, mask_per_row, prefill_attention, seen_keys
 
 # NOTE: where the C++ kernel runs, prompts are attended in chunks of this many tokens, each chunk
@@ -224,6 +224,17 @@ class PagedAttention:
         norms = head_norms or (None, None, 0.0)
         query, key = self._rotary_kernel(qkv, rotary_table, meta.slot_mapping, self.kv_caches[layer_idx], num_heads, *norms)
         return query, key
+
+    def decode_step(self, group: int) -> DecodeStep | None:
+        """The paged kernels' arguments for a step of one-token decodes alone, where both kernels run (see
+        AttentionBackend.decode_step)."""
+        meta = self._metadata
+        if meta is None or meta.prefills or meta.decode_query_positions is not None or self._rotary_kernel is None:
+            return None
+        if self._decode_token_limits is None or meta.decode_block_table is None:
+            return None
+        limits, _ = self._kernel_rows("decode", self._decode_token_limits, group, None)
+        return DecodeStep(meta.slot_mapping, self.kv_caches, meta.decode_block_table, limits, self.head_dim**-0.5)
 
     def forward(
         self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_stored: bool = False,

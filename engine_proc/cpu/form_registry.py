@@ -242,6 +242,9 @@ FORMS = {spec.name: spec for spec in (
 )}
 # The forms zeroserve's C++ kernels run, in the order a weight is given them.
 KERNEL_FORMS = tuple(spec for spec in FORMS.values() if spec.kernel is not None)
+# The kernel forms that C++ layers (moe_experts, decoder_layers) call by number: csrc/kernel_forms.h's `run_form`
+# numbers them in this order.
+FUSED_FORMS = ("int4_q8", "int4k_q8", "int5_q8", "int5k_q8", "int6k_q8", "int8_q8", "iq4xs_q8", "mxfp4_q8")
 # torch's forms of the loaded values, in the order a weight is given them (a rule may read the ones before).
 TORCH_FORMS = tuple(spec for spec in FORMS.values() if spec.torch_ops is not None)
 

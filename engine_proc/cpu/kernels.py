@@ -32,10 +32,13 @@ _SOURCES = [
     _CSRC / name
     for name in (
         "bindings.cpp", "paged_decode_attention.cpp", "elementwise.cpp", "int4_q8.cpp", "int6k_q8.cpp", "int8_q8.cpp",
-        "mxfp4_q8.cpp", "moe_experts.cpp",
+        "mxfp4_q8.cpp", "moe_experts.cpp", "decoder_layers.cpp",
     )
 ]
-_HEADERS = [_CSRC / "vec16.h", _CSRC / "q8_rows.h", _CSRC / "nibble_layout.h", _CSRC / "moe_experts.h"]
+_HEADERS = [
+    _CSRC / name
+    for name in ("vec16.h", "q8_rows.h", "nibble_layout.h", "kernel_forms.h", "moe_experts.h", "decoder_layers.h")
+]
 # NOTE: explicit instruction sets rather than -march=native, and one build per instruction set
 # (its name says which), so a build cached on one machine never runs on a CPU that lacks them.
 # AMX code is compiled in but runs only where `has_amx` says the CPU has it.

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine_proc.cpu.form_registry import FORMS, KERNEL_FORMS, FormSpec
+from engine_proc.cpu.form_registry import FORMS, FUSED_FORMS, KERNEL_FORMS, FormSpec
 from engine_proc.cpu.matmul_forms import MatmulForms
 from engine_proc.cpu.weight_blocks import GROUP_SIZE, Blocks, BlocksReader, Q4Blocks, cat_blocks
 
@@ -79,6 +79,24 @@ class PartsRun:
 
     def held_tensors(self) -> list[Tensor]:
         return [tensor for run in self.runs for tensor in run.packed]
+
+
+def fused_projection(kernels: Any, matmul: MatmulForms) -> tuple[Any, int] | None:
+    """The kernels' `Projection` of the form a weight's plan runs at one token, and up to how many tokens the
+    plan keeps it; None where that form is not a kernel form that C++ layers call (FUSED_FORMS), or pads its
+    outputs (the layers' Python path then takes other kernels, e.g. torch's rotary for a padded fused QKV)."""
+    max_tokens, form = matmul.plan[0]
+    run = matmul.runs[form]
+    if isinstance(run, PartsRun):
+        runs, bias = run.runs, run.bias
+    elif isinstance(run, KernelRun) and run.num_rows % 16 == 0:
+        runs, bias = [run], run.bias
+    else:
+        return None
+    if not all(part.form in FUSED_FORMS and (part is run or part.bias is None) for part in runs):
+        return None
+    forms = [FUSED_FORMS.index(part.form) for part in runs]
+    return kernels.Projection(forms, [part.packed for part in runs], [part.num_rows for part in runs], bias), max_tokens
 
 
 def valueless(weight: Tensor) -> Tensor:

@@ -15,6 +15,17 @@ class HeadNorms(NamedTuple):
     eps: float
 
 
+class DecodeStep(NamedTuple):
+    """What the C++ layers (cpu/csrc/decoder_layers.cpp) read and write of the paged cache in a step of one-token
+    decodes: each token's slot, each layer's cache, and each decode's blocks and keys as the paged kernel takes them."""
+
+    slot_mapping: Tensor  # [num_tokens]
+    kv_caches: list[Tensor]  # a layer's [2, kv_heads, num_slots, head_dim]
+    block_table: Tensor  # [num_tokens, max_blocks]
+    row_limits: Tensor  # [num_tokens, group]: how many keys each query head sees
+    scale: float
+
+
 class AttentionBackend(Protocol):
     """Causal attention over a flat batch of tokens from several sequences.
 
@@ -50,4 +61,9 @@ class AttentionBackend(Protocol):
         (cos, cos, -sin, sin), halves rotated as Hugging Face's rotate_half does. With head_norms, each
         query and key head is RMS-normed first (Qwen3's per-head norms).
         """
+        ...
+
+    def decode_step(self, group: int) -> DecodeStep | None:
+        """Where this step's tokens are each one decode's one new token and the backend's C++ kernels store and
+        attend them in a paged cache, what those kernels take (`group` query heads a KV head); else None."""
         ...

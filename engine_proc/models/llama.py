@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from engine_proc.cpu.kernels import load_cpu_kernels
 from engine_proc.cpu.matmul_forms import MatmulForms
 from engine_proc.cpu.matmul_plan import TimingBudget, plan_head, plan_linears
 from engine_proc.cpu.policy import UNMEASURED, MatmulPolicy
-from engine_proc.cpu.quantized_linear import Linear, kernel_form
+from engine_proc.cpu.quantized_linear import Linear, fused_projection, kernel_form
 from engine_proc.cpu.torch_forms import Int8Rows
 from engine_proc.cpu.weight_blocks import Blocks, BlocksReader
 from engine_proc.models.attention_api import AttentionBackend, HeadNorms
@@ -282,12 +283,21 @@ class LlamaForCausalLM(nn.Module):
         # (every matmul one row-invariant form, the norms the C++ kernels' rows); set by `prepack`.
         self.is_batch_invariant = False
         self.num_saved_plans = 0  # matmul plans an earlier load here measured (see saved_plans)
+        # NOTE: every layer in one C++ call for steps of one-token decodes up to `max_fused_tokens` (see `_fuse_layers`).
+        self.fused_layers: Any | None = None
+        self.max_fused_tokens = 0
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend) -> Tensor:
         """Final-normed hidden states [num_tokens, hidden_size] for the tokens of several sequences."""
         embed = self.model.embed_rows or self.model.embed_tokens
         hidden = embed(input_ids)
         rotary = self.model.rotary_emb(positions)
+        if self.fused_layers is not None and hidden.shape[0] <= self.max_fused_tokens and rotary.table.dtype == hidden.dtype:
+            config = self.config
+            step = attn.decode_step(config.num_attention_heads // config.num_key_value_heads)
+            if step is not None:
+                hidden, residual = self.fused_layers(hidden, rotary.table, *step)
+                return self.model.norm.add_forward(hidden, residual)[0]
         residual: Tensor | None = None
         for layer in self.model.layers:
             hidden, residual = layer(hidden, residual, rotary, attn)
@@ -352,10 +362,30 @@ class LlamaForCausalLM(nn.Module):
         self.choices["norms"] = "zeroserve C++ kernels" if kernels is not None else "torch ops"
         if self.greedy_head is not None:
             self.choices["greedy"] = "from the head (AMX kernel)"
+        self._fuse_layers(kernels)
         matmuls = [linear.forms for _, linear in linears] + [self.head]
         self.is_batch_invariant = kernels is not None and all(
             matmul is not None and is_plan_row_invariant(matmul.plan) for matmul in matmuls
         )
+
+    def _fuse_layers(self, kernels: Any | None) -> None:
+        """Runs the layers in one C++ call (the kernels' `DecoderLayers`) for steps of one-token decodes where every
+        layer is a plain dense Llama layer whose pieces all take the C++ kernels at one token (each projection a
+        kernel form of FUSED_FORMS), up to as many tokens as every projection's plan keeps that form."""
+        self.fused_layers, self.max_fused_tokens = None, 0
+        if kernels is None or type(self).forward is not LlamaForCausalLM.forward:
+            return
+        layers, max_tokens = [], sys.maxsize
+        for layer in self.model.layers:
+            fused = _fused_layer(kernels, self.config, layer)
+            if fused is None:
+                return
+            layers.append(fused[0])
+            max_tokens = min(max_tokens, fused[1])
+        config = self.config
+        self.fused_layers = kernels.DecoderLayers(layers, config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+        self.max_fused_tokens = max_tokens
+        self.choices["decode"] = "one C++ call for all layers (decoder_layers)"
 
     def _plan_head(
         self, forms: tuple[str, ...], kernels: Any | None, policy: MatmulPolicy, budget: TimingBudget
@@ -382,6 +412,7 @@ class LlamaForCausalLM(nn.Module):
                 module.unpack()
             elif isinstance(module, SparseMoeBlock):
                 module.fused = None
+        self.fused_layers, self.max_fused_tokens = None, 0
         self.head = None
         self.greedy_head = None
 
@@ -406,6 +437,36 @@ class LlamaForCausalLM(nn.Module):
         """Also keep the output head (float32 `weight`, as loaded) as int8 rows for few-row logits."""
         rows = Int8Rows.quantize(weight.to(self.lm_head_weight.device), self.lm_head_weight.dtype)
         self.int8_lm_head_weight, self.int8_lm_head_scales = rows.weight, rows.scales
+
+
+def _fused_layer(kernels: Any, config: ModelConfig, layer: nn.Module) -> tuple[Any, int] | None:
+    """A plain dense layer as the kernels' `DecoderLayer` (see `LlamaForCausalLM._fuse_layers`), and up to how many
+    tokens its projections' plans keep the forms it holds; None where a piece of it would not run the C++ kernels."""
+    if type(layer) is not LlamaDecoderLayer or type(layer.self_attn) is not LlamaAttention or type(layer.mlp) is not LlamaMLP:
+        return None
+    attn, mlp = layer.self_attn, layer.mlp
+    norms = [layer.input_layernorm, layer.post_attention_layernorm]
+    if attn.q_norm is not None and attn.k_norm is not None:
+        if not config.is_qk_norm_per_head:
+            return None
+        norms += [attn.q_norm, attn.k_norm]
+    if any(norm.kernels is None or norm.weight.dtype != torch.bfloat16 for norm in norms) or mlp.kernels is None:
+        return None
+    if not attn.has_rope or attn.window is not None or attn.sinks is not None:
+        return None
+    projections = []
+    for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+        projection = fused_projection(kernels, linear.forms) if linear.forms is not None else None
+        if projection is None:
+            return None
+        projections.append(projection)
+    (qkv, _), (o, _), (gate_up, _), (down, _) = projections
+    q_norm, k_norm = (attn.q_norm, attn.k_norm) if attn.q_norm is not None and attn.k_norm is not None else (None, None)
+    fused = kernels.DecoderLayer(
+        layer.input_layernorm.weight, qkv, None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
+        o, layer.post_attention_layernorm.weight, gate_up, down, layer.input_layernorm.eps, 0.0 if q_norm is None else q_norm.eps,
+    )
+    return fused, min(max_tokens for _, max_tokens in projections)
 
 
 FAMILY = Family("llama", LlamaForCausalLM, hf_model_types=("llama",), gguf_architectures=("llama",), is_gguf_permuted=True)

@@ -17,13 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine_proc.cpu.form_registry import FORMS
+from engine_proc.cpu.form_registry import FORMS, FUSED_FORMS
 from engine_proc.cpu.quantized_linear import KernelRun
 from engine_proc.models.config import ModelConfig
 from engine_proc.models.family import Fields, MetadataReader
-
-# The kernel forms `moe_experts` runs an expert's projections on, numbered as its C++ switch numbers them.
-FUSED_FORMS = ("int4_q8", "int4k_q8", "int5_q8", "int5k_q8", "int6k_q8", "int8_q8", "iq4xs_q8", "mxfp4_q8")
 
 
 class Router(nn.Module):

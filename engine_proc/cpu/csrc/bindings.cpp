@@ -2,41 +2,21 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "decoder_layers.h"
+#include "kernel_forms.h"
 #include "moe_experts.h"
 
-at::Tensor paged_decode_attention(
-    const at::Tensor& query, const at::Tensor& cache, const at::Tensor& block_table,
-    const at::Tensor& row_limits, double scale, const std::optional<at::Tensor>& row_starts,
-    const std::optional<at::Tensor>& row_sinks);
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w);
-at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
-std::vector<at::Tensor> rotary_store_kv(
-    const at::Tensor& qkv, const at::Tensor& cos_sin, const at::Tensor& slots, at::Tensor& cache, int64_t num_heads,
-    const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, double eps);
 std::vector<at::Tensor> pack_int4_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
-at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
 std::vector<at::Tensor> pack_int4k_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                                       const at::Tensor& d, const at::Tensor& dmin);
-at::Tensor int4k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                    const at::Tensor& d, const at::Tensor& dmin);
 std::vector<at::Tensor> pack_int5_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
-at::Tensor int5_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& high, const at::Tensor& scales,
-                   const at::Tensor& mins);
 std::vector<at::Tensor> pack_int5k_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                                       const at::Tensor& d, const at::Tensor& dmin);
-at::Tensor int5k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& high, const at::Tensor& scales,
-                    const at::Tensor& mins, const at::Tensor& d, const at::Tensor& dmin);
 std::vector<at::Tensor> pack_int6k_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& d);
-at::Tensor int6k_q8(const at::Tensor& x, const at::Tensor& low, const at::Tensor& high, const at::Tensor& scales,
-                    const at::Tensor& d);
 std::vector<at::Tensor> pack_int8_q8(const at::Tensor& codes, const at::Tensor& scales);
-at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
 std::vector<at::Tensor> pack_iq4xs_q8(const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d);
-at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d);
 std::vector<at::Tensor> pack_mxfp4_q8(const at::Tensor& codes, const at::Tensor& exponents);
-at::Tensor mxfp4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& exponents);
 #ifdef ZEROSERVE_AMX
 at::Tensor pack_greedy_head(const at::Tensor& weight);
 at::Tensor greedy_head(const at::Tensor& hidden, const at::Tensor& packed_weight, int64_t vocab_size);
@@ -56,6 +36,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("width"), pybind11::arg("gate_up_bias") = std::vector<at::Tensor>{},
            pybind11::arg("down_bias") = std::vector<at::Tensor>{}, pybind11::arg("is_clamped_swiglu") = false)
       .def("__call__", &MoeExperts::run, "bfloat16 rows, each token's expert ids and weights (best first) -> the weighted sum of its experts");
+  pybind11::class_<Projection>(m, "Projection", "a projection's parts on kernel forms (numbered as FUSED_FORMS), side by side, then its bias", pybind11::module_local())
+      .def(pybind11::init<std::vector<int64_t>, std::vector<std::vector<at::Tensor>>, std::vector<int64_t>, std::optional<at::Tensor>>(),
+           pybind11::arg("forms"), pybind11::arg("packed"), pybind11::arg("widths"), pybind11::arg("bias") = pybind11::none());
+  pybind11::class_<DecoderLayer>(m, "DecoderLayer", "a dense decoder layer's norms and projections on kernel forms", pybind11::module_local())
+      .def(pybind11::init<at::Tensor, Projection, std::optional<at::Tensor>, std::optional<at::Tensor>, Projection, at::Tensor,
+                          Projection, Projection, double, double>(),
+           pybind11::arg("input_norm"), pybind11::arg("qkv"), pybind11::arg("q_norm"), pybind11::arg("k_norm"), pybind11::arg("o"),
+           pybind11::arg("post_norm"), pybind11::arg("gate_up"), pybind11::arg("down"), pybind11::arg("eps"), pybind11::arg("head_eps"));
+  pybind11::class_<DecoderLayers>(m, "DecoderLayers", "a dense decoder's layers, run over a step of one-token decodes in one call", pybind11::module_local())
+      .def(pybind11::init<std::vector<DecoderLayer>, int64_t, int64_t, int64_t>(),
+           pybind11::arg("layers"), pybind11::arg("num_heads"), pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"))
+      .def("__call__", &DecoderLayers::run, "token embeddings, rotary table, slots, caches, block table, row limits, scale -> (output, residual)",
+           pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then rms_norm(residual), for bfloat16 rows");
   m.def("rotary_store_kv", &rotary_store_kv, "rotary on a fused QKV's queries and keys (each head normed first with q_norm, k_norm), K/V stored in a paged cache",
         pybind11::arg("qkv"), pybind11::arg("cos_sin"), pybind11::arg("slots"), pybind11::arg("cache"), pybind11::arg("num_heads"),

@@ -4,6 +4,7 @@
 // experts added in the order the router ranked them, rounded once to bfloat16: what moe.py's loop of torch
 // ops computes, without a Python call per expert.
 #include "moe_experts.h"
+#include "kernel_forms.h"
 
 #include <ATen/Parallel.h>
 
@@ -12,38 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-at::Tensor silu_and_mul(const at::Tensor& gate_up);
-at::Tensor int4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
-at::Tensor int4k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                    const at::Tensor& d, const at::Tensor& dmin);
-at::Tensor int5_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& high, const at::Tensor& scales,
-                   const at::Tensor& mins);
-at::Tensor int5k_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& high, const at::Tensor& scales,
-                    const at::Tensor& mins, const at::Tensor& d, const at::Tensor& dmin);
-at::Tensor int6k_q8(const at::Tensor& x, const at::Tensor& low, const at::Tensor& high, const at::Tensor& scales,
-                    const at::Tensor& d);
-at::Tensor int8_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
-at::Tensor iq4xs_q8(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& scales, const at::Tensor& d);
-at::Tensor mxfp4_q8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& exponents);
-
 namespace {
-
-// `x` @ a weight packed for the form numbered `form` (its index in moe.py's FUSED_FORMS), its first `width` outputs.
-at::Tensor run_form(int64_t form, const at::Tensor& x, const std::vector<at::Tensor>& p, int64_t width) {
-  at::Tensor out;
-  switch (form) {
-    case 0: out = int4_q8(x, p[0], p[1], p[2]); break;
-    case 1: out = int4k_q8(x, p[0], p[1], p[2], p[3], p[4]); break;
-    case 2: out = int5_q8(x, p[0], p[1], p[2], p[3]); break;
-    case 3: out = int5k_q8(x, p[0], p[1], p[2], p[3], p[4], p[5]); break;
-    case 4: out = int6k_q8(x, p[0], p[1], p[2], p[3]); break;
-    case 5: out = int8_q8(x, p[0], p[1]); break;
-    case 6: out = iq4xs_q8(x, p[0], p[1], p[2]); break;
-    case 7: out = mxfp4_q8(x, p[0], p[1]); break;
-    default: TORCH_CHECK(false, "moe_experts: unknown form ", form);
-  }
-  return out.size(1) == width ? out : out.narrow(1, 0, width).contiguous();
-}
 
 // gpt-oss's clamped SwiGLU of gate_up [M, 2W] (gate, then up), by the torch ops gpt_oss.py's
 // `clamped_swiglu` runs, in its order: the same bits.

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine_proc.models.attention_api import HeadNorms
+from engine_proc.models.attention_api import DecodeStep, HeadNorms
 
 
 def dense_attention(
@@ -43,6 +43,9 @@ class DenseCausalAttention:
         self, layer_idx: int, qkv: Tensor, rotary_table: Tensor, head_norms: HeadNorms | None = None
     ) -> tuple[Tensor, Tensor] | None:
         return None  # nothing to store: the model rotates
+
+    def decode_step(self, group: int) -> DecodeStep | None:
+        return None  # no cache: the model runs its layers one by one
 
     def forward(
         self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor, is_stored: bool = False,
