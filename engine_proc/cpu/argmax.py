@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from engine_proc.cpu.kernels import load_cpu_kernels
+
 _ARGMAX_BLOCK = 128
 
 
@@ -15,8 +17,13 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     then the best within it. 16-bit floats are compared as their int16 bit patterns, which
     order positive values as the floats do; a row whose maximum is not above +0 is redone in
     float32. On 2 cores, [256, 49152]: bfloat16 `max(dim=-1)` 7.1 ms, float32 12.3 ms; this
-    1.8 ms from float32 and under 1 ms from bfloat16, with the same ids.
+    1.8 ms from float32 and under 1 ms from bfloat16, with the same ids. Where the C++ kernels run, bfloat16 rows
+    go to their `argmax_rows` (one stream's pick: 9 torch ops, 0.1 ms of a 3 ms step, in one call).
     """
+    if logits.dtype == torch.bfloat16 and logits.device.type == "cpu" and logits.dim() == 2 and logits.shape[-1]:
+        kernels = load_cpu_kernels()
+        if kernels is not None:
+            return kernels.argmax_rows(logits.contiguous())
     if logits.dtype in (torch.bfloat16, torch.float16) and logits.shape[-1] >= 2 * _ARGMAX_BLOCK:
         token_ids, max_bits = _two_level_argmax(logits.view(torch.int16))
         is_redone = max_bits <= 0

@@ -7,6 +7,7 @@
 #include "moe_experts.h"
 
 at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w);
+at::Tensor argmax_rows(const at::Tensor& logits);
 std::vector<at::Tensor> pack_int4_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins);
 std::vector<at::Tensor> pack_int4k_q8(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                                       const at::Tensor& d, const at::Tensor& dmin);
@@ -49,6 +50,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("layers"), pybind11::arg("num_heads"), pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"))
       .def("__call__", &DecoderLayers::run, "token embeddings, rotary table, slots, caches, block table, row limits, scale -> (output, residual)",
            pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("argmax_rows", &argmax_rows, "each bfloat16 row's first maximum, as torch's max(dim=-1).indices");
   m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then rms_norm(residual), for bfloat16 rows");
   m.def("rotary_store_kv", &rotary_store_kv, "rotary on a fused QKV's queries and keys (each head normed first with q_norm, k_norm), K/V stored in a paged cache",
         pybind11::arg("qkv"), pybind11::arg("cos_sin"), pybind11::arg("slots"), pybind11::arg("cache"), pybind11::arg("num_heads"),

@@ -7,6 +7,7 @@
 
 #include "vec16.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -174,6 +175,70 @@ at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w) {
       for (int64_t k = 0; k < width; k += 16) sum = sum + load16(row + k) * load16(expert + k);
       o[i] = reduce_add(sum);
     }
+  });
+  return out;
+}
+
+namespace {
+
+// The first maximum of n bfloat16 values, one at a time: NaN counts as the largest (torch's max counts it so).
+int64_t first_max_scalar(const uint16_t* x, int64_t n) {
+  const auto value = [&](int64_t i) { return static_cast<float>(c10::BFloat16(x[i], c10::BFloat16::from_bits())); };
+  int64_t best = 0;
+  float top = value(0);
+  if (std::isnan(top)) return 0;
+  for (int64_t i = 1; i < n; ++i) {
+    const float v = value(i);
+    if (std::isnan(v)) return i;
+    if (v > top) {
+      top = v;
+      best = i;
+    }
+  }
+  return best;
+}
+
+// The first maximum of a row of n bfloat16 values: its largest value by vectors, then the first 16 that hold it.
+// A row with a NaN or an infinity (where x - x is not 0) goes one value at a time.
+int64_t first_max(const uint16_t* x, int64_t n) {
+  const int64_t whole = n / 16 * 16;
+  if (whole == 0) return first_max_scalar(x, n);
+  V16 best = load_bf16(x), check = zero16();
+  for (int64_t i = 0; i < whole; i += 16) {
+    const V16 v = load_bf16(x + i);
+    best = max16(best, v);
+    check = check + (v - v);
+  }
+  float top = reduce_max(best);
+  for (int64_t i = whole; i < n; ++i) {
+    const float v = static_cast<float>(c10::BFloat16(x[i], c10::BFloat16::from_bits()));
+    if (!std::isfinite(v)) return first_max_scalar(x, n);
+    top = std::max(top, v);
+  }
+  if (reduce_add(check) != 0.0f) return first_max_scalar(x, n);
+  for (int64_t i = 0; i < whole; i += 16) {
+    if (reduce_max(load_bf16(x + i)) == top) {
+      for (int64_t j = i;; ++j) {
+        if (static_cast<float>(c10::BFloat16(x[j], c10::BFloat16::from_bits())) == top) return j;
+      }
+    }
+  }
+  for (int64_t i = whole;; ++i) {
+    if (static_cast<float>(c10::BFloat16(x[i], c10::BFloat16::from_bits())) == top) return i;
+  }
+}
+
+}  // namespace
+
+// logits [M, N] bf16 contiguous -> each row's first maximum [M] int64, as torch's max(dim=-1).indices.
+at::Tensor argmax_rows(const at::Tensor& logits) {
+  TORCH_CHECK(logits.scalar_type() == at::kBFloat16 && logits.is_contiguous() && logits.dim() == 2 && logits.size(1) > 0);
+  const int64_t rows = logits.size(0), n = logits.size(1);
+  auto out = at::empty({rows}, logits.options().dtype(at::kLong));
+  const auto* in = reinterpret_cast<const uint16_t*>(logits.data_ptr());
+  int64_t* ids = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) ids[r] = first_max(in + r * n, n);
   });
   return out;
 }

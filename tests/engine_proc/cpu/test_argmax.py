@@ -30,3 +30,21 @@ def test_greedy_ids_of_rows_with_no_positive_logit(dtype: torch.dtype) -> None:
     logits[3, 600] = -0.01
     logits[4, 999] = 3.0
     assert torch.equal(greedy_ids(logits), logits.max(dim=-1).indices)
+
+
+@pytest.mark.parametrize("vocab_size", [5, 16, 49152, 49152 + 77])
+def test_greedy_ids_of_bfloat16_rows_with_infinities_nans_and_signed_zeros(vocab_size: int) -> None:
+    """The C++ kernels' bfloat16 argmax where they run (torch's ops elsewhere): torch's picks, NaN the largest."""
+    generator = torch.Generator().manual_seed(2)
+    logits = torch.randn(8, vocab_size, generator=generator).bfloat16()
+    logits[0, vocab_size // 2] = float("inf")
+    logits[1, vocab_size - 1] = float("nan")
+    logits[2, :] = float("-inf")
+    logits[3, :] = -1.0
+    logits[3, [1, vocab_size - 2]] = torch.tensor([-0.0, 0.0]).bfloat16()
+    logits[4, :] = 0.0
+    logits[4, 2] = -0.0
+    logits[5, [0, vocab_size - 1]] = float("-inf")
+    logits[6, [2, 3]] = float("nan")
+    logits[6, 1] = float("inf")
+    assert torch.equal(greedy_ids(logits), logits.max(dim=-1).indices)
