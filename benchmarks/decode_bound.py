@@ -11,13 +11,16 @@ the bandwidth: torch's sum over a 1 GiB tensor, the threads reading it as a step
 The weights' bytes are what the engine reports holding (`weight_bytes`: the kernels' packings and
 any other form kept; a token embedding read from the file a row at a time is not among them). A
 mixture of experts reads only its routed experts: its bound here is a lower one than the step's.
-Prints each round and the medians: step ms, GB/s, bound ms, and step over bound.
+Prints each round and the medians: step ms, GB/s, bound ms, and step over bound. Runs in the environment
+`zeroserve serve` gives its engine (malloc on huge pages: see service/client/engine_launcher.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -26,6 +29,7 @@ from engine_proc.core import EngineCore
 from engine_proc.cpu.features import cpu_model_name
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, SamplingParams
+from service.client.engine_launcher import engine_environ
 from service.model_files.model_registry import DEFAULT_MODEL, resolve_model
 
 _BANDWIDTH_BYTES = 2**30
@@ -57,6 +61,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
+    environ = engine_environ(os.environ)
+    if environ != dict(os.environ):
+        # NOTE: started again in the environment an engine process gets (its malloc's huge pages), set before start.
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.decode_bound", *sys.argv[1:]], environ)
     model = args.model or str(resolve_model(DEFAULT_MODEL).path)
     torch.set_num_threads(args.threads)
     core = EngineCore(EngineConfig(model_path=model, num_threads=args.threads, kv_cache_memory_gib=0.5, max_model_len=4096))

@@ -132,23 +132,32 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const int32_t*
                 Codes codes, Scales scales, uint16_t* out, int64_t out_stride) {
   __m512 acc[TILE];
   for (int r = 0; r < TILE; ++r) acc[r] = _mm512_setzero_ps();
+  constexpr int kChains = TILE == 1 ? 4 : (TILE <= 4 ? 2 : 1);
   for (int64_t g = 0; g < num_groups; ++g) {
-    __m512i dot[TILE];
-    for (int r = 0; r < TILE; ++r) dot[r] = _mm512_setzero_si512();
+    // NOTE: a row's 8 products into kChains sums, added at the group's end (int4_q8.cpp's reason): integer sums,
+    // the same bits in any order.
+    __m512i dot[kChains][TILE];
+    for (int j = 0; j < kChains; ++j) {
+      for (int r = 0; r < TILE; ++r) dot[j][r] = _mm512_setzero_si512();
+    }
     const int8_t* group_q = q + g * kGroup;
     codes.prefetch(g);
     for (int c = 0; c < 4; ++c) {
       __m512i weights[2];
       codes.quarter(g, c, 0, weights[0], weights[1]);
       for (int h = 0; h < 2; ++h) {
+        auto& chain = dot[(2 * c + h) % kChains];
         for (int r = 0; r < TILE; ++r) {
-          dot[r] = _mm512_dpbusd_epi32(dot[r], weights[h], _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c + 4 * h)));
+          chain[r] = _mm512_dpbusd_epi32(chain[r], weights[h], _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c + 4 * h)));
         }
       }
     }
+    for (int j = 1; j < kChains; ++j) {
+      for (int r = 0; r < TILE; ++r) dot[0][r] = _mm512_add_epi32(dot[0][r], dot[j][r]);
+    }
     const __m512 d = scales.scale(g, 0);
     for (int r = 0; r < TILE; ++r) {
-      const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * totals[r * num_groups + g])));
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[0][r], _mm512_set1_epi32(128 * totals[r * num_groups + g])));
       acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(sum, _mm512_set1_ps(qscales[r * num_groups + g])), d, acc[r]);
     }
   }

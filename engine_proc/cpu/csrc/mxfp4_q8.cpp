@@ -63,23 +63,33 @@ void tile_block(const int8_t* q, int64_t k, const float* qscales, const int32_t*
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   __m512 acc[TILE];
   for (int r = 0; r < TILE; ++r) acc[r] = _mm512_setzero_ps();
+  constexpr int kChains = TILE == 1 ? 4 : (TILE <= 4 ? 2 : 1);
   for (int64_t g = 0; g < num_groups; ++g) {
-    __m512i dot[TILE];
-    for (int r = 0; r < TILE; ++r) dot[r] = _mm512_setzero_si512();
+    // NOTE: a row's 8 products into kChains sums, added at the group's end (int4_q8.cpp's reason): integer sums,
+    // the same bits in any order.
+    __m512i dot[kChains][TILE];
+    for (int j = 0; j < kChains; ++j) {
+      for (int r = 0; r < TILE; ++r) dot[j][r] = _mm512_setzero_si512();
+    }
     prefetch_ahead(codes + g * kGroupBytes, kGroupBytes);
     const int8_t* group_q = q + g * kGroup;
     for (int c = 0; c < 4; ++c) {
       const __m512i bytes = _mm512_loadu_si512(codes + g * kGroupBytes + 64 * c);
       const __m512i first = _mm512_shuffle_epi8(table, _mm512_and_si512(bytes, low_nibbles));
       const __m512i second = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles));
+      auto& even = dot[(2 * c) % kChains];
+      auto& odd = dot[(2 * c + 1) % kChains];
       for (int r = 0; r < TILE; ++r) {
-        dot[r] = _mm512_dpbusd_epi32(dot[r], first, _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c)));
-        dot[r] = _mm512_dpbusd_epi32(dot[r], second, _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c + 4)));
+        even[r] = _mm512_dpbusd_epi32(even[r], first, _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c)));
+        odd[r] = _mm512_dpbusd_epi32(odd[r], second, _mm512_set1_epi32(load_int32(group_q + r * k + 8 * c + 4)));
       }
+    }
+    for (int j = 1; j < kChains; ++j) {
+      for (int r = 0; r < TILE; ++r) dot[0][r] = _mm512_add_epi32(dot[0][r], dot[j][r]);
     }
     const __m512 step = steps(exponents + g * kBlock);
     for (int r = 0; r < TILE; ++r) {
-      const __m512i sum = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(kOffset * totals[r * num_groups + g]));
+      const __m512i sum = _mm512_sub_epi32(dot[0][r], _mm512_set1_epi32(kOffset * totals[r * num_groups + g]));
       acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(qscales[r * num_groups + g])), step, acc[r]);
     }
   }
