@@ -1,5 +1,6 @@
 // The Python module of zeroserve's CPU kernels (engine_proc/cpu/kernels.py builds it).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "decoder_layers.h"
@@ -46,8 +47,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("input_norm"), pybind11::arg("qkv"), pybind11::arg("q_norm"), pybind11::arg("k_norm"), pybind11::arg("o"),
            pybind11::arg("post_norm"), pybind11::arg("gate_up"), pybind11::arg("down"), pybind11::arg("eps"), pybind11::arg("head_eps"));
   pybind11::class_<DecoderLayers>(m, "DecoderLayers", "a dense decoder's layers, run over a step of one-token decodes in one call", pybind11::module_local())
-      .def(pybind11::init<std::vector<DecoderLayer>, int64_t, int64_t, int64_t>(),
+      .def(pybind11::init([](std::vector<DecoderLayer> layers, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+             DecoderLayers fused{std::move(layers), num_heads, num_kv_heads, head_dim};
+             fused.share(at::get_num_threads());
+             return fused;
+           }),
            pybind11::arg("layers"), pybind11::arg("num_heads"), pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"))
+      .def_readonly("num_threads", &DecoderLayers::num_threads)
+      .def("serial", &DecoderLayers::serial, "the same on one thread at a time, each kernel's threads its own (the bits of __call__)",
+           pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("__call__", &DecoderLayers::run, "token embeddings, rotary table, slots, caches, block table, row limits, scale -> (output, residual)",
            pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("argmax_rows", &argmax_rows, "each bfloat16 row's first maximum, as torch's max(dim=-1).indices");

@@ -12,6 +12,10 @@ at::Tensor paged_decode_attention(
     const at::Tensor& query, const at::Tensor& cache, const at::Tensor& block_table,
     const at::Tensor& row_limits, double scale, const std::optional<at::Tensor>& row_starts,
     const std::optional<at::Tensor>& row_sinks);
+at::Tensor paged_decode_attention_items(
+    const at::Tensor& query, const at::Tensor& cache, const at::Tensor& block_table,
+    const at::Tensor& row_limits, double scale, const std::optional<at::Tensor>& row_starts,
+    const std::optional<at::Tensor>& row_sinks, const at::Tensor* given_out, int64_t item_begin, int64_t item_end);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);

@@ -128,10 +128,12 @@ float* aligned(std::vector<float>& buffer) {
 // row_limits [S, R] (how many keys each row sees), row_starts [S, R] or None (the first key each
 // row sees; None: key 0), row_sinks [KVH, R] float32 or None (each row's sink logit, in the
 // scaled scores' units); returns [S, KVH, R, D].
-at::Tensor paged_decode_attention(
+// With `out` given ([S, KVH, R, D] bf16, contiguous), only the (sequence, KV head) items [item_begin, item_end) are
+// attended, into it, on the calling thread: a share of a step for a thread of decoder_layers.cpp's one region.
+at::Tensor paged_decode_attention_items(
     const at::Tensor& query, const at::Tensor& cache, const at::Tensor& block_table,
     const at::Tensor& row_limits, double scale, const std::optional<at::Tensor>& row_starts,
-    const std::optional<at::Tensor>& row_sinks) {
+    const std::optional<at::Tensor>& row_sinks, const at::Tensor* given_out, int64_t item_begin, int64_t item_end) {
   TORCH_CHECK(query.scalar_type() == at::kBFloat16 && cache.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(block_table.scalar_type() == at::kLong && row_limits.scalar_type() == at::kLong, "int64 tables");
   TORCH_CHECK(query.is_contiguous() && cache.is_contiguous() && block_table.is_contiguous() && row_limits.is_contiguous());
@@ -149,7 +151,8 @@ at::Tensor paged_decode_attention(
   const int64_t* starts_all = row_starts ? row_starts->data_ptr<int64_t>() : nullptr;
   const float* sinks_all = row_sinks ? row_sinks->data_ptr<float>() : nullptr;
   const int64_t num_slots = cache.size(2), max_blocks = block_table.size(1);
-  auto out = at::empty_like(query);
+  auto out = given_out == nullptr ? at::empty_like(query) : *given_out;
+  TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == at::kBFloat16 && out.is_contiguous());
   const auto* queries = reinterpret_cast<const uint16_t*>(query.data_ptr());
   const auto* kv = reinterpret_cast<const uint16_t*>(cache.data_ptr());
   const int64_t* tables = block_table.data_ptr<int64_t>();
@@ -161,7 +164,7 @@ at::Tensor paged_decode_attention(
   const int64_t max_keys = (longest + kBlockSize - 1) / kBlockSize * kBlockSize;
   const V16 vscale = set16(static_cast<float>(scale));
 
-  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+  const auto attend = [&](int64_t begin, int64_t end) {
     std::vector<float> q_buf(num_rows * head_dim + 16), k_buf(kBlockSize * head_dim + 16), s_buf(num_rows * max_keys + 16),
         o_buf(num_rows * head_dim + 16);
     std::vector<const uint16_t*> value_blocks(max_keys / kBlockSize);
@@ -225,6 +228,19 @@ at::Tensor paged_decode_attention(
       uint16_t* o_out = outs + item * num_rows * head_dim;
       for (int64_t i = 0; i < num_rows * head_dim; i += 16) store_bf16(o_out + i, load16(o + i));
     }
-  });
+  };
+  if (given_out == nullptr) {
+    at::parallel_for(0, num_seqs * num_kv_heads, 1, attend);
+  } else if (item_begin < item_end) {
+    TORCH_CHECK(item_begin >= 0 && item_end <= num_seqs * num_kv_heads, "paged_decode_attention: items out of range");
+    attend(item_begin, item_end);
+  }
   return out;
+}
+
+at::Tensor paged_decode_attention(
+    const at::Tensor& query, const at::Tensor& cache, const at::Tensor& block_table,
+    const at::Tensor& row_limits, double scale, const std::optional<at::Tensor>& row_starts,
+    const std::optional<at::Tensor>& row_sinks) {
+  return paged_decode_attention_items(query, cache, block_table, row_limits, scale, row_starts, row_sinks, nullptr, 0, 0);
 }

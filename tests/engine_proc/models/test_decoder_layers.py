@@ -1,6 +1,7 @@
 """Every layer in one C++ call (the kernels' `DecoderLayers`) for steps of one-token decodes: with default flags,
 the same tokens and logprob bits as the layers run one by one from Python, on the default model and on shapes whose
-pieces differ (a fused projection of two block types, a QKV bias, per-head q/k norms)."""
+pieces differ (a fused projection of two block types, a QKV bias, per-head q/k norms). Two threads, so the call runs
+as one parallel region that shares each projection between them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from benchmarks.real_size_ggufs import Shape, write
 from benchmarks.reference_models import engine_greedy
@@ -16,6 +18,7 @@ from engine_proc.core import EngineCore
 from engine_proc.cpu.kernels import load_cpu_kernels
 from engine_proc.models.llama import LlamaForCausalLM
 from proto.engine_config import EngineConfig
+from proto.engine_input import EngineCoreRequest, SamplingParams
 from service.model_files.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.skipif(load_cpu_kernels() is None, reason="the fused layers are zeroserve's C++ kernels")
@@ -31,8 +34,10 @@ SHAPES = {
 
 
 def _fused_and_looped(path: Path, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
-    claims = EngineCore(EngineConfig(model_path=str(path), kv_cache_memory_gib=0.05, max_model_len=512)).ready_message().kernel_choices
+    core = EngineCore(EngineConfig(model_path=str(path), kv_cache_memory_gib=0.05, max_model_len=512, num_threads=2))
+    claims = core.ready_message().kernel_choices
     assert claims["decode"] == "one C++ call for all layers (decoder_layers)" and claims["batch invariant"] == "yes"
+    assert core.model_runner.model.fused_layers.num_threads == 2
     num_fused = 0
     decode_step = PagedAttention.decode_step
 
@@ -43,10 +48,10 @@ def _fused_and_looped(path: Path, prompts: list[list[int]], monkeypatch: pytest.
         return step
 
     monkeypatch.setattr(PagedAttention, "decode_step", counted)
-    fused = engine_greedy(path, prompts, MAX_NEW_TOKENS)
+    fused = engine_greedy(path, prompts, MAX_NEW_TOKENS, num_threads=2)
     assert num_fused >= MAX_NEW_TOKENS - 2  # every step after the prompts' (a step or two of 256 tokens)
     monkeypatch.setattr(LlamaForCausalLM, "_fuse_layers", lambda self, kernels: None)
-    looped = engine_greedy(path, prompts, MAX_NEW_TOKENS)
+    looped = engine_greedy(path, prompts, MAX_NEW_TOKENS, num_threads=2)
     assert fused.token_ids == looped.token_ids and fused.logprobs == looped.logprobs
 
 
@@ -64,3 +69,31 @@ def test_each_layer_shape_decodes_the_same_bits_in_one_call(
     write(shape, ggml_type, path, types=types)
     tokenizer = Tokenizer.from_model(default_model_path)
     _fused_and_looped(path, [tokenizer.encode(text) for text in TEXTS], monkeypatch)
+
+
+def test_the_shared_call_gives_the_serial_calls_bits(default_model_path: Path) -> None:
+    """The region of two threads against the same layers run kernel by kernel (each kernel's own threads), on 3
+    decodes of different lengths."""
+    core = EngineCore(EngineConfig(model_path=str(default_model_path), kv_cache_memory_gib=0.05, max_model_len=512, num_threads=2))
+    model = core.model_runner.model
+    fused = model.fused_layers
+    outputs: dict[str, list[torch.Tensor]] = {"shared": [], "serial": []}
+
+    class Both:
+        def __call__(self, hidden: torch.Tensor, *args: Any) -> Any:
+            for name, run in (("serial", fused.serial), ("shared", fused)):
+                # NOTE: the residual is updated in place, and the cache written: each run from the same start.
+                outputs[name].append(torch.cat(run(hidden.clone(), *args), dim=-1))
+            return fused(hidden, *args)
+
+    model.fused_layers = Both()
+    tokenizer = Tokenizer.from_model(default_model_path)
+    prompts = [tokenizer.encode(text) for text in (TEXTS[0], TEXTS[1] * 3, TEXTS[2] * 7)]
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        core.add_request(EngineCoreRequest(str(i), prompt, params))
+    while core.has_work:
+        core.step()
+    assert len(outputs["shared"]) >= 3
+    for shared, serial in zip(outputs["shared"], outputs["serial"], strict=True):
+        assert torch.equal(shared, serial)
