@@ -21,10 +21,12 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <thread>
 
 namespace {
 
 constexpr int64_t kBlock = 16;  // outputs per block of every kernel form's packing
+constexpr int64_t kSpinsBeforeYield = 4096;  // about 20-100 us of `pause`
 
 // Threads meet here between the steps of a layer; a thread that failed lets the others through, `wait` then false.
 class SpinBarrier {
@@ -37,9 +39,15 @@ class SpinBarrier {
       count_.store(0, std::memory_order_relaxed);
       generation_.fetch_add(1, std::memory_order_release);
     } else {
-      while (generation_.load(std::memory_order_acquire) == generation) {
+      // NOTE: a thread that waits long has most likely lost its partner's core to another process (a server's
+      // gateway): its own core is then handed back to the scheduler in turns, not spun on.
+      for (int64_t spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins) {
         if (failed_.load(std::memory_order_relaxed)) return false;
-        _mm_pause();
+        if (spins < kSpinsBeforeYield) {
+          _mm_pause();
+        } else {
+          std::this_thread::yield();
+        }
       }
     }
     return !failed_.load(std::memory_order_relaxed);
