@@ -144,7 +144,7 @@ class PagedAttention:
         self._decode_rows: torch.Tensor | None = None
         self._decode_masks: dict[int | None, torch.Tensor | None] = {}  # the torch path's, per window
         self._prefill_rows: list[torch.Tensor] = []
-        # NOTE: the C++ kernel reads blocks in place: bfloat16 on x86 with AVX-512 BF16.
+        # NOTE: the C++ kernel reads blocks in place: bfloat16 on x86 with AVX-512 BF16 or AVX2 (cpu/kernels.py).
         kernels = load_cpu_kernels() if dtype == torch.bfloat16 and device.type == "cpu" else None
         self._decode_kernel = (
             kernels.paged_decode_attention if kernels is not None and head_dim % 16 == 0 and block_size == 16 else None

@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 OURS = {"proto", "engine_proc", "service"}
 ALLOWED = {"proto": set(), "engine_proc": {"proto"}, "service": {"proto"}}
-# NOTE: the one gateway module that may hold an EngineCore (DESIGN.md: "engine_proc only to start it").
+# NOTE: the one gateway module that may hold an EngineCore (the engine in the caller's process); every other
+# gateway module reaches engine_proc only by starting its process.
 EXCEPTIONS = {ROOT / "service" / "client" / "inproc_client.py": {"engine_proc"}}
 
 

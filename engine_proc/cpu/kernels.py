@@ -1,9 +1,11 @@
-"""zeroserve's C++ kernels for x86 CPUs (AVX-512 BF16 or AVX2 + FMA): decode attention that reads
-the paged cache in place, fused RMSNorm (alone or after the residual add), SiLU·up, and rotary
-with the K/V cache write for bfloat16 activations, the matmul forms of form_registry (bfloat16 rows
-rounded to 8 bits per group of 32 times a GGUF's blocks as the file holds them: Q4_0, Q4_1, Q5_0, Q5_1,
-Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS and MXFP4; integer products by AVX-512 VNNI or AVX2), and (AVX-512 build,
-run only with AMX) greedy picks straight from the output head.
+"""zeroserve's C++ kernels for x86 CPUs (AVX-512 BF16 or AVX2 + FMA): paged attention that reads the
+cache in place (decodes, and prompts in chunks), fused RMSNorm (alone or after the residual add), SiLU·up,
+and rotary with the K/V cache write for bfloat16 activations, the matmul forms of form_registry (bfloat16
+rows rounded to 8 bits per group of 32 times a GGUF's blocks as the file holds them: Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS and MXFP4; integer products by AVX-512 VNNI or AVX2), a mixture-of-experts
+layer's experts in one call (`MoeExperts`), a dense decoder's layers in one call for a step of decodes
+(`DecoderLayers`), each row's greedy pick (`argmax_rows`), and (AVX-512 build, run only with AMX) greedy
+picks straight from the output head.
 
 The same sources build for either instruction set (csrc/vec16.h holds the one part that
 differs). Built once per machine and instruction set with torch's extension builder (g++ and
@@ -122,8 +124,9 @@ def build_or_import(name: str, sources: list[Path], cflags: list[str], headers: 
 
 @functools.cache
 def load_cpu_kernels() -> Any | None:
-    """The built module (`paged_decode_attention`, `rms_norm`, `add_rms_norm`, `silu_and_mul`,
-    `rotary_store_kv`, each kernel form's pack and run (`pack_int4_q8`, `int4_q8`, ...), and in the AVX-512 build
+    """The built module (`paged_decode_attention`, `rms_norm`, `add_rms_norm`, `silu_and_mul`, `rotary_store_kv`,
+    `router_logits`, `argmax_rows`, each kernel form's pack and run (`pack_int4_q8`, `int4_q8`, ...), the
+    `MoeExperts` and `DecoderLayers` classes (with `DecoderLayer` and `Projection`), and in the AVX-512 build
     `pack_greedy_head` and `greedy_head`, run only where `has_amx`), or None where unavailable."""
     if not envs.cpu_kernels():
         return None

@@ -6,11 +6,12 @@ from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 
 from service.api.admission import Admission
+from service.config import GatewayConfig
 from service.frontend.async_llm import AsyncLLM
 from service.observability.dashboard import RecentRequests
 from service.openai.prepare import Preparer
 
-DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
+DEFAULT_MAX_REQUEST_BODY_BYTES: int = GatewayConfig.max_request_body_bytes  # the setting's default, declared there
 # NOTE: where a multi-model gateway's routing (service/api/model_routing.py) puts the state of the model a request names.
 STATE_KEY = "zeroserve.server"
 

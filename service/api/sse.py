@@ -14,11 +14,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
 from service.api.stream_store import StreamStore
+from service.config import GatewayConfig
 from service.openai.errors import APIError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SSE_KEEPALIVE_S = 15.0
+DEFAULT_SSE_KEEPALIVE_S: float = GatewayConfig.sse_keepalive_s  # the setting's default, declared there
 
 
 async def _events(chunks: AsyncIterator[dict[str, Any]], is_named: bool) -> AsyncIterator[bytes]:
