@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from http import HTTPStatus
 from typing import Any
 
@@ -14,7 +15,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 
-MESSAGES_PATH = "/v1/messages"
 # Anthropic's error type of each status it answers with.
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -25,6 +25,11 @@ ERROR_TYPES = {
 
 # NOTE: Anthropic answers "overloaded" (engine not ready, too many requests queued) with its own 529.
 ANTHROPIC_STATUSES = {503: 529}
+
+
+def is_anthropic_path(path: str, paths: Iterable[str]) -> bool:
+    """Whether `path` is one of the Messages routes' `paths` or under one (an unknown path there is Anthropic's 404)."""
+    return any(path == route or path.startswith(route + "/") for route in paths)
 
 
 def anthropic_error_type(status_code: int) -> str:
@@ -50,14 +55,15 @@ def _message_of(status_code: int, body: bytes) -> str:
 
 
 class AnthropicErrorsMiddleware:
-    """Rewrites error answers under /v1/messages into Anthropic's shape."""
+    """Rewrites error answers on the Messages routes (`paths`, and those under them) into Anthropic's shape."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, paths: Iterable[str]) -> None:
         self.app = app
+        self.paths = tuple(paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or not (path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")):
+        if scope["type"] != "http" or not is_anthropic_path(path, self.paths):
             await self.app(scope, receive, send)
             return
         start: Message | None = None

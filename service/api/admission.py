@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starlette.responses import Response
@@ -18,14 +19,25 @@ from service.openai.errors import APIError
 if TYPE_CHECKING:
     from service.openai.prepare import Prepared
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"})
-# The pages (service/api/web) and their files: open while loading, so a page can say the model is
-# loading, and open without an API key, since they show nothing until given it.
-PAGE_PATHS = frozenset({"/", "/dashboard"})
-PAGE_PREFIXES = ("/static/",)
-ALWAYS_OPEN_PATHS = frozenset({"/health", "/livez", "/version"}) | PAGE_PATHS
-OPEN_WHILE_DRAINING_PATHS = ALWAYS_OPEN_PATHS | {"/metrics"}
 RETRY_AFTER_S = 1
+# (paths, prefixes): a set of routes, fixed paths and the prefixes of templated ones.
+Paths = tuple[frozenset[str], tuple[str, ...]]
+
+
+def is_among(path: str, paths: Paths) -> bool:
+    return path in paths[0] or path.startswith(paths[1])
+
+
+@dataclass(frozen=True)
+class PathRules:
+    """The routes each middleware treats apart, derived from the route table (routes.py's `path_rules`)."""
+
+    keyless: Paths  # answered without an API key
+    open_while_loading: Paths  # served before the model is ready
+    open_while_draining: Paths  # served while the server shuts down
+    generation: frozenset[str]  # generations: counted in flight and capped
+    model_routed: frozenset[str]  # bodies that name the model they run on
+    anthropic: tuple[str, ...]  # errors in Anthropic's shape (these paths and those under them)
 
 
 class RequestTimeoutError(APIError):
@@ -61,21 +73,21 @@ class Admission:
         # NOTE: told of each 429 (the metrics' admission_rejections), once the metrics exist.
         self.on_rejection: Callable[[str], None] | None = None
 
-    def refusal(self, path: str, num_header_bytes: int = 0) -> Response | None:
+    def refusal(self, path: str, rules: PathRules, num_header_bytes: int = 0) -> Response | None:
         """The answer to a request for `path` that is not admitted now, or None to admit it."""
         if self.max_header_bytes is not None and num_header_bytes > self.max_header_bytes:
             return error_response(APIError(f"The request's headers are larger than {self.max_header_bytes} bytes.",
                                            431, code="request_header_fields_too_large"))
-        if self.phase is Phase.LOADING and path not in ALWAYS_OPEN_PATHS and not path.startswith(PAGE_PREFIXES):
+        if self.phase is Phase.LOADING and not is_among(path, rules.open_while_loading):
             response = error_response(APIError("The model is loading; retry shortly.", 503,
                                                error_type="server_error", code="model_loading"))
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
             return response
-        if self.phase is Phase.DRAINING and path not in OPEN_WHILE_DRAINING_PATHS:
+        if self.phase is Phase.DRAINING and not is_among(path, rules.open_while_draining):
             return error_response(APIError("The server is shutting down.", 503, error_type="server_error",
                                            code="server_shutting_down"))
         if (
-            path in GENERATION_PATHS and self.max_num_in_flight is not None
+            path in rules.generation and self.max_num_in_flight is not None
             and self.num_in_flight >= self.max_num_in_flight
         ):
             response = error_response(APIError(
@@ -212,9 +224,10 @@ class AdmissionMiddleware:
     429 with Retry-After past the cap) before the body is read, and counts generation requests
     until their response ends."""
 
-    def __init__(self, app: ASGIApp, admission: Admission) -> None:
+    def __init__(self, app: ASGIApp, admission: Admission, rules: PathRules) -> None:
         self.app = app
         self.admission = admission
+        self.rules = rules
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -223,11 +236,11 @@ class AdmissionMiddleware:
         path = scope["path"]
         # NOTE: hypercorn caps only a head that arrives in pieces; one read of 64 KiB passes whole.
         num_header_bytes = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
-        refusal = self.admission.refusal(path, num_header_bytes)
+        refusal = self.admission.refusal(path, self.rules, num_header_bytes)
         if refusal is not None:
             await refuse(refusal, scope, receive, send)
             return
-        if path not in GENERATION_PATHS:
+        if path not in self.rules.generation:
             await self.app(scope, receive, send)
             return
         self.admission.acquire()

@@ -10,7 +10,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from service.api.batch_worker import BatchWorker, numbered_lines
 from service.api.errors import page_limit, parse_body
@@ -126,13 +125,3 @@ def _duplicate_custom_ids(lines: list[tuple[int, str]]) -> list[dict[str, Any]]:
 def _worker(request: Request) -> BatchWorker:
     worker: BatchWorker = request.app.state.batches  # NOTE: there, since store_of found its store.
     return worker
-
-
-def batch_routes() -> list[Route]:
-    return [
-        Route("/v1/batches", create_batch, methods=["POST"]),
-        Route("/v1/batches", list_batches, methods=["GET"]),
-        Route("/v1/batches/{batch_id}", get_batch, methods=["GET"]),
-        Route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
-    ]
-

@@ -8,7 +8,6 @@ import asyncio
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 from starlette.types import Message
 
 from service.api.batch_worker import BatchWorker
@@ -126,13 +125,3 @@ async def delete_file(request: Request) -> Response:
 def not_found(kind: str, object_id: str) -> APIError:
     return APIError(f"No {kind} with id '{object_id}'.", 404, param=f"{kind}_id", error_type="not_found_error",
                     code=f"{kind}_not_found")
-
-
-def file_routes() -> list[Route]:
-    return [
-        Route("/v1/files", upload_file, methods=["POST"]),
-        Route("/v1/files", list_files, methods=["GET"]),
-        Route("/v1/files/{file_id}", get_file, methods=["GET"]),
-        Route("/v1/files/{file_id}", delete_file, methods=["DELETE"]),
-        Route("/v1/files/{file_id}/content", get_file_content, methods=["GET"]),
-    ]

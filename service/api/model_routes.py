@@ -9,7 +9,6 @@ import asyncio
 import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
 
 from service.api.errors import check_content_type, read_body
 from service.api.health import engine_health
@@ -112,13 +111,3 @@ async def model_health(request: Request) -> Response:
         shows_reason = bool(slot.error) and getattr(request.state, "has_api_key", True)
         return JSONResponse({"status": slot.status.value, **({"reason": slot.error} if shows_reason else {})}, 503)
     return await engine_health(state)
-
-
-def model_routes() -> list[BaseRoute]:
-    return [
-        Route("/v1/models/{model_id:path}/load", load_model, methods=["POST"]),
-        Route("/v1/models/{model_id:path}/unload", unload_model, methods=["POST"]),
-        Route("/models/load", load_model, methods=["POST"]),
-        Route("/models/unload", unload_model, methods=["POST"]),
-        Route("/health/{model_id:path}", model_health, methods=["GET"]),
-    ]

@@ -11,17 +11,13 @@ import orjson
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.anthropic.errors import MESSAGES_PATH, anthropic_error_body
+from service.anthropic.errors import anthropic_error_body, is_anthropic_path
+from service.api.admission import PathRules
 from service.api.errors import check_content_type, error_response
 from service.api.model_pool import ModelPool
 from service.api.server_state import STATE_KEY
 from service.openai.errors import APIError
 
-# NOTE: the routes whose body names the model they run on.
-ROUTED_PATHS = frozenset({
-    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-    "/tokenize", "/detokenize",
-})
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
     (b"x-accel-buffering", b"no"),
@@ -31,12 +27,13 @@ _SSE_HEADERS = [
 class ModelRoutingMiddleware:
     """Hands each routed request the state of the model its body names, once that model is loaded."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, rules: PathRules) -> None:
         self.app = app
+        self.rules = rules
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pool: ModelPool | None = getattr(scope["app"].state, "pool", None) if "app" in scope else None
-        if pool is None or scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ROUTED_PATHS:
+        if pool is None or scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.rules.model_routed:
             await self.app(scope, receive, send)
             return
         try:
@@ -50,6 +47,7 @@ class ModelRoutingMiddleware:
             await error_response(error)(scope, receive, send)
             return
         keepalive_s: float = scope["app"].state.sse_keepalive_s
+        is_anthropic = is_anthropic_path(scope["path"], self.rules.anthropic)
         acquiring = asyncio.ensure_future(pool.acquire(slot.id))
         has_started = False
         try:
@@ -64,7 +62,7 @@ class ModelRoutingMiddleware:
                 slot, state = await acquiring
             except APIError as error:
                 if has_started:
-                    await _send_error_event(send, error.status_code, error.to_dict(), scope["path"])
+                    await _send_error_event(send, error.status_code, error.to_dict(), is_anthropic)
                 else:
                     await error_response(error)(scope, receive, send)
                 return
@@ -75,7 +73,7 @@ class ModelRoutingMiddleware:
                     await acquiring
         try:
             scope[STATE_KEY] = state
-            await self.app(scope, receive, _after_start(send, scope["path"]) if has_started else send)
+            await self.app(scope, receive, _after_start(send, is_anthropic) if has_started else send)
         finally:
             pool.release(slot)
 
@@ -110,7 +108,7 @@ def _fields(body: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _after_start(send: Send, path: str) -> Send:
+def _after_start(send: Send, is_anthropic: bool) -> Send:
     """The route's messages on a stream already started: its own start dropped, an error answer sent as
     an SSE error event (OpenAI's `data: {"error": ...}`, Anthropic's `event: error`)."""
     status = 200
@@ -126,14 +124,14 @@ def _after_start(send: Send, path: str) -> Send:
             return
         error_chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
-            await _send_error_event(send, status, _fields(b"".join(error_chunks)), path)
+            await _send_error_event(send, status, _fields(b"".join(error_chunks)), is_anthropic)
 
     return send_on
 
 
-async def _send_error_event(send: Send, status_code: int, body: dict[str, Any], path: str) -> None:
+async def _send_error_event(send: Send, status_code: int, body: dict[str, Any], is_anthropic: bool) -> None:
     """The stream's last event: the error answer it would have had before it started."""
-    if path == MESSAGES_PATH:
+    if is_anthropic:
         error = body.get("error")
         message = error.get("message") if isinstance(error, dict) else None
         data = orjson.dumps(anthropic_error_body(status_code, str(message or f"Error {status_code}")))

@@ -13,8 +13,6 @@ from prometheus_client import CollectorRegistry
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.routing import BaseRoute, Mount, Route
-from starlette.staticfiles import StaticFiles
 
 from service.api.admission import Admission, Phase
 from service.api.model_pool import ModelPool, ModelSlot, ModelStatus
@@ -139,13 +137,3 @@ async def _pool_frames(slot: ModelSlot, admission: Admission) -> AsyncIterator[d
         frame = {**feed.frame(), "engine_status": engine_status, "model": slot.id}
         yield {"data": json.dumps(frame, separators=(",", ":"))}
         await asyncio.sleep(DASHBOARD_INTERVAL_S)
-
-
-def web_routes() -> list[BaseRoute]:
-    return [
-        Route("/", playground, methods=["GET"]),
-        Route("/dashboard", dashboard, methods=["GET"]),
-        Route("/playground/settings", playground_settings, methods=["GET"]),
-        Route("/dashboard/events", dashboard_events, methods=["GET"]),
-        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
-    ]

@@ -26,7 +26,7 @@ async def fine(request: Request) -> Response:
 
 
 def client() -> httpx.AsyncClient:
-    app = Starlette(middleware=[Middleware(AnthropicErrorsMiddleware)], routes=[
+    app = Starlette(middleware=[Middleware(AnthropicErrorsMiddleware, paths=("/v1/messages",))], routes=[
         Route("/v1/messages", refused, methods=["POST"]), Route("/v1/messages/broken", broken),
         Route("/v1/messages/fine", fine), Route("/v1/chat/completions", refused, methods=["POST"]),
     ])

@@ -16,7 +16,7 @@ from hypothesis.strategies import SearchStrategy
 from hypothesis_jsonschema import from_schema
 from starlette.routing import Mount
 
-from service.api.openapi import BODY_ROUTES, GET_ROUTES
+from service.api.routes import ROUTES
 from tests.service.api.fake_engine import FakeEngineClient
 
 # Bodies per route drawn from its schema (fewer where drawing is slow: ~90 ms a chat body, ~500 ms an
@@ -53,18 +53,20 @@ async def test_the_openapi_document_describes_every_route_with_its_request_model
     document = response.json()
     assert document["openapi"] == "3.1.0" and document["info"]["title"] == "zeroserve"
     schemas = document["components"]["schemas"]
-    for path, model, _ in BODY_ROUTES:
-        ref = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-        assert ref == f"#/components/schemas/{model.__name__}"
-        assert set(model.model_fields) <= set(schemas[model.__name__]["properties"])
-    assert all(path in document["paths"] for path, _ in GET_ROUTES)
+    for row in ROUTES:
+        assert row.method.lower() in document["paths"][row.openapi_path], (row.path, row.method)
+        if row.body is None:
+            continue
+        ref = document["paths"][row.openapi_path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        assert ref == f"#/components/schemas/{row.body.__name__}"
+        assert set(row.body.model_fields) <= set(schemas[row.body.__name__]["properties"])
     # NOTE: a route's converter (`{request_id:path}`) is not part of an OpenAPI path template, and
     # a mounted folder's files are one templated path.
     app_paths = {
         re.sub(r":\w+}", "}", route.path) + ("/{path}" if isinstance(route, Mount) else "")
         for route in api._transport.app.routes  # type: ignore[attr-defined]
     }
-    assert app_paths - {"/openapi.json"} <= set(document["paths"])
+    assert app_paths == set(document["paths"])
     # Every reference in the document resolves.
     text = json.dumps(document)
     for name in {part.split('"')[0] for part in text.split('"#/components/schemas/')[1:]}:
@@ -87,7 +89,7 @@ async def test_thousands_of_generated_bodies_get_no_5xx_and_the_server_serves_on
     engine.num_tokens_per_step = 64  # NOTE: long answers in few steps: the test is about the bodies
     document = (await api.get("/openapi.json")).json()
     num_posted = 0
-    for path, model, _ in BODY_ROUTES:
+    for path, model in ((row.path, row.body) for row in ROUTES if row.body is not None and row.path in NUM_FROM_SCHEMA):
         schema = {"$ref": f"#/components/schemas/{model.__name__}", "components": closed(document["components"])}
         bodies = drawn(from_schema(schema), NUM_FROM_SCHEMA[path]) + drawn(ARBITRARY_JSON, NUM_ARBITRARY)
         for body in bodies:

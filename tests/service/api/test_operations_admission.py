@@ -11,6 +11,7 @@ from starlette.testclient import TestClient
 
 from service.api.admission import Admission, Phase
 from service.api.app import create_app
+from service.api.routes import path_rules
 from service.frontend.outputs import CompletionOutput, RequestOutput
 from service.openai.errors import APIError
 
@@ -68,28 +69,29 @@ async def test_the_end_of_a_drain_ends_waiting_streams_and_later_ones_at_once() 
 
 
 def test_each_phase_refuses_what_it_should() -> None:
-    admission = Admission(max_num_in_flight=1)
-    assert admission.refusal("/health") is None and admission.refusal("/version") is None
+    admission, rules = Admission(max_num_in_flight=1), path_rules()
+    assert admission.refusal("/health", rules) is None and admission.refusal("/version", rules) is None
+    assert admission.refusal("/static/playground.js", rules) is None
     for path in ("/v1/models", "/v1/completions", "/metrics"):
-        refusal = admission.refusal(path)
+        refusal = admission.refusal(path, rules)
         assert refusal is not None and refusal.status_code == 503
     admission.phase = Phase.SERVING
-    assert admission.refusal("/v1/completions") is None
+    assert admission.refusal("/v1/completions", rules) is None
     admission.acquire()
-    busy = admission.refusal("/v1/chat/completions")
+    busy = admission.refusal("/v1/chat/completions", rules)
     assert busy is not None and busy.status_code == 429 and busy.headers["Retry-After"] == "1"
-    assert admission.refusal("/v1/models") is None
+    assert admission.refusal("/v1/models", rules) is None
     admission.release()
     admission.phase = Phase.DRAINING
-    assert admission.refusal("/metrics") is None
-    draining = admission.refusal("/v1/models")
+    assert admission.refusal("/metrics", rules) is None
+    draining = admission.refusal("/v1/models", rules)
     assert draining is not None and draining.status_code == 503
 
 
 def test_a_head_past_the_cap_gets_431_on_any_route() -> None:
     admission = Admission(max_header_bytes=100)
-    assert admission.refusal("/health", 100) is None
-    too_large = admission.refusal("/health", 101)
+    assert admission.refusal("/health", path_rules(), 100) is None
+    too_large = admission.refusal("/health", path_rules(), 101)
     assert too_large is not None and too_large.status_code == 431
 
 
