@@ -17,6 +17,7 @@ from service.api.admission import Admission, AdmissionMiddleware, Phase, Request
 from service.api.auth import APIKeyMiddleware
 from service.api.disconnect import ClientDisconnected
 from service.api.errors import error_response
+from service.api.gateway_state import GatewayState, gateway_of
 from service.api.model_routing import ModelRoutingMiddleware
 from service.api.origins import OriginMiddleware
 from service.api.routes import ROUTES, path_rules
@@ -101,24 +102,23 @@ def create_app(
             Exception: _unexpected,
         },
     )
-    app.state.admission = admission
-    app.state.sse_keepalive_s = sse_keepalive_s
-    app.state.streams = stream_store or StreamStore(retention_s=0.0, max_bytes=0)
+    app.state.gateway = GatewayState(admission, stream_store or StreamStore(retention_s=0.0, max_bytes=0), sse_keepalive_s)
     if state is not None:
         attach(app, state)
     return app
 
 
 def attach_pool(app: Starlette) -> None:
-    """Serves the models of `app.state.pool` from now on (each loads when asked for), unless a drain has begun."""
-    admission: Admission = app.state.admission
+    """Serves the models of the gateway's pool from now on (each loads when asked for), unless a drain has begun."""
+    admission = gateway_of(app).admission
     if admission.phase is Phase.LOADING:
         admission.phase = Phase.SERVING
 
 
 def attach(app: Starlette, state: ServerState) -> None:
     """Serves with `state` from now on (the engine is ready), unless a drain has begun."""
-    app.state.server = state
-    admission: Admission = app.state.admission
+    gateway = gateway_of(app)
+    gateway.server = state
+    admission = gateway.admission
     if admission.phase is Phase.LOADING:
         admission.phase = Phase.SERVING

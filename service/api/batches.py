@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from service.api.batch_worker import BatchWorker, numbered_lines
 from service.api.errors import page_limit, parse_body
 from service.api.files import not_found, store_of
+from service.api.gateway_state import gateway_of
 from service.openai.batch_generate import read_line
 from service.openai.batch_store import now
 from service.openai.errors import APIError
@@ -123,5 +124,6 @@ def _duplicate_custom_ids(lines: list[tuple[int, str]]) -> list[dict[str, Any]]:
 
 
 def _worker(request: Request) -> BatchWorker:
-    worker: BatchWorker = request.app.state.batches  # NOTE: there, since store_of found its store.
+    worker = gateway_of(request.app).batches
+    assert worker is not None  # NOTE: there, since store_of found its store.
     return worker

@@ -10,13 +10,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message
 
-from service.api.batch_worker import BatchWorker
 from service.api.errors import page_limit
+from service.api.gateway_state import gateway_of
 from service.openai.batch_store import BatchStore
 from service.openai.errors import APIError
 
-# NOTE: OpenAI's own limit on a batch input file (--max-upload-bytes).
-DEFAULT_MAX_UPLOAD_BYTES = 200 * 2**20
 # NOTE: room for the form around the file: its boundaries, part headers and the 'purpose' field.
 _FORM_BYTES = 2**16
 # NOTE: OpenAI's largest page of files.
@@ -25,7 +23,7 @@ MAX_FILES_PAGE = 10_000
 
 def store_of(request: Request) -> BatchStore:
     """The app's batch store; a 404 where the app keeps none (an app made without a Gateway)."""
-    worker: BatchWorker | None = getattr(request.app.state, "batches", None)
+    worker = gateway_of(request.app).batches
     if worker is None:
         raise APIError("This server keeps no files or batches (--responses-store off).", 404,
                        error_type="not_found_error", code="batches_off")
@@ -35,7 +33,7 @@ def store_of(request: Request) -> BatchStore:
 async def upload_file(request: Request) -> Response:
     """Keeps a multipart upload's `file` (UTF-8 JSONL) for `purpose` "batch"."""
     store = store_of(request)
-    max_bytes: int = getattr(request.app.state, "max_upload_bytes", DEFAULT_MAX_UPLOAD_BYTES)
+    max_bytes = gateway_of(request.app).max_upload_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes + _FORM_BYTES:
         raise _too_large(max_bytes)

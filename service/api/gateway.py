@@ -10,6 +10,7 @@ from proto.handshake import EngineReady
 from service.api.admission import Admission
 from service.api.app import attach, attach_pool, create_app
 from service.api.batch_worker import BatchWorker, fixed_state
+from service.api.gateway_state import gateway_of
 from service.api.model_pool import ModelPool
 from service.api.server_state import ServerState
 from service.api.stream_store import StreamStore
@@ -45,16 +46,17 @@ class Gateway:
             None, config.api_keys, config.is_metrics_auth, config.sse_keepalive_s, self.admission, self.streams,
             origins_of(config.allowed_origins),
         )
-        self.app.state.max_upload_bytes = config.max_upload_bytes
+        gateway = gateway_of(self.app)
+        gateway.max_upload_bytes = config.max_upload_bytes
         # NOTE: the Batch API's files and batches (service/api/batches.py), kept beside the Responses (none with
         # --responses-store off); the worker that runs them starts with the engine.
         path, owner = store_path(config.responses_store), config.responses_store_owner
         self.batches = None if path is None else BatchWorker(
             BatchStore(path, owner, config.store_max_bytes), _max_batch_lines(config), config.request_timeout_s
         )
-        self.app.state.batches = self.batches
+        gateway.batches = self.batches
         # NOTE: kept Responses (service/api/responses.py reads it); opened here so a bad path fails at start.
-        self.app.state.response_store = open_store(config.responses_store, owner, config.store_max_bytes)
+        gateway.response_store = open_store(config.responses_store, owner, config.store_max_bytes)
 
     def serve_with(
         self,
@@ -81,7 +83,7 @@ class Gateway:
 
     def serve_models(self, pool: ModelPool) -> None:
         """Serves the pool's models from now on, each loaded when a request names it."""
-        self.app.state.pool = pool
+        gateway_of(self.app).pool = pool
         attach_pool(self.app)
         if self.batches is not None:
             self.batches.start(pool.lease)

@@ -7,8 +7,8 @@ from prometheus_client.core import GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.api.gateway_state import gateway_of
 from service.api.model_pool import ModelPool, ModelStatus
-from service.api.server_state import ServerState
 from service.observability.merged_registry import MergedRegistry
 from service.observability.picker_metrics import PICKER_FAMILIES, pod_families
 from service.openai.errors import APIError
@@ -20,10 +20,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 async def metrics(request: Request) -> Response:
-    pool: ModelPool | None = getattr(request.app.state, "pool", None)
-    if pool is not None:
-        return Response(generate_latest(pool_registry(pool)), headers={"Content-Type": CONTENT_TYPE})
-    state: ServerState = request.app.state.server
+    gateway = gateway_of(request.app)
+    if gateway.pool is not None:
+        return Response(generate_latest(pool_registry(gateway.pool)), headers={"Content-Type": CONTENT_TYPE})
+    state = gateway.one_model()
     if state.metrics_registry is None:
         raise APIError("Metrics are not enabled on this server.", 404, error_type="not_found_error")
     return Response(generate_latest(state.metrics_registry), headers={"Content-Type": CONTENT_TYPE})

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.api.errors import check_content_type, read_body
+from service.api.gateway_state import gateway_of
 from service.api.health import engine_health
 from service.api.model_pool import ModelPool, ModelSlot, ModelStatus
 from service.openai.errors import APIError
@@ -47,7 +48,7 @@ def _card(slot: ModelSlot, name: str, created: int) -> dict[str, object]:
 
 
 def _pool(request: Request) -> ModelPool:
-    pool: ModelPool | None = getattr(request.app.state, "pool", None)
+    pool = gateway_of(request.app).pool
     if pool is None:
         raise APIError(
             "This server serves one model; start it with several (zeroserve serve A B, --models-dir) to load and "

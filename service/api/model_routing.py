@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.anthropic.errors import anthropic_error_body, is_anthropic_path
 from service.api.admission import PathRules
 from service.api.errors import check_content_type, error_response
-from service.api.model_pool import ModelPool
+from service.api.gateway_state import gateway_of
 from service.api.server_state import STATE_KEY
 from service.openai.errors import APIError
 
@@ -32,7 +32,7 @@ class ModelRoutingMiddleware:
         self.rules = rules
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pool: ModelPool | None = getattr(scope["app"].state, "pool", None) if "app" in scope else None
+        pool = gateway_of(scope["app"]).pool if "app" in scope else None
         if pool is None or scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.rules.model_routed:
             await self.app(scope, receive, send)
             return
@@ -46,7 +46,7 @@ class ModelRoutingMiddleware:
         except APIError as error:
             await error_response(error)(scope, receive, send)
             return
-        keepalive_s: float = scope["app"].state.sse_keepalive_s
+        keepalive_s = gateway_of(scope["app"]).sse_keepalive_s
         is_anthropic = is_anthropic_path(scope["path"], self.rules.anthropic)
         acquiring = asyncio.ensure_future(pool.acquire(slot.id))
         has_started = False

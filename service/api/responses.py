@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from service.api.admission import Admission
 from service.api.disconnect import unless_disconnected
 from service.api.errors import page_limit, parse_body
+from service.api.gateway_state import gateway_of
 from service.api.server_state import ServerState, server_state
 from service.api.sse import sse_response
 from service.frontend.outputs import collect
@@ -138,7 +139,7 @@ async def cancel_response(request: Request) -> Response:
 
 def response_store(request: Request) -> ResponseStore | None:
     """The gateway's store (None: --responses-store off, or an app built without one)."""
-    return getattr(request.app.state, "response_store", None)
+    return gateway_of(request.app).response_store
 
 
 def _keeper(store: ResponseStore | None, input_items: list[dict[str, Any]]) -> Keep:
@@ -231,11 +232,7 @@ async def _stop(request: Request, response_id: str) -> None:
 
 def _running(request: Request) -> dict[str, asyncio.Task[None]]:
     """This process's background responses that have not finished, by id."""
-    app_state = request.app.state
-    if not hasattr(app_state, "background_responses"):
-        app_state.background_responses = {}
-    running: dict[str, asyncio.Task[None]] = app_state.background_responses
-    return running
+    return gateway_of(request.app).background_responses
 
 
 def _store_or_404(request: Request, response_id: str) -> ResponseStore:

@@ -20,19 +20,18 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from service.anthropic.protocol import CountTokensRequest, MessagesRequest
-from service.api.admission import Admission, PathRules, Phase
+from service.api.admission import PathRules, Phase
 from service.api.batches import CreateBatchRequest, cancel_batch, create_batch, get_batch, list_batches
 from service.api.chat_completions import create_chat_completion
 from service.api.completions import create_completion
 from service.api.files import delete_file, get_file, get_file_content, list_files, upload_file
+from service.api.gateway_state import gateway_of
 from service.api.health import engine_health, live
 from service.api.messages import count_message_tokens, create_message
 from service.api.metrics_route import metrics
-from service.api.model_pool import ModelPool
 from service.api.model_routes import load_model, model_card, model_health, pool_health, pool_model_cards, unload_model
 from service.api.openapi import build_document
 from service.api.responses import cancel_response, create_response, delete_response, get_response, list_input_items
-from service.api.server_state import ServerState
 from service.api.sse import delete_stream, get_stream, resumable
 from service.api.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from service.api.web.routes import STATIC_DIR, dashboard, dashboard_events, playground, playground_settings
@@ -95,14 +94,12 @@ class ApiRoute:
 async def health(request: Request) -> Response:
     """200 only when the engine answers a ping (with several models: while some model can serve); 503
     while loading, draining, or once it is dead."""
-    admission: Admission = request.app.state.admission
-    if admission.phase is not Phase.SERVING:
-        return JSONResponse({"status": admission.phase.value}, status_code=503)
-    pool: ModelPool | None = getattr(request.app.state, "pool", None)
-    if pool is not None:
-        return await pool_health(pool)
-    state: ServerState = request.app.state.server
-    return await engine_health(state)
+    gateway = gateway_of(request.app)
+    if gateway.admission.phase is not Phase.SERVING:
+        return JSONResponse({"status": gateway.admission.phase.value}, status_code=503)
+    if gateway.pool is not None:
+        return await pool_health(gateway.pool)
+    return await engine_health(gateway.one_model())
 
 
 async def version(request: Request) -> Response:
@@ -111,8 +108,8 @@ async def version(request: Request) -> Response:
     except importlib.metadata.PackageNotFoundError:
         package_version = "unknown"
     body: dict[str, object] = {"version": package_version}
-    state: ServerState | None = getattr(request.app.state, "server", None)
-    pool: ModelPool | None = getattr(request.app.state, "pool", None)
+    gateway = gateway_of(request.app)
+    state, pool = gateway.server, gateway.pool
     if pool is not None:
         # NOTE: the first loaded model's engine speaks for the machine (its kernels are its model's); before
         # any model loads, nothing does.
@@ -124,10 +121,10 @@ async def version(request: Request) -> Response:
 
 
 async def list_models(request: Request) -> Response:
-    pool: ModelPool | None = getattr(request.app.state, "pool", None)
-    if pool is not None:
-        return JSONResponse({"object": "list", "data": pool_model_cards(pool)})
-    state: ServerState = request.app.state.server
+    gateway = gateway_of(request.app)
+    if gateway.pool is not None:
+        return JSONResponse({"object": "list", "data": pool_model_cards(gateway.pool)})
+    state = gateway.one_model()
     created = now()
     root, max_model_len = state.served_model_names[0], state.llm.ready.max_model_len
     data = [model_card(name, root, max_model_len, created) for name in state.served_model_names]

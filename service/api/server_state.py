@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 
 from service.api.admission import Admission
+from service.api.gateway_state import gateway_of
 from service.config import GatewayConfig
 from service.frontend.async_llm import AsyncLLM
 from service.observability.dashboard import RecentRequests
@@ -60,4 +61,4 @@ class ServerState:
 def server_state(request: Request) -> ServerState:
     """The state of the model the request names (a multi-model gateway's routing put it there), else the one model's."""
     state: ServerState | None = request.scope.get(STATE_KEY)
-    return state if state is not None else request.app.state.server
+    return state if state is not None else gateway_of(request.app).one_model()

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
-from service.api.stream_store import StreamStore
+from service.api.gateway_state import gateway_of
 from service.config import GatewayConfig
 from service.openai.errors import APIError
 
@@ -63,11 +63,11 @@ def _keepalive() -> ServerSentEvent:
 
 
 class _EventStream(EventSourceResponse):
-    """An SSE response that sends `: ping` every `app.state.sse_keepalive_s` seconds (0: never)."""
+    """An SSE response that sends `: ping` every `sse_keepalive_s` seconds of its app's gateway (0: never)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         app = scope.get("app")
-        self.ping_interval = getattr(app.state, "sse_keepalive_s", DEFAULT_SSE_KEEPALIVE_S) if app else 0
+        self.ping_interval = gateway_of(app).sse_keepalive_s if app else 0
         await super().__call__(scope, receive, send)
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
@@ -98,12 +98,12 @@ def sse_response(
     X-Request-Id): the request generates on if the client goes, and a reconnect resumes it."""
     stream_id = request.headers.get("x-request-id") or response_id
     events = _numbered(_events(chunks, is_named))
-    store: StreamStore = request.app.state.streams
+    store = gateway_of(request.app).streams
     if not store.is_enabled:
         return _stream(events, stream_id)
     # NOTE: the stream holds the request's admission slot from here (a drain waits for it).
     request.state.is_handed_off = True
-    log = store.start(list(dict.fromkeys([stream_id, response_id])), events, request.app.state.admission.release)
+    log = store.start(list(dict.fromkeys([stream_id, response_id])), events, gateway_of(request.app).admission.release)
     followed = log.follow(-1)
     return _stream(followed, stream_id)
 
@@ -123,7 +123,7 @@ def resumed_stream(request: Request) -> EventSourceResponse | None:
     """The kept stream a re-sent request names by its X-Request-Id, from the event after its
     Last-Event-ID (all of them without one); None when there is no such stream."""
     stream_id = request.headers.get("x-request-id")
-    store: StreamStore = request.app.state.streams
+    store = gateway_of(request.app).streams
     log = None if stream_id is None else store.get(stream_id)
     if log is None or stream_id is None:
         return None
@@ -132,7 +132,7 @@ def resumed_stream(request: Request) -> EventSourceResponse | None:
 
 async def get_stream(request: Request) -> Response:
     """GET /v1/streams/{request_id}: a kept stream, from the event after Last-Event-ID."""
-    store: StreamStore = request.app.state.streams
+    store = gateway_of(request.app).streams
     stream_id = request.path_params["request_id"]
     if not store.is_enabled:
         raise APIError("Streams are not kept on this server; start it with --stream-retention SECONDS.", 404,
@@ -148,7 +148,7 @@ async def get_stream(request: Request) -> Response:
 async def delete_stream(request: Request) -> Response:
     """DELETE /v1/streams/{request_id}: aborts a kept stream's request now (a client that leaves
     a kept stream otherwise lets it generate on for the window)."""
-    store: StreamStore = request.app.state.streams
+    store = gateway_of(request.app).streams
     stream_id = request.path_params["request_id"]
     if not store.cancel(stream_id):
         raise APIError(f"No stream {stream_id!r} is kept here.", 404, error_type="not_found_error",

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
 from service.api.admission import Admission, Phase
+from service.api.gateway_state import gateway_of
 from service.api.model_pool import ModelPool, ModelSlot, ModelStatus
 from service.api.server_state import ServerState
 from service.frontend.sampling_params import generation_defaults_of
@@ -48,16 +49,17 @@ async def dashboard(request: Request) -> Response:
 async def playground_settings(request: Request) -> Response:
     """The served models and the sampling values a request gets when it names none (on a multi-model
     server, those of the model `?model=` names, else of the first, and each model's status)."""
-    pool: ModelPool | None = getattr(request.app.state, "pool", None)
+    gateway = gateway_of(request.app)
+    pool = gateway.pool
     if pool is not None:
         body = _pool_settings(pool, request.query_params.get("model"))
     else:
-        state: ServerState = request.app.state.server
+        state = gateway.one_model()
         body = {
             "models": state.served_model_names, "max_model_len": state.llm.ready.max_model_len,
             "defaults": _sampling_defaults(state.preparer.generation_defaults),
         }
-    return JSONResponse({**body, "is_stream_kept": request.app.state.streams.is_enabled})
+    return JSONResponse({**body, "is_stream_kept": gateway.streams.is_enabled})
 
 
 def _pool_settings(pool: ModelPool, name: str | None) -> dict[str, object]:
@@ -94,11 +96,11 @@ def _sampling_defaults(generation_defaults: Mapping[str, float]) -> dict[str, ob
 async def dashboard_events(request: Request) -> Response:
     """The dashboard's frames, one about every second, as SSE `data:` events (on a multi-model server,
     of the model `?model=` names, else of the first loaded)."""
-    admission: Admission = request.app.state.admission
-    pool: ModelPool | None = getattr(request.app.state, "pool", None)
+    gateway = gateway_of(request.app)
+    admission, pool = gateway.admission, gateway.pool
     if pool is not None:
         return EventSourceResponse(_pool_frames(_dashboard_slot(pool, request), admission), sep="\n")
-    state: ServerState = request.app.state.server
+    state = gateway.one_model()
     if state.metrics_registry is None:
         raise APIError("Metrics are not enabled on this server, so there is no dashboard.", 404,
                        error_type="not_found_error")

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from service.api.app import create_app
+from service.api.gateway_state import gateway_of
 from service.model_files.tokenizer import Tokenizer
 from tests.service.api.fake_engine import FakeEngineClient
 
@@ -344,7 +345,7 @@ async def test_the_api_key_is_taken_from_x_api_key_or_the_bearer_token(serve: An
 async def test_a_kept_stream_holds_and_gives_back_one_admission_slot(serve: Any) -> None:
     body = {"model": "fake", "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
     async with serve(stream_retention_s=30.0) as api:
-        admission = api._transport.app.state.admission  # type: ignore[attr-defined]
+        admission = gateway_of(api._transport.app).admission  # type: ignore[attr-defined]
         response = await api.post(MESSAGES, json=body, headers={"x-request-id": "m-1"})
         assert response.status_code == 200 and "event: message_stop" in response.text
         resumed = await api.post(MESSAGES, json=body, headers={"x-request-id": "m-1"})

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from service.api import stream_store
+from service.api.gateway_state import gateway_of
 from service.api.stream_store import StreamLog, StreamStore
 from tests.service.api.fake_engine import FakeEngineClient
 
@@ -68,7 +69,7 @@ async def test_a_kept_stream_is_read_again_from_any_event_without_generating_aga
 
 
 def store_of(client: httpx.AsyncClient) -> StreamStore:
-    store: StreamStore = client._transport.app.state.streams  # type: ignore[attr-defined]
+    store: StreamStore = gateway_of(client._transport.app).streams  # type: ignore[attr-defined]
     return store
 
 
@@ -215,7 +216,7 @@ async def test_every_generation_route_is_in_flight_until_its_kept_stream_ends(
 ) -> None:
     """A drain waits for each route's requests, and a kept stream gives back the one slot it took."""
     async with serve(stream_retention_s=30.0) as client:
-        admission = client._transport.app.state.admission  # type: ignore[attr-defined]
+        admission = gateway_of(client._transport.app).admission  # type: ignore[attr-defined]
         acquire, num_acquired = admission.acquire, []
 
         def counted_acquire() -> None:
