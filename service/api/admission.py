@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.errors import error_response
 from service.frontend.outputs import CompletionOutput, RequestOutput
-from service.openai.errors import APIError
+from service.openai.errors import APIError, RequestTimeoutError
 
 if TYPE_CHECKING:
     from service.openai.prepare import Prepared
@@ -38,10 +38,6 @@ class PathRules:
     generation: frozenset[str]  # generations: counted in flight and capped
     model_routed: frozenset[str]  # bodies that name the model they run on
     anthropic: tuple[str, ...]  # errors in Anthropic's shape (these paths and those under them)
-
-
-class RequestTimeoutError(APIError):
-    """A request ran past the server's request timeout (408; retrying it would time out again)."""
 
 
 class Phase(enum.Enum):

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.anthropic.errors import AnthropicErrorsMiddleware
-from service.api.admission import Admission, AdmissionMiddleware, Phase, RequestTimeoutError
+from service.api.admission import Admission, AdmissionMiddleware, Phase
 from service.api.auth import APIKeyMiddleware
 from service.api.disconnect import ClientDisconnected
 from service.api.errors import error_response
@@ -25,7 +25,7 @@ from service.api.server_state import ServerState
 from service.api.sse import DEFAULT_SSE_KEEPALIVE_S
 from service.api.stream_store import StreamStore
 from service.client.core_client import EngineDeadError
-from service.openai.errors import APIError
+from service.openai.errors import APIError, RequestTimeoutError
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The Batch API: POST /v1/batches, GET /v1/batches/{batch_id}, GET /v1/batches (newest first, `after`
-and `limit`), POST /v1/batches/{batch_id}/cancel. The batches run in service/api/batch_worker.py."""
+and `limit`), POST /v1/batches/{batch_id}/cancel. The batches run in service/openai/batch_worker.py."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from service.api.batch_worker import BatchWorker, numbered_lines
 from service.api.errors import page_limit, parse_body
 from service.api.files import not_found, store_of
 from service.api.gateway_state import gateway_of
 from service.openai.batch_generate import read_line
 from service.openai.batch_store import now
+from service.openai.batch_worker import BatchWorker, numbered_lines
 from service.openai.errors import APIError
 
 COMPLETION_WINDOW_S = 24 * 3600

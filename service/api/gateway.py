@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from proto.handshake import EngineReady
 from service.api.admission import Admission
 from service.api.app import attach, attach_pool, create_app
-from service.api.batch_worker import BatchWorker, fixed_state
 from service.api.gateway_state import gateway_of
 from service.api.model_pool import ModelPool
 from service.api.server_state import ServerState
@@ -26,6 +25,7 @@ from service.observability.request_log import RequestLogger
 from service.observability.stat_loggers import StatLogger
 from service.openai.answer import resolve_parsers
 from service.openai.batch_store import BatchStore
+from service.openai.batch_worker import BatchWorker, fixed_state
 from service.openai.prepare import Preparer
 from service.openai.response_store import open_store, store_path
 

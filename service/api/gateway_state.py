@@ -10,10 +10,10 @@ from service.config import GatewayConfig
 
 if TYPE_CHECKING:
     from service.api.admission import Admission
-    from service.api.batch_worker import BatchWorker
     from service.api.model_pool import ModelPool
     from service.api.server_state import ServerState
     from service.api.stream_store import StreamStore
+    from service.openai.batch_worker import BatchWorker
     from service.openai.response_store import ResponseStore
 
 

@@ -5,7 +5,7 @@ Each input line is a completions or chat request body (or an OpenAI batch line,
 `{"id", "custom_id", "line", "response": {"status_code", "request_id", "body"}, "error"}` as OpenAI's
 batch output reads. Results are flushed line by line, so a rerun skips the lines already written.
 What a line goes through (read, checked, prepared, its result shaped) is shared with the server's
-Batch API (service/api/batch_worker.py); only the loop differs, this one stepping an LLMEngine.
+Batch API (service/openai/batch_worker.py); only the loop differs, this one stepping an LLMEngine.
 """
 
 from __future__ import annotations

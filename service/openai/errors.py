@@ -39,6 +39,10 @@ class APIError(Exception):
         }
 
 
+class RequestTimeoutError(APIError):
+    """A request ran past the server's request timeout (408; retrying it would time out again)."""
+
+
 def validate_body(body: Any, model: type[M]) -> M:
     """A parsed JSON body as `model`; every problem is a 400 naming the parameter."""
     if not isinstance(body, dict):

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.api.batch_worker import POLL_S
+from service.openai.batch_worker import POLL_S
 from service.model_files.tokenizer import Tokenizer
 from service.openai.batch_store import BatchStore
 from tests.service.api.batch_client import CHAT, MAX_POLLS, chat_line, create_batch, file_lines, until_status, upload

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from service.api import batch_worker
 from service.client.core_client import EngineDeadError
 from service.model_files.tokenizer import Tokenizer
+from service.openai import batch_worker
 from service.openai.batch_generate import BatchLine
 from service.openai.batch_store import BatchStore
 from tests.service.api.batch_client import CHAT, chat_line, create_batch, file_lines, until_status, upload

@@ -21,17 +21,17 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from service.api.admission import RequestTimeoutError
 from service.client.core_client import EngineDeadError
 from service.frontend.outputs import collect
 from service.openai.batch_generate import LineError, answer_result, error_result, read_line
 from service.openai.batch_store import BatchStore, now
-from service.openai.errors import APIError
+from service.openai.errors import APIError, RequestTimeoutError
 
 if TYPE_CHECKING:
-    from service.api.server_state import ServerState
+    from service.frontend.async_llm import AsyncLLM
+    from service.openai.prepare import Preparer
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,16 @@ RETRY_S = 5.0
 # NOTE: tries of a batch whose engine fails (a restarted engine serves within seconds; a model that cannot does not).
 MAX_ATTEMPTS = 5
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
+
+
+class ModelState(Protocol):
+    """What a line needs of the model it names (the HTTP routes' ServerState is one): its engine, its preparer
+    of bodies, and the parsers its answers are read with."""
+
+    llm: AsyncLLM
+    preparer: Preparer
+    tool_call_parser: str | None
+    reasoning_parser: str | None
 
 
 class BatchWorker:
@@ -223,14 +233,14 @@ class BatchWorker:
 
 
 # NOTE: the state a line runs on, by the model it names: the one model's, or a multi-model gateway's pool's.
-StateSource = Callable[[str | None], "AbstractAsyncContextManager[ServerState]"]
+StateSource = Callable[[str | None], "AbstractAsyncContextManager[ModelState]"]
 
 
-def fixed_state(state: ServerState) -> StateSource:
+def fixed_state(state: ModelState) -> StateSource:
     """The source of a one-model gateway: every line runs on `state` (its preparer checks the name)."""
 
     @contextlib.asynccontextmanager
-    async def lease(model: str | None) -> AsyncIterator[ServerState]:
+    async def lease(model: str | None) -> AsyncIterator[ModelState]:
         yield state
 
     return lease
