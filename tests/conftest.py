@@ -111,7 +111,7 @@ _PROCESS_MODULES = frozenset({
     "tests/service/frontend/test_async_llm.py", "tests/service/openai/test_batch_generate.py",
     "tests/service/frontend/test_llm.py", "tests/service/test_request_path.py", "tests/test_batch_invariance.py",
     "tests/engine_proc/models/test_architectures.py", "tests/service/cli/test_refusals.py",
-    "tests/service/api/web/test_pages_many_models.py", "tests/service/api/test_model_pool.py",
+    "tests/service/api/web/test_pages_many_models.py", "tests/service/models/test_model_pool.py",
     "tests/service/api/test_models_sdk.py", "tests/service/client/test_engine_memory.py",
     "tests/service/client/test_engine_start_error.py",
 })
@@ -135,7 +135,7 @@ _LONGEST_FIRST = (
     "tests/service/api/web/test_pages_browser.py",  # 39
     "tests/service/client/test_chaos.py",  # 36
     "tests/service/client/test_engine_membership.py",  # 29
-    "tests/service/api/test_model_pool.py",  # 28 on a 2-core Zen 2
+    "tests/service/models/test_model_pool.py",  # 28 on a 2-core Zen 2
     "tests/service/api/test_models_sdk.py",  # 22
     "tests/service/api/web/test_pages_many_models.py",  # 21
     "tests/service/client/test_remote_engines.py",  # 16

@@ -10,8 +10,7 @@ from proto.handshake import EngineReady
 from service.api.admission import Admission
 from service.api.app import attach, attach_pool, create_app
 from service.api.gateway_state import gateway_of
-from service.api.model_pool import ModelPool
-from service.api.server_state import ServerState
+from service.api.server_state import ServerPool, ServerState
 from service.api.stream_store import StreamStore
 from service.client.core_client import EngineCoreClient
 from service.config import GatewayConfig, origins_of
@@ -81,7 +80,7 @@ class Gateway:
             self.batches.start(fixed_state(state))
         return state.llm
 
-    def serve_models(self, pool: ModelPool) -> None:
+    def serve_models(self, pool: ServerPool) -> None:
         """Serves the pool's models from now on, each loaded when a request names it."""
         gateway_of(self.app).pool = pool
         attach_pool(self.app)

@@ -10,8 +10,7 @@ from service.config import GatewayConfig
 
 if TYPE_CHECKING:
     from service.api.admission import Admission
-    from service.api.model_pool import ModelPool
-    from service.api.server_state import ServerState
+    from service.api.server_state import ServerPool, ServerState
     from service.api.stream_store import StreamStore
     from service.openai.batch_worker import BatchWorker
     from service.openai.response_store import ResponseStore
@@ -25,7 +24,7 @@ class GatewayState:
     streams: StreamStore  # kept streams (--stream-retention)
     sse_keepalive_s: float = GatewayConfig.sse_keepalive_s
     server: ServerState | None = None  # the one model's, once its engine is ready
-    pool: ModelPool | None = None  # a multi-model gateway's models
+    pool: ServerPool | None = None  # a multi-model gateway's models
     batches: BatchWorker | None = None  # the Batch API's files and batches (None: --responses-store off)
     response_store: ResponseStore | None = None  # kept Responses (None: --responses-store off)
     max_upload_bytes: int = GatewayConfig.max_upload_bytes

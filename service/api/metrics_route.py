@@ -8,7 +8,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.api.gateway_state import gateway_of
-from service.api.model_pool import ModelPool, ModelStatus
+from service.api.server_state import ServerPool
+from service.models.model_pool import ModelStatus
 from service.observability.merged_registry import MergedRegistry
 from service.observability.picker_metrics import PICKER_FAMILIES, pod_families
 from service.openai.errors import APIError
@@ -29,7 +30,7 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(state.metrics_registry), headers={"Content-Type": CONTENT_TYPE})
 
 
-def pool_registry(pool: ModelPool) -> MergedRegistry:
+def pool_registry(pool: ServerPool) -> MergedRegistry:
     """Every loaded model's families (the picker's as one series over them), and each model's state and
     memory (zeroserve:model_*)."""
     status = GaugeMetricFamily(

@@ -13,7 +13,8 @@ from starlette.responses import JSONResponse, Response
 from service.api.errors import check_content_type, read_body
 from service.api.gateway_state import gateway_of
 from service.api.health import engine_health
-from service.api.model_pool import ModelPool, ModelSlot, ModelStatus
+from service.api.server_state import ServerPool, ServerSlot
+from service.models.model_pool import ModelStatus
 from service.openai.errors import APIError
 from service.openai.response_bodies import now
 
@@ -34,20 +35,20 @@ def model_card(name: str, root: str, max_model_len: int | None, created: int) ->
     }
 
 
-def pool_model_cards(pool: ModelPool) -> list[dict[str, object]]:
+def pool_model_cards(pool: ServerPool) -> list[dict[str, object]]:
     """Every model and alias of the pool, each with its status (llama.cpp's router's `status.value`)."""
     created = now()
     return [_card(slot, name, created) for slot in pool.slots.values() for name in slot.entry.names]
 
 
-def _card(slot: ModelSlot, name: str, created: int) -> dict[str, object]:
+def _card(slot: ServerSlot, name: str, created: int) -> dict[str, object]:
     max_model_len = None if slot.state is None else slot.state.llm.ready.max_model_len
     # NOTE: the file's name, not where it lies: the card is for whoever lists the models.
     file_name = None if slot.entry.path is None else slot.entry.path.name
     return model_card(name, slot.id, max_model_len, created) | {"path": file_name, "status": slot.describe()}
 
 
-def _pool(request: Request) -> ModelPool:
+def _pool(request: Request) -> ServerPool:
     pool = gateway_of(request.app).pool
     if pool is None:
         raise APIError(
@@ -74,7 +75,7 @@ async def unload_model(request: Request) -> Response:
     return _slot_answer(slot)
 
 
-def _slot_answer(slot: ModelSlot) -> Response:
+def _slot_answer(slot: ServerSlot) -> Response:
     card = _card(slot, slot.id, now())
     return JSONResponse({"success": slot.status is not ModelStatus.FAILED, **card})
 
@@ -93,7 +94,7 @@ async def _model_of(request: Request) -> str:
     return str(body["model"])
 
 
-async def pool_health(pool: ModelPool) -> Response:
+async def pool_health(pool: ServerPool) -> Response:
     """200 while some model can serve (loaded and answering, or loadable); each model's status beside."""
     statuses = {slot.id: slot.status.value for slot in pool.slots.values()}
     is_ready = any(status in (ModelStatus.LOADED, ModelStatus.LOADING, ModelStatus.UNLOADED) for status in

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from service.api.admission import Admission
     from service.api.gateway import Gateway
-    from service.api.model_pool import ModelPool
+    from service.api.server_state import ServerPool
     from service.frontend.async_llm import AsyncLLM
 
 logger = logging.getLogger("zeroserve")
@@ -51,11 +51,11 @@ async def serve(config: GatewayConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig.name)
-    load: asyncio.Task[AsyncLLM | ModelPool] = asyncio.create_task(
+    load: asyncio.Task[AsyncLLM | ServerPool] = asyncio.create_task(
         _load_models(config, gateway) if config.is_multi_model else _load(config, gateway), name="load-engine"
     )
 
-    def on_loaded(task: asyncio.Task[AsyncLLM | ModelPool]) -> None:
+    def on_loaded(task: asyncio.Task[AsyncLLM | ServerPool]) -> None:
         if _failed(task):
             stop.set()
 
@@ -107,9 +107,9 @@ def _hypercorn_config(config: GatewayConfig, fd: int) -> hypercorn.config.Config
     return hypercorn_config
 
 
-async def _stop_engine(load: asyncio.Task[AsyncLLM | ModelPool]) -> None:
+async def _stop_engine(load: asyncio.Task[AsyncLLM | ServerPool]) -> None:
     """Stops a load still under way, or shuts down the engines it started."""
-    from service.api.model_pool import ModelPool
+    from service.models.model_pool import ModelPool
 
     if not load.done():
         load.cancel()
@@ -122,7 +122,7 @@ async def _stop_engine(load: asyncio.Task[AsyncLLM | ModelPool]) -> None:
             served.shutdown()
 
 
-def _failed(task: asyncio.Task[AsyncLLM | ModelPool]) -> bool:
+def _failed(task: asyncio.Task[AsyncLLM | ServerPool]) -> bool:
     return task.done() and (task.cancelled() or task.exception() is not None)
 
 
@@ -150,10 +150,10 @@ async def _load(config: GatewayConfig, gateway: Gateway) -> AsyncLLM:
     return llm
 
 
-async def _load_models(config: GatewayConfig, gateway: Gateway) -> ModelPool:
+async def _load_models(config: GatewayConfig, gateway: Gateway) -> ServerPool:
     """Lists the models (a broken one is listed as failed, not fatal) and serves them, none loaded yet."""
-    from service.api.model_pool import ModelPool
     from service.models.catalog import find_models
+    from service.models.model_pool import ModelPool
 
     entries = await asyncio.to_thread(find_models, config)
     if not entries:

@@ -9,6 +9,7 @@ from service.api.admission import Admission
 from service.api.gateway_state import gateway_of
 from service.config import GatewayConfig
 from service.frontend.async_llm import AsyncLLM
+from service.models.model_pool import ModelPool, ModelSlot
 from service.observability.dashboard import RecentRequests
 from service.openai.prepare import Preparer
 
@@ -62,3 +63,8 @@ def server_state(request: Request) -> ServerState:
     """The state of the model the request names (a multi-model gateway's routing put it there), else the one model's."""
     state: ServerState | None = request.scope.get(STATE_KEY)
     return state if state is not None else gateway_of(request.app).one_model()
+
+
+# NOTE: a multi-model gateway's pool and its slots, each loaded model's state the routes' own.
+ServerPool = ModelPool[ServerState]
+ServerSlot = ModelSlot[ServerState]

@@ -16,9 +16,9 @@ from starlette.responses import FileResponse, JSONResponse, Response
 
 from service.api.admission import Admission, Phase
 from service.api.gateway_state import gateway_of
-from service.api.model_pool import ModelPool, ModelSlot, ModelStatus
-from service.api.server_state import ServerState
+from service.api.server_state import ServerPool, ServerSlot, ServerState
 from service.frontend.sampling_params import generation_defaults_of
+from service.models.model_pool import ModelStatus
 from service.observability.dashboard import DashboardFeed
 from service.openai.errors import APIError
 
@@ -62,7 +62,7 @@ async def playground_settings(request: Request) -> Response:
     return JSONResponse({**body, "is_stream_kept": gateway.streams.is_enabled})
 
 
-def _pool_settings(pool: ModelPool, name: str | None) -> dict[str, object]:
+def _pool_settings(pool: ServerPool, name: str | None) -> dict[str, object]:
     """A multi-model server's settings: a loaded model's from its engine, an unloaded one's from its entry."""
     slot = pool.slot_of(name)
     max_model_len: int | None
@@ -116,14 +116,14 @@ async def _frames(feed: DashboardFeed, state: ServerState, admission: Admission)
         await asyncio.sleep(DASHBOARD_INTERVAL_S)
 
 
-def _dashboard_slot(pool: ModelPool, request: Request) -> ModelSlot:
+def _dashboard_slot(pool: ServerPool, request: Request) -> ServerSlot:
     name = request.query_params.get("model")
     if name:
         return pool.slot_of(name)
     return next((slot for slot in pool.slots.values() if slot.state is not None), pool.default_slot)
 
 
-async def _pool_frames(slot: ModelSlot, admission: Admission) -> AsyncIterator[dict[str, str]]:
+async def _pool_frames(slot: ServerSlot, admission: Admission) -> AsyncIterator[dict[str, str]]:
     """One model's frames: while it is not loaded, its status and no figures; once loaded, its engines'
     (a feed of each state it gets: a reload starts from zero, as its registry does)."""
     # NOTE: an empty registry's frame is the page's shape with nothing in it (no engines, zeros).

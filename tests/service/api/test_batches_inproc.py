@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from service.openai.batch_worker import POLL_S
 from service.model_files.tokenizer import Tokenizer
 from service.openai.batch_store import BatchStore
+from service.openai.batch_worker import POLL_S
 from tests.service.api.batch_client import CHAT, MAX_POLLS, chat_line, create_batch, file_lines, until_status, upload
 from tests.service.api.fake_engine import SENTENCE, FakeEngineClient
 from tests.service.conftest import Serve

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 
 from service.api.gateway import Gateway
-from service.api.model_pool import ModelPool
 from service.config import GatewayConfig
 from service.models.catalog import ModelEntry
+from service.models.model_pool import ModelPool
 
 FOLDER = Path("/srv/private/models")
 REASON = f"{FOLDER}/broken.gguf: not a GGUF file"

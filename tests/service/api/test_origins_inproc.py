@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from service.api.gateway import Gateway
-from service.api.model_pool import ModelPool
 from service.config import GatewayConfig
 from service.models.catalog import ModelEntry
+from service.models.model_pool import ModelPool
 from tests.service.api.openai_error import assert_openai_error
 from tests.service.conftest import Serve
 

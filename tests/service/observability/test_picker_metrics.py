@@ -16,7 +16,7 @@ from prometheus_client.samples import Sample
 
 from proto.engine_output import SchedulerStats
 from service.api.metrics_route import pool_registry
-from service.api.model_pool import ModelPool
+from service.models.model_pool import ModelPool
 from service.observability.metrics import PrometheusStatLogger
 from service.observability.picker_metrics import PICKER_FAMILIES, PickerMetrics
 from tests.service.api.picker_reader import VLLM_MAPPING, read_as_the_picker

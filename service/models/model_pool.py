@@ -9,16 +9,19 @@ import enum
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from proto.handshake import EngineReady
 from proto.kv_cache_budget import CPU_MAX_DEFAULT_BYTES, available_ram_bytes, default_kv_cache_bytes
-from service.api.server_state import ServerState
 from service.client.async_mp_client import AsyncMPClient
 from service.client.core_client import EngineCoreClient
 from service.config import GatewayConfig
 from service.model_files.tokenizer import Tokenizer
 from service.models.catalog import ModelEntry
 from service.openai.errors import APIError
+
+if TYPE_CHECKING:
+    from service.frontend.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +30,17 @@ WATCH_INTERVAL_S = 1.0
 # NOTE: what a Python process with torch holds before any model (the engine's own report replaces it).
 _RUNTIME_BYTES_BEFORE_ANY_REPORT = 512 * 2**20
 
-BuildState = Callable[[ModelEntry, EngineCoreClient, Tokenizer, EngineReady], ServerState]
+
+
+class ModelState(Protocol):
+    """What the pool needs of a loaded model's state (the HTTP routes' S is one): its engines' client."""
+
+    llm: AsyncLLM
+
+
+S = TypeVar("S", bound=ModelState)
+# Makes a loaded model's state from its entry, engine client, tokenizer and the engine's handshake.
+BuildState = Callable[[ModelEntry, EngineCoreClient, Tokenizer, EngineReady], S]
 
 
 class ModelStatus(str, enum.Enum):
@@ -43,14 +56,14 @@ class ModelLoadError(Exception):
     """A model could not be loaded: its file, its engine's start, or the memory budget."""
 
 
-class ModelSlot:
+class ModelSlot(Generic[S]):
     """One model of the pool: its entry, its engine and routes' state while loaded, and who uses it."""
 
     def __init__(self, entry: ModelEntry) -> None:
         self.entry = entry
         self.status = ModelStatus.FAILED if entry.error else ModelStatus.UNLOADED
         self.error = entry.error
-        self.state: ServerState | None = None
+        self.state: S | None = None
         self.num_leases = 0
         self.last_used = 0.0
         self.has_room = False  # NOTE: counted against the budget: loaded, or loading with room made.
@@ -101,11 +114,11 @@ class ModelSlot:
         return status
 
 
-class ModelPool:
+class ModelPool(Generic[S]):
     """Loads a model when a request names it, within the budget, and unloads idle ones."""
 
-    def __init__(self, entries: Sequence[ModelEntry], config: GatewayConfig, build_state: BuildState) -> None:
-        self.slots = {entry.id: ModelSlot(entry) for entry in entries}
+    def __init__(self, entries: Sequence[ModelEntry], config: GatewayConfig, build_state: BuildState[S]) -> None:
+        self.slots: dict[str, ModelSlot[S]] = {entry.id: ModelSlot(entry) for entry in entries}
         self._by_name = {name: slot for slot in self.slots.values() for name in slot.entry.names}
         self.config = config
         self._build_state = build_state
@@ -114,11 +127,11 @@ class ModelPool:
         self._watch_task = asyncio.create_task(self._watch(), name="model-pool-watch")
 
     @property
-    def default_slot(self) -> ModelSlot:
+    def default_slot(self) -> ModelSlot[S]:
         """The model a request that names none gets: the first listed."""
         return next(iter(self.slots.values()))
 
-    def slot_of(self, name: str | None) -> ModelSlot:
+    def slot_of(self, name: str | None) -> ModelSlot[S]:
         """The model a request names (by id or alias), or a 404 naming those served."""
         if not name:
             return self.default_slot
@@ -131,10 +144,10 @@ class ModelPool:
         return slot
 
     @property
-    def loaded_states(self) -> list[ServerState]:
+    def loaded_states(self) -> list[S]:
         return [slot.state for slot in self.slots.values() if slot.state is not None]
 
-    async def acquire(self, name: str | None) -> tuple[ModelSlot, ServerState]:
+    async def acquire(self, name: str | None) -> tuple[ModelSlot[S], S]:
         """The named model and its state, loading it first if needed; it is not unloaded until `release`."""
         slot = self.slot_of(name)
         slot.num_leases += 1
@@ -145,13 +158,13 @@ class ModelPool:
             self.release(slot)
             raise
 
-    def release(self, slot: ModelSlot) -> None:
+    def release(self, slot: ModelSlot[S]) -> None:
         slot.num_leases -= 1
         slot.last_used = time.monotonic()
         asyncio.get_running_loop().create_task(self._notify())
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: str | None) -> AsyncIterator[ServerState]:
+    async def lease(self, name: str | None) -> AsyncIterator[S]:
         """`acquire` and `release` around a block (a batch line)."""
         slot, state = await self.acquire(name)
         try:
@@ -159,7 +172,7 @@ class ModelPool:
         finally:
             self.release(slot)
 
-    async def _ready_state(self, slot: ModelSlot) -> ServerState:
+    async def _ready_state(self, slot: ModelSlot[S]) -> S:
         while True:
             if slot.state is not None and slot.state.llm.is_dead:
                 logger.warning("model %s: its engines are dead; loading it again", slot.id)
@@ -180,14 +193,14 @@ class ModelPool:
             else:
                 await asyncio.shield(load)
 
-    def start_loading(self, slot: ModelSlot, *, is_retry: bool = False) -> asyncio.Task[None] | None:
+    def start_loading(self, slot: ModelSlot[S], *, is_retry: bool = False) -> asyncio.Task[None] | None:
         """Its load under way (started now unless one is; a failed model again only when `is_retry`),
         or None when it is loaded."""
         if slot.load_task is None and (slot.status is ModelStatus.UNLOADED or is_retry) and slot.state is None:
             slot.load_task = asyncio.create_task(self._load(slot), name=f"load-{slot.id}")
         return slot.load_task
 
-    async def unload(self, name: str) -> ModelSlot:
+    async def unload(self, name: str) -> ModelSlot[S]:
         """Unloads the model now (POST /v1/models/{id}/unload), aborting what it still runs."""
         slot = self.slot_of(name)
         if slot.load_task is not None:
@@ -197,7 +210,7 @@ class ModelPool:
         await self._unload(slot)
         return slot
 
-    async def _load(self, slot: ModelSlot) -> None:
+    async def _load(self, slot: ModelSlot[S]) -> None:
         entry, config = slot.entry, slot.entry.config
         slot.status, slot.error = ModelStatus.LOADING, None
         client: AsyncMPClient | None = None
@@ -232,7 +245,7 @@ class ModelPool:
             await self._notify()
         await self._trim(keep=slot)
 
-    async def _make_room(self, slot: ModelSlot) -> None:
+    async def _make_room(self, slot: ModelSlot[S]) -> None:
         """Unloads least recently used idle models until `slot` fits, waiting for busy ones to go idle."""
         need = self._expected_bytes(slot)
         budget, max_loaded = self.config.memory_budget, self.config.max_loaded_models
@@ -254,7 +267,7 @@ class ModelPool:
             else:
                 await self._wait_change()
 
-    def _expected_bytes(self, slot: ModelSlot) -> int:
+    def _expected_bytes(self, slot: ModelSlot[S]) -> int:
         """What loading `slot` will take: what its engines last reported, or before any report, its
         file, its KV cache and the runtime (interpreter, torch) other engines report, per engine."""
         if slot.reported_bytes:
@@ -277,7 +290,7 @@ class ModelPool:
         runtime = max(runtimes, default=_RUNTIME_BYTES_BEFORE_ANY_REPORT)
         return (slot.entry.num_file_bytes + kv_bytes + runtime) * max(slot.entry.config.data_parallel_size, 1)
 
-    async def _unload(self, slot: ModelSlot) -> None:
+    async def _unload(self, slot: ModelSlot[S]) -> None:
         """Stops its engines (their memory is free once this returns) and forgets its state."""
         state = slot.state
         if state is None:
@@ -299,7 +312,7 @@ class ModelPool:
             slot.state, slot.status, slot.is_unloading, slot.has_room = None, ModelStatus.UNLOADED, False, False
             await self._notify()
 
-    async def _trim(self, keep: ModelSlot | None = None) -> None:
+    async def _trim(self, keep: ModelSlot[S] | None = None) -> None:
         """Unloads idle models while the loaded ones' reports exceed the budget (a first load's guess was low)."""
         budget = self.config.memory_budget
         while budget is not None:
