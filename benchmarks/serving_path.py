@@ -13,16 +13,24 @@ tokens: under load a request's collector merges the deltas its stream has not ta
 
 `--num-threads 1` (the default here) leaves the second core to the gateway and the load
 generator: measured on 2 cores, an engine with both cores' threads spins against them.
+
+`--beside REF` (a commit, branch or tag) runs the same load on that commit's gateway too (a git worktree
+of it, made and removed here), the two taken in turns for `--rounds` rounds, and prints this checkout's
+tokens/s over REF's, round by round and for the medians: a regression shows as a ratio below 1 whatever
+the machine's speed that day.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +42,14 @@ DUMMY_OVERRIDES = {
 }
 
 
-def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def run(args: argparse.Namespace, tmp: Path, tree: Path | None = None) -> dict[str, Any]:
+    """bench serve's result against the gateway of this checkout, or of the checkout at `tree`."""
     serve_args = [
         "--load-format", "dummy", "--hf-overrides", json.dumps(DUMMY_OVERRIDES), "--num-threads", str(args.num_threads),
         "--max-num-seqs", str(args.concurrency), "--max-num-batched-tokens", "8192",
     ]
     result_path = tmp / "serving-path.json"
-    with local_server(serve_args, log_file=Path(os.devnull)) as server:
+    with local_server(serve_args, log_file=Path(os.devnull), cwd=tree) as server:
         subprocess.run([
             sys.executable, "-m", "service", "bench", "serve", "--base-url", server.base_url,
             "--endpoint", "completions", "--num-prompts", str(args.num_prompts),
@@ -52,6 +61,49 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return result
 
 
+@contextlib.contextmanager
+def worktree(ref: str) -> Iterator[Path]:
+    """A detached git worktree of `ref`, removed afterwards."""
+    with tempfile.TemporaryDirectory() as parent:
+        path = Path(parent) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(path), ref], check=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], check=False)
+
+
+def describe(result: dict[str, Any], concurrency: int) -> tuple[str, float, float]:
+    """A line of a run's figures, its SSE events a second and tokens an event."""
+    # NOTE: a request's events are its text chunks: the first, then one per inter-token gap.
+    num_events = sum(len(itl) + 1 for itl, length in zip(result["itls"], result["output_lens"], strict=False) if length)
+    events_per_s = num_events / result["duration"]
+    tokens_per_event = result["total_output_tokens"] / num_events if num_events else 0.0
+    line = (f"serving path, {concurrency} streams: {result['output_throughput']:.0f} output tok/s, "
+            f"{events_per_s:.0f} SSE events/s ({tokens_per_event:.2f} tokens an event), "
+            f"ITL p50 {result['median_itl_ms']:.1f} ms, failed {result['failed']}")
+    return line, events_per_s, tokens_per_event
+
+
+def beside(args: argparse.Namespace) -> None:
+    """This checkout and `args.beside` in turns; prints each round's tokens/s and their ratio."""
+    ours: list[float] = []
+    theirs: list[float] = []
+    with worktree(args.beside) as tree, tempfile.TemporaryDirectory() as tmp:
+        for index in range(args.rounds):
+            for figures, where in ((ours, None), (theirs, tree)):
+                figures.append(run(args, Path(tmp), where)["output_throughput"])
+            print(f"round {index + 1}: this checkout {ours[-1]:.0f} tok/s, {args.beside} {theirs[-1]:.0f} tok/s, "
+                  f"{ours[-1] / theirs[-1]:.2f}x", flush=True)
+    ratio = statistics.median(ours) / statistics.median(theirs)
+    print(f"medians: this checkout {statistics.median(ours):.0f} tok/s, {args.beside} {statistics.median(theirs):.0f} "
+          f"tok/s: {ratio:.2f}x")
+    args.result_json.write_text(json.dumps({
+        "beside": args.beside, "this_checkout_tok_s": ours, "beside_tok_s": theirs, "ratio_of_medians": ratio,
+        "settings": {key: str(value) for key, value in vars(args).items()},
+    }, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, default=256)
@@ -59,18 +111,18 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--num-threads", type=int, default=1, help="the engine's torch threads")
+    parser.add_argument("--beside", metavar="REF", help="also run the gateway of this git commit, in turns")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the two with --beside")
     parser.add_argument("--result-json", type=Path, default=Path("serving_path.json"))
     args = parser.parse_args()
+    if args.beside:
+        beside(args)
+        return
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         result = run(args, Path(tmp))
-    # NOTE: a request's events are its text chunks: the first, then one per inter-token gap.
-    num_events = sum(len(itl) + 1 for itl, length in zip(result["itls"], result["output_lens"], strict=False) if length)
-    events_per_s = num_events / result["duration"]
-    tokens_per_event = result["total_output_tokens"] / num_events if num_events else 0.0
-    print(f"serving path, {args.concurrency} streams: {result['output_throughput']:.0f} output tok/s, "
-          f"{events_per_s:.0f} SSE events/s ({tokens_per_event:.2f} tokens an event), "
-          f"ITL p50 {result['median_itl_ms']:.1f} ms, failed {result['failed']}")
+    line, events_per_s, tokens_per_event = describe(result, args.concurrency)
+    print(line)
     args.result_json.write_text(json.dumps({
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "output_throughput": result["output_throughput"], "events_per_s": events_per_s,

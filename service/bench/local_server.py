@@ -38,12 +38,13 @@ def free_port() -> int:
 @contextmanager
 def local_server(
     serve_args: Sequence[str], *, timeout_s: float = 300.0, log_file: Path | None = None,
-    wait_healthy: bool = True, stop_timeout_s: float = 30.0,
+    wait_healthy: bool = True, stop_timeout_s: float = 30.0, cwd: Path | None = None,
 ) -> Iterator[ServerProcess]:
     """Runs `zeroserve serve SERVE_ARGS --port PORT`; yields it once /health answers 200 (with
     `wait_healthy` False, once it answers HTTP at all, while the model loads). Its stdout and
     stderr go to `log_file` when given, else to ours. On leaving: SIGTERM, and SIGKILL if it has
-    not exited after `stop_timeout_s`."""
+    not exited after `stop_timeout_s`. With `cwd`, the server is the checkout there (`python -m service` runs
+    the package of its working folder)."""
     port = free_port()
     command = [sys.executable, "-m", "service", "serve", *serve_args, "--port", str(port)]
     log = None if log_file is None else log_file.open("wb")
@@ -51,7 +52,7 @@ def local_server(
     # that group reaches the server and never this process.
     proc = subprocess.Popen(
         command, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=None if log is None else subprocess.STDOUT,
-        start_new_session=True,
+        start_new_session=True, cwd=cwd,
     )
     server = ServerProcess(proc, f"http://127.0.0.1:{port}")
     try:
