@@ -90,7 +90,7 @@ class GatewayConfig:
         1, "gateway processes sharing the port, each connected to every engine", check=at_least(1),
         group="scale-out", metavar="K",
     )
-    # NOTE: how one of several gateway processes learns its place (service/api/api_servers.py sets them).
+    # NOTE: how one of several gateway processes learns its place (service/serving/api_servers.py sets them).
     api_server_index: int | None = setting(None, "this gateway process's index", check=at_least(0), is_hidden=True)
     listen_fd: int | None = setting(None, "the shared listening socket", check=at_least(0), is_hidden=True)
     engine_addresses: tuple[str, str] | None = setting(

@@ -100,7 +100,7 @@ def hf_reference_model(default_model_path: Path) -> object:
 # modules whose tests start servers, engine processes or network namespaces.
 _PROCESS_MODULES = frozenset({
     "tests/engine_proc/test_core_proc.py", "tests/engine_proc/loader/test_model_weights.py",
-    "tests/service/api/test_api_servers.py", "tests/service/api/test_app.py",
+    "tests/service/serving/test_api_servers.py", "tests/service/api/test_app.py",
     "tests/service/api/test_keepalive_prefill.py", "tests/service/api/test_metrics_route.py",
     "tests/service/api/test_operations.py", "tests/service/api/test_speculative_decoding.py",
     "tests/service/api/test_stream_resume.py",

@@ -133,8 +133,8 @@ def test_offline_code_never_reaches_the_http_layer(module: str) -> None:
 # NOTE: service/'s rooms, lowest first: a module imports only from its own room and rooms before it
 # (the package's __init__ and __main__ stand above them all).
 SERVICE_ROOMS = (
-    "client", "observability", "config", "model_files", "flags", "frontend", "openai", "anthropic", "models", "api",
-    "bench", "cli",
+    "client", "observability", "config", "model_files", "flags", "frontend", "openai", "anthropic", "models", "streams",
+    "api", "serving", "bench", "cli",
 )
 
 
@@ -182,3 +182,16 @@ def test_engine_rooms_import_one_way() -> None:
             if parts[1] not in ENGINE_ROOMS or ENGINE_ROOMS.index(parts[1]) > ENGINE_ROOMS.index(room):
                 back_arrows.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not back_arrows, back_arrows
+
+
+# NOTE: service/api/ is the HTTP layer and nothing else: each module speaks HTTP (Starlette, SSE, hypercorn) or
+# works on the route table; what runs without HTTP (the model pool, batch worker, kept streams, process life)
+# stands in the rooms around it.
+HTTP_IMPORTS = ("starlette", "sse_starlette", "hypercorn", "service.api.routes")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "service" / "api").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_api_room_holds_http_only(path: Path) -> None:
+    if path.name == "__init__.py":
+        return
+    assert any(name.startswith(HTTP_IMPORTS) for name in _all_imports(path)), f"{path.relative_to(ROOT)} has no HTTP code"

@@ -17,15 +17,14 @@ from service.api.admission import Admission, AdmissionMiddleware, Phase
 from service.api.auth import APIKeyMiddleware
 from service.api.disconnect import ClientDisconnected
 from service.api.errors import error_response
-from service.api.gateway_state import GatewayState, gateway_of
+from service.api.gateway_state import GatewayState, ServerState, gateway_of
 from service.api.model_routing import ModelRoutingMiddleware
 from service.api.origins import OriginMiddleware
 from service.api.routes import ROUTES, path_rules
-from service.api.server_state import ServerState
 from service.api.sse import DEFAULT_SSE_KEEPALIVE_S
-from service.api.stream_store import StreamStore
 from service.client.core_client import EngineDeadError
 from service.openai.errors import APIError, RequestTimeoutError
+from service.streams.stream_store import StreamStore
 
 logger = logging.getLogger(__name__)
 

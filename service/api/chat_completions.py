@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse, Response
 from service.api.admission import Admission
 from service.api.disconnect import unless_disconnected
 from service.api.errors import parse_body
-from service.api.server_state import ServerState, server_state
+from service.api.gateway_state import ServerState, server_state
 from service.api.sse import sse_response
 from service.frontend.outputs import collect
 from service.openai.prepare import Preparer
@@ -29,6 +29,6 @@ async def create_chat_completion(request: Request) -> Response:
     outputs = await admission.guarded(engine_outputs, prepared)
     response = ChatResponse(prepared, body, state.llm.tokenizer, state.tool_call_parser, state.reasoning_parser)
     if body.stream:
-        return sse_response(request, response.chunks(outputs), prepared.response_id)
+        return sse_response(request, state.gateway, response.chunks(outputs), prepared.response_id)
     (output,) = await unless_disconnected(request, collect(outputs, 1, body.n))
     return JSONResponse(response.whole(output))

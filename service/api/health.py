@@ -8,7 +8,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from service.api.server_state import ServerState
+from service.api.gateway_state import ServerState
 
 HEALTH_PING_TIMEOUT_S = 5.0
 

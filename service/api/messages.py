@@ -13,7 +13,7 @@ from service.anthropic.protocol import CountTokensRequest, MessagesRequest
 from service.api.admission import Admission
 from service.api.disconnect import unless_disconnected
 from service.api.errors import parse_body
-from service.api.server_state import ServerState, server_state
+from service.api.gateway_state import ServerState, server_state
 from service.api.sse import sse_response
 from service.frontend.outputs import collect
 from service.openai.prepare import Preparer
@@ -40,7 +40,7 @@ async def create_message(request: Request) -> Response:
     if body.stream:
         events = MessageEvents(base, prepared.num_prompt_tokens)
         named_events = message_events(response.chunks(events.watch(outputs)), events)
-        return sse_response(request, named_events, message_id, is_named=True)
+        return sse_response(request, state.gateway, named_events, message_id, is_named=True)
     (output,) = await unless_disconnected(request, collect(outputs, 1, 1))
     return JSONResponse(whole_message(base, response.whole(output)))
 

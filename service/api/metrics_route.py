@@ -7,8 +7,7 @@ from prometheus_client.core import GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.api.gateway_state import gateway_of
-from service.api.server_state import ServerPool
+from service.api.gateway_state import ServerPool, gateway_of
 from service.models.model_pool import ModelStatus
 from service.observability.merged_registry import MergedRegistry
 from service.observability.picker_metrics import PICKER_FAMILIES, pod_families

@@ -11,9 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.api.errors import check_content_type, read_body
-from service.api.gateway_state import gateway_of
+from service.api.gateway_state import ServerPool, ServerSlot, gateway_of
 from service.api.health import engine_health
-from service.api.server_state import ServerPool, ServerSlot
 from service.models.model_pool import ModelStatus
 from service.openai.errors import APIError
 from service.openai.response_bodies import now

@@ -14,8 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.anthropic.errors import anthropic_error_body, is_anthropic_path
 from service.api.admission import PathRules
 from service.api.errors import check_content_type, error_response
-from service.api.gateway_state import gateway_of
-from service.api.server_state import STATE_KEY
+from service.api.gateway_state import STATE_KEY, gateway_of
 from service.openai.errors import APIError
 
 _SSE_HEADERS = [

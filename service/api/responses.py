@@ -16,8 +16,7 @@ from starlette.responses import JSONResponse, Response
 from service.api.admission import Admission
 from service.api.disconnect import unless_disconnected
 from service.api.errors import page_limit, parse_body
-from service.api.gateway_state import gateway_of
-from service.api.server_state import ServerState, server_state
+from service.api.gateway_state import ServerState, gateway_of, server_state
 from service.api.sse import sse_response
 from service.frontend.outputs import collect
 from service.openai.errors import APIError
@@ -83,7 +82,7 @@ async def create_response(request: Request) -> Response:
         outputs = await state.admission.guarded(engine_outputs, prepared)
     if body.stream:
         events = _events(response.chunks(outputs), ResponseEvents(base, count_tokens), keep)
-        return sse_response(request, events, response_id, is_named=True)
+        return sse_response(request, state.gateway, events, response_id, is_named=True)
     (output,) = await unless_disconnected(request, collect(outputs, 1, 1))
     answer = whole_response(base, response.whole(output), count_tokens)
     await keep(answer)

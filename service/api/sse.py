@@ -11,9 +11,9 @@ from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Message, Send
 
-from service.api.gateway_state import gateway_of
+from service.api.gateway_state import GatewayState, gateway_of
 from service.config import GatewayConfig
 from service.openai.errors import APIError
 
@@ -63,12 +63,11 @@ def _keepalive() -> ServerSentEvent:
 
 
 class _EventStream(EventSourceResponse):
-    """An SSE response that sends `: ping` every `sse_keepalive_s` seconds of its app's gateway (0: never)."""
+    """An SSE response that sends `: ping` every `keepalive_s` seconds (0: never)."""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        app = scope.get("app")
-        self.ping_interval = gateway_of(app).sse_keepalive_s if app else 0
-        await super().__call__(scope, receive, send)
+    def __init__(self, events: AsyncIterator[bytes], stream_id: str, keepalive_s: float) -> None:
+        super().__init__(events, sep="\n", ping_message_factory=_keepalive, headers={"X-Request-Id": stream_id})
+        self.ping_interval = keepalive_s
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         # NOTE: with no send timeout, skip the cancel scope sse-starlette opens around every
@@ -88,7 +87,8 @@ async def _numbered(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 def sse_response(
-    request: Request, chunks: AsyncIterator[dict[str, Any]], response_id: str, is_named: bool = False
+    request: Request, gateway: GatewayState, chunks: AsyncIterator[dict[str, Any]], response_id: str,
+    is_named: bool = False,
 ) -> EventSourceResponse:
     """Streams `chunks` as `data:` events, ending with `data: [DONE]`; `: ping` comments keep
     the connection alive while they wait. With `is_named` (the Responses API) each event is also
@@ -98,14 +98,13 @@ def sse_response(
     X-Request-Id): the request generates on if the client goes, and a reconnect resumes it."""
     stream_id = request.headers.get("x-request-id") or response_id
     events = _numbered(_events(chunks, is_named))
-    store = gateway_of(request.app).streams
+    store = gateway.streams
     if not store.is_enabled:
-        return _stream(events, stream_id)
+        return _EventStream(events, stream_id, gateway.sse_keepalive_s)
     # NOTE: the stream holds the request's admission slot from here (a drain waits for it).
     request.state.is_handed_off = True
-    log = store.start(list(dict.fromkeys([stream_id, response_id])), events, gateway_of(request.app).admission.release)
-    followed = log.follow(-1)
-    return _stream(followed, stream_id)
+    log = store.start(list(dict.fromkeys([stream_id, response_id])), events, gateway.admission.release)
+    return _EventStream(log.follow(-1), stream_id, gateway.sse_keepalive_s)
 
 
 def resumable(route: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
@@ -123,16 +122,17 @@ def resumed_stream(request: Request) -> EventSourceResponse | None:
     """The kept stream a re-sent request names by its X-Request-Id, from the event after its
     Last-Event-ID (all of them without one); None when there is no such stream."""
     stream_id = request.headers.get("x-request-id")
-    store = gateway_of(request.app).streams
-    log = None if stream_id is None else store.get(stream_id)
+    gateway = gateway_of(request.app)
+    log = None if stream_id is None else gateway.streams.get(stream_id)
     if log is None or stream_id is None:
         return None
-    return _stream(log.follow(last_event_id(request)), stream_id)
+    return _EventStream(log.follow(last_event_id(request)), stream_id, gateway.sse_keepalive_s)
 
 
 async def get_stream(request: Request) -> Response:
     """GET /v1/streams/{request_id}: a kept stream, from the event after Last-Event-ID."""
-    store = gateway_of(request.app).streams
+    gateway = gateway_of(request.app)
+    store = gateway.streams
     stream_id = request.path_params["request_id"]
     if not store.is_enabled:
         raise APIError("Streams are not kept on this server; start it with --stream-retention SECONDS.", 404,
@@ -142,7 +142,7 @@ async def get_stream(request: Request) -> Response:
         raise APIError(f"No stream {stream_id!r} is kept here: it never started, or it ended more than "
                        f"{store.retention_s:g} s ago (--stream-retention).", 404, error_type="not_found_error",
                        code="stream_not_found")
-    return _stream(log.follow(last_event_id(request)), stream_id)
+    return _EventStream(log.follow(last_event_id(request)), stream_id, gateway.sse_keepalive_s)
 
 
 async def delete_stream(request: Request) -> Response:
@@ -165,7 +165,3 @@ def last_event_id(request: Request) -> int:
         raise APIError(f"Last-Event-ID must be an event id this server sent (an integer), got {value!r}.",
                        param="Last-Event-ID", code="invalid_last_event_id")
     return int(value)
-
-
-def _stream(events: AsyncIterator[bytes], stream_id: str) -> EventSourceResponse:
-    return _EventStream(events, sep="\n", ping_message_factory=_keepalive, headers={"X-Request-Id": stream_id})

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.api.errors import parse_body
-from service.api.server_state import ServerState, server_state
+from service.api.gateway_state import ServerState, server_state
 from service.openai.errors import APIError
 from service.openai.protocol import ChatMessage, OpenAIModel
 

@@ -141,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zeroserve: error: {envs.naming_the_variable(str(exc), given, os.environ)}", file=sys.stderr)
         return 2
     if config.api_server_count > 1:
-        from service.api.api_servers import run_api_servers
+        from service.serving.api_servers import run_api_servers
 
         return run_api_servers(config, sys.argv[1:] if argv is None else argv)
     import uvloop
 
-    from service.api.server import serve
     from service.client.core_client import EngineDeadError
+    from service.serving.server import serve
 
     try:
         uvloop.run(serve(config))

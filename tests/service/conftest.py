@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
-from service.api.gateway import Gateway
 from service.config import GatewayConfig
 from service.model_files.tokenizer import Tokenizer
+from service.serving.gateway import Gateway
 from tests.server_process import ServerProcess, running_server
 from tests.service.api.fake_engine import FakeEngineClient
 
@@ -50,7 +50,7 @@ def engine(tokenizer: Tokenizer) -> FakeEngineClient:
 
 @pytest.fixture
 def serve(engine: FakeEngineClient, tokenizer: Tokenizer) -> Serve:
-    """Opens a client of the app `zeroserve serve` builds (service/api/gateway.py), in process on
+    """Opens a client of the app `zeroserve serve` builds (service/serving/gateway.py), in process on
     `engine`; keyword arguments are GatewayConfig's (api_keys, request_timeout_s, ...). One at a
     time: two apps on one engine would take each other's outputs."""
 

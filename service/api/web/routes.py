@@ -15,8 +15,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
 from service.api.admission import Admission, Phase
-from service.api.gateway_state import gateway_of
-from service.api.server_state import ServerPool, ServerSlot, ServerState
+from service.api.gateway_state import ServerPool, ServerSlot, ServerState, gateway_of
 from service.frontend.sampling_params import generation_defaults_of
 from service.models.model_pool import ModelStatus
 from service.observability.dashboard import DashboardFeed

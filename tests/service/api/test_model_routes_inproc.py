@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 
-from service.api.gateway import Gateway
 from service.config import GatewayConfig
 from service.models.catalog import ModelEntry
 from service.models.model_pool import ModelPool
+from service.serving.gateway import Gateway
 
 FOLDER = Path("/srv/private/models")
 REASON = f"{FOLDER}/broken.gguf: not a GGUF file"

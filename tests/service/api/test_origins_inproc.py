@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from service.api.gateway import Gateway
 from service.config import GatewayConfig
 from service.models.catalog import ModelEntry
 from service.models.model_pool import ModelPool
+from service.serving.gateway import Gateway
 from tests.service.api.openai_error import assert_openai_error
 from tests.service.conftest import Serve
 

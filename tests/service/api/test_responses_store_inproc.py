@@ -15,10 +15,10 @@ import httpx
 import openai
 import pytest
 
-from service.api.gateway import Gateway
 from service.api.gateway_state import gateway_of
 from service.config import GatewayConfig
 from service.model_files.tokenizer import Tokenizer
+from service.serving.gateway import Gateway
 from tests.service.api.fake_engine import FakeEngineClient
 
 RESPONSES = "/v1/responses"

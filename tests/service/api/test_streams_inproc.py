@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from service.api import stream_store
+from service.streams import stream_store
 from service.api.gateway_state import gateway_of
-from service.api.stream_store import StreamLog, StreamStore
+from service.streams.stream_store import StreamLog, StreamStore
 from tests.service.api.fake_engine import FakeEngineClient
 
 if TYPE_CHECKING:

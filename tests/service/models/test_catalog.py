@@ -94,8 +94,8 @@ def test_a_cut_short_or_unsupported_file_in_a_models_dir_is_listed_with_why(mode
 
 
 async def test_the_models_list_says_failed_with_the_reason_from_the_start(models_dir: Path) -> None:
-    from service.api.gateway import Gateway
     from service.models.model_pool import ModelPool
+    from service.serving.gateway import Gateway
 
     reasons = damaged_and_unsupported(models_dir)
     config = serve("--models-dir", str(models_dir), "--responses-store", str(models_dir.parent / "store.sqlite"))

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     import hypercorn.config
 
     from service.api.admission import Admission
-    from service.api.gateway import Gateway
-    from service.api.server_state import ServerPool
+    from service.api.gateway_state import ServerPool
     from service.frontend.async_llm import AsyncLLM
+    from service.serving.gateway import Gateway
 
 logger = logging.getLogger("zeroserve")
 
@@ -33,7 +33,7 @@ async def serve(config: GatewayConfig) -> None:
     import hypercorn.asyncio
 
     from service.api.admission import Phase
-    from service.api.gateway import Gateway
+    from service.serving.gateway import Gateway
 
     listener = None if config.listen_fd is not None else _listen(config.host, config.port)
     gateway = Gateway(config)

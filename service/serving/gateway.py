@@ -9,9 +9,7 @@ from collections.abc import Mapping
 from proto.handshake import EngineReady
 from service.api.admission import Admission
 from service.api.app import attach, attach_pool, create_app
-from service.api.gateway_state import gateway_of
-from service.api.server_state import ServerPool, ServerState
-from service.api.stream_store import StreamStore
+from service.api.gateway_state import ServerPool, ServerState, gateway_of
 from service.client.core_client import EngineCoreClient
 from service.config import GatewayConfig, origins_of
 from service.frontend.async_llm import AsyncLLM
@@ -27,6 +25,7 @@ from service.openai.batch_store import BatchStore
 from service.openai.batch_worker import BatchWorker, fixed_state
 from service.openai.prepare import Preparer
 from service.openai.response_store import open_store, store_path
+from service.streams.stream_store import StreamStore
 
 # NOTE: a step of many sequences takes longer than a step of one on a CPU, and an interactive request
 # shares the batch's steps: with 4 lines an interactive time to first token stayed within 1.5x of an idle
@@ -126,7 +125,7 @@ class Gateway:
             is_serving_rank=engine_client.is_serving_rank,
         )
         state = ServerState(
-            llm, preparer, config.max_request_body_bytes, metrics_registry=metrics.registry, admission=self.admission,
+            llm, preparer, gateway_of(self.app), config.max_request_body_bytes, metrics_registry=metrics.registry,
             tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
             recent_requests=recent_requests,
         )
