@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
 import json
 import os
 import shutil
@@ -96,26 +99,20 @@ def hf_reference_model(default_model_path: Path) -> object:
         ).eval()
 
 
-# NOTE: `make test-fast` leaves out what is marked slow here: tests of the real model, and the
-# modules whose tests start servers, engine processes or network namespaces.
-_PROCESS_MODULES = frozenset({
-    "tests/engine_proc/test_core_proc.py", "tests/engine_proc/loader/test_model_weights.py",
-    "tests/service/serving/test_api_servers.py", "tests/service/api/test_app.py",
-    "tests/service/api/test_keepalive_prefill.py", "tests/service/api/test_metrics_route.py",
-    "tests/service/api/test_operations.py", "tests/service/api/test_speculative_decoding.py",
-    "tests/service/api/test_stream_resume.py",
-    "tests/service/bench/test_serve.py", "tests/service/bench/test_throughput.py",
-    "tests/service/client/test_core_client.py", "tests/service/client/test_data_parallel.py",
-    "tests/service/client/test_data_parallel_server.py", "tests/service/client/test_engine_membership.py",
-    "tests/service/client/test_remote_engines.py", "tests/service/client/test_chaos.py",
-    "tests/service/frontend/test_async_llm.py", "tests/service/openai/test_batch_generate.py",
-    "tests/service/frontend/test_llm.py", "tests/service/test_request_path.py", "tests/test_batch_invariance.py",
-    "tests/engine_proc/models/test_architectures.py", "tests/service/cli/test_refusals.py",
-    "tests/service/api/web/test_pages_many_models.py", "tests/service/models/test_model_pool.py",
-    "tests/service/api/test_models_sdk.py", "tests/service/client/test_engine_memory.py",
-    "tests/service/client/test_engine_start_error.py",
+# NOTE: `make test-fast` leaves out what is marked slow here: tests of the real model, and tests that
+# start a process, where the test, a fixture it needs, or a top-level function, class or constant of
+# their module that they use calls one of these by name: the project's functions that start a server,
+# an engine process or a command, and the standard library's. No test module is listed, so a moved
+# or new one is marked as its code reads.
+_PROCESS_STARTERS = frozenset({
+    "local_server", "running_server",  # `zeroserve serve` (service/bench/local_server.py, tests/server_process.py)
+    "run_api_servers",  # the gateway processes of --api-server-count (service/serving/api_servers.py)
+    "EngineProcess", "SyncMPClient", "AsyncMPClient", "make_client",  # an engine process (service/client/)
+    "LLM", "LLMEngine", "AsyncLLM",  # their engine's process (ZEROSERVE_ENABLE_MULTIPROCESSING is on by default)
+    "convert_to_gguf",  # llama.cpp's converter (benchmarks/reference_models.py)
+    "subprocess", "multiprocessing", "create_subprocess_exec", "create_subprocess_shell",
 })
-_PROCESS_FIXTURES = frozenset({"tiny_server", "sdk", "hf_reference_model"})
+_TESTS = Path(__file__).resolve().parent
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -155,11 +152,67 @@ def _module_rank(module: str) -> int:
     return _LONGEST_FIRST.index(unit) if unit in _LONGEST_FIRST else len(_LONGEST_FIRST)
 
 
+def _called_names(func: ast.expr) -> set[str]:
+    """The names of a call's `a.b.c`: what it calls and what it calls it on."""
+    names: set[str] = set()
+    while isinstance(func, ast.Attribute):
+        names.add(func.attr)
+        func = func.value
+    if isinstance(func, ast.Name):
+        names.add(func.id)
+    return names
+
+
+@functools.cache
+def _definitions(filename: str) -> dict[str, tuple[bool, frozenset[str]]]:
+    """A module's top-level definitions by name: whether each calls a process starter, and the names it uses."""
+    definitions: dict[str, tuple[bool, frozenset[str]]] = {}
+    for node in ast.parse(Path(filename).read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names = [node.name]
+        elif isinstance(node, ast.Assign):
+            names = [target.id for target in node.targets if isinstance(target, ast.Name)]
+        else:
+            continue
+        inner = list(ast.walk(node))
+        is_starter = any(isinstance(n, ast.Call) and _called_names(n.func) & _PROCESS_STARTERS for n in inner)
+        used = frozenset(n.id for n in inner if isinstance(n, ast.Name))
+        definitions.update(dict.fromkeys(names, (is_starter, used)))
+    return definitions
+
+
+@functools.cache
+def _starts_process(filename: str, name: str) -> bool:
+    """Whether a suite module's top-level `name`, or one of its top-level names it uses, calls a process starter."""
+    # NOTE: pytest's and its plugins' own fixtures start nothing.
+    if not Path(filename).is_relative_to(_TESTS):
+        return False
+    definitions = _definitions(filename)
+    pending, seen = {name}, set[str]()
+    while pending:
+        name = pending.pop()
+        seen.add(name)
+        is_starter, used = definitions.get(name, (False, frozenset()))
+        if is_starter:
+            return True
+        pending |= used - seen
+    return False
+
+
+def _is_process_test(item: pytest.Item) -> bool:
+    """Whether the test, or a fixture it needs (its module's or a conftest's), starts a process."""
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    fixturedefs = fixture_info.name2fixturedefs.values() if fixture_info else ()
+    functions = [getattr(item, "obj", None), *(fixturedef.func for defs in fixturedefs for fixturedef in defs)]
+    codes = [getattr(inspect.unwrap(function), "__code__", None) for function in functions if callable(function)]
+    return any(_starts_process(code.co_filename, code.co_qualname.split(".")[0]) for code in codes if code)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.path.relative_to(_ROOT).as_posix()
         fixtures = set(getattr(item, "fixturenames", ()))
-        if item.get_closest_marker("real_model") or module in _PROCESS_MODULES or fixtures & _PROCESS_FIXTURES:
+        if item.get_closest_marker("real_model") or _is_process_test(item):
             item.add_marker(pytest.mark.slow)
         if "hf_reference_model" in fixtures and module not in _REFERENCE_MODULES:
             raise pytest.UsageError(f"{module} uses hf_reference_model: add it to _REFERENCE_MODULES in {__file__}")

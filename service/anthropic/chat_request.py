@@ -5,9 +5,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from service.anthropic.protocol import (
@@ -23,12 +21,8 @@ from service.anthropic.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from service.openai.errors import APIError, validate_body
 from service.openai.protocol import ChatCompletionRequest
 
-# The chat request's field names in errors, as the Messages body names them.
-_PARAMS = {"stop": "stop_sequences", "response_format": "output_config.format",
-           "reasoning_effort": "output_config.effort", "max_completion_tokens": "max_tokens"}
 # NOTE: Anthropic's top effort has no chat name; the chat's highest stands for it.
 _EFFORTS = {"max": "xhigh"}
 
@@ -36,10 +30,13 @@ _EFFORTS = {"max": "xhigh"}
 class MessagesChatRequest(ChatCompletionRequest):
     """The chat request a Messages body is answered as: its errors name the Messages fields."""
 
+    PARAM_NAMES: ClassVar[dict[str, str]] = {
+        "num_logprobs": "top_logprobs", "num_prompt_logprobs": "prompt_logprobs", "stop": "stop_sequences",
+        "response_format": "output_config.format", "reasoning_effort": "output_config.effort",
+        "max_completion_tokens": "max_tokens",
+    }
+    WHOLE_PARAM_NAMES: ClassVar[frozenset[str]] = frozenset(PARAM_NAMES)
     PROMPT_PARAM: ClassVar[str] = "messages"
-
-    def param_name(self, name: str) -> str:
-        return _PARAMS.get(name, super().param_name(name))
 
 
 def to_chat_request(body: CountTokensRequest) -> MessagesChatRequest:
@@ -66,8 +63,7 @@ def to_chat_request(body: CountTokensRequest) -> MessagesChatRequest:
         chat["reasoning_effort"] = _EFFORTS.get(output.effort, output.effort)
     if isinstance(body, MessagesRequest):
         chat |= _sampling_fields(body)
-    with messages_params():
-        return validate_body(chat, MessagesChatRequest)
+    return MessagesChatRequest.validated(chat)
 
 
 def _sampling_fields(body: MessagesRequest) -> dict[str, Any]:
@@ -81,19 +77,6 @@ def _sampling_fields(body: MessagesRequest) -> dict[str, Any]:
         if value is not None:
             fields[name] = value
     return fields
-
-
-@contextlib.contextmanager
-def messages_params() -> Iterator[None]:
-    """Renames a chat field in an error raised inside to the Messages field it came from."""
-    try:
-        yield
-    except APIError as error:
-        head = (error.param or "").partition(".")[0]
-        if head in _PARAMS:
-            error.message = error.message.replace(f"'{head}'", f"'{_PARAMS[head]}'")
-            error.param = _PARAMS[head]
-        raise
 
 
 def _chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:

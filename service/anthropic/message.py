@@ -1,5 +1,5 @@
-"""An Anthropic Message made from the chat answer that produced it: its content blocks (thinking,
-text, tool_use with the parsed input), its stop_reason and stop_sequence, and its usage."""
+"""An Anthropic Message's parts: its id, its base (what message_start carries), its stop_reason and
+stop_sequence from the answer's end, its usage, a tool_use's id and input."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import uuid
 from typing import Any
 
+from service.openai.deltas import Usage
 from service.openai.errors import APIError
 
 
@@ -41,15 +42,14 @@ def stop_of(finish_reason: str | None, stop_reason: int | str | None, has_tool_u
     return "end_turn", None
 
 
-def message_usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
-    """The chat's usage in Anthropic's names: `input_tokens` are the prompt tokens the prefix cache
+def message_usage(usage: Usage) -> dict[str, Any]:
+    """An answer's usage in Anthropic's names: `input_tokens` are the prompt tokens the prefix cache
     did not hold (`cache_read_input_tokens`), so the two add up to the prompt, as Anthropic counts."""
-    num_cached_tokens = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return {
-        "input_tokens": chat_usage["prompt_tokens"] - num_cached_tokens,
-        "output_tokens": chat_usage["completion_tokens"],
+        "input_tokens": usage.num_prompt_tokens - usage.num_cached_tokens,
+        "output_tokens": usage.num_completion_tokens,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": num_cached_tokens,
+        "cache_read_input_tokens": usage.num_cached_tokens,
     }
 
 
@@ -60,22 +60,3 @@ def tool_input(arguments: str) -> dict[str, Any]:
     except json.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def whole_message(base: dict[str, Any], chat: dict[str, Any]) -> dict[str, Any]:
-    """The Message of a whole chat.completion body (one choice)."""
-    (choice,) = chat["choices"]
-    message = choice["message"]
-    content: list[dict[str, Any]] = []
-    if message.get("reasoning"):
-        content.append({"type": "thinking", "thinking": message["reasoning"], "signature": ""})
-    if message.get("content"):
-        content.append({"type": "text", "text": message["content"]})
-    for call in message.get("tool_calls") or []:
-        function = call["function"]
-        content.append({"type": "tool_use", "id": tool_use_id(call["id"]), "name": function["name"],
-                        "input": tool_input(function["arguments"])})
-    has_tool_use = bool(message.get("tool_calls"))
-    stop_reason, stop_sequence = stop_of(choice["finish_reason"], choice["stop_reason"], has_tool_use)
-    return base | {"content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-                   "usage": message_usage(chat["usage"])}

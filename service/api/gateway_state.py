@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +14,7 @@ from service.config import GatewayConfig
 from service.frontend.async_llm import AsyncLLM
 from service.models.model_pool import ModelPool, ModelSlot
 from service.observability.dashboard import RecentRequests
+from service.openai.background_responses import BackgroundResponses
 from service.openai.prepare import Preparer
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class GatewayState:
     batches: BatchWorker | None = None  # the Batch API's files and batches (None: --responses-store off)
     response_store: ResponseStore | None = None  # kept Responses (None: --responses-store off)
     max_upload_bytes: int = GatewayConfig.max_upload_bytes
-    background_responses: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # unfinished, by id
+    background: BackgroundResponses = field(default_factory=BackgroundResponses)  # this process's unfinished ones
 
     def one_model(self) -> ServerState:
         """The one model's state (a route runs only once admission lets it, after the engine is ready)."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from service.anthropic.chat_request import messages_params, to_chat_request
-from service.anthropic.message import message_base, new_message_id, whole_message
+from service.anthropic.chat_request import to_chat_request
+from service.anthropic.message import message_base, new_message_id
 from service.anthropic.message_events import MessageEvents, message_events
 from service.anthropic.protocol import CountTokensRequest, MessagesRequest
 from service.api.admission import Admission
@@ -15,7 +15,6 @@ from service.api.disconnect import unless_disconnected
 from service.api.errors import parse_body
 from service.api.gateway_state import ServerState, server_state
 from service.api.sse import sse_response
-from service.frontend.outputs import collect
 from service.openai.prepare import Preparer
 from service.openai.response_bodies import ChatResponse
 
@@ -31,18 +30,15 @@ async def create_message(request: Request) -> Response:
     body.check_supported()
     chat = to_chat_request(body)
     message_id = new_message_id()
-    with messages_params():
-        prepared = await preparer.prepare(chat, ids=(message_id, message_id))
-        engine_outputs = state.llm.generate(prepared.engine_requests, prepared.params)
-        outputs = await admission.guarded(engine_outputs, prepared)
+    prepared = await preparer.prepare(chat, ids=(message_id, message_id))
+    engine_outputs = state.llm.generate(prepared.engine_requests, prepared.params)
+    outputs = await admission.guarded(engine_outputs, prepared)
     response = ChatResponse(prepared, chat, state.llm.tokenizer, state.tool_call_parser, state.reasoning_parser)
-    base = message_base(message_id, prepared.model)
+    events = MessageEvents(message_base(message_id, prepared.model), prepared.num_prompt_tokens)
     if body.stream:
-        events = MessageEvents(base, prepared.num_prompt_tokens)
-        named_events = message_events(response.chunks(events.watch(outputs)), events)
-        return sse_response(request, state.gateway, named_events, message_id, is_named=True)
-    (output,) = await unless_disconnected(request, collect(outputs, 1, 1))
-    return JSONResponse(whole_message(base, response.whole(output)))
+        return sse_response(request, state.gateway, message_events(response.steps(outputs), events), message_id,
+                            is_named=True)
+    return JSONResponse(await unless_disconnected(request, events.answer(response.steps(outputs))))
 
 
 async def count_message_tokens(request: Request) -> Response:
@@ -52,6 +48,5 @@ async def count_message_tokens(request: Request) -> Response:
     body = await parse_body(request, CountTokensRequest, state.max_request_body_bytes)
     body.check_supported()
     message_id = new_message_id()
-    with messages_params():
-        prepared = await state.preparer.prepare(to_chat_request(body), ids=(message_id, message_id))
+    prepared = await state.preparer.prepare(to_chat_request(body), ids=(message_id, message_id))
     return JSONResponse({"input_tokens": prepared.num_prompt_tokens})

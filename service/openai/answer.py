@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from service.openai.deltas import CallPiece, Content, Delta, Reasoning, ToolCalls, reasoning_fields
 from service.openai.harmony import HarmonyStream, Piece, is_harmony_template
 from service.openai.protocol import ChatCompletionRequest
 from service.openai.reasoning import ReasoningStream, parse_reasoning
@@ -32,9 +33,9 @@ class Answer(Protocol):
 
     def whole(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]: ...
 
-    def delta(self, text: str) -> list[dict[str, Any]]: ...
+    def delta(self, text: str) -> list[Delta]: ...
 
-    def finish(self, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]: ...
+    def finish(self, finish_reason: str | None) -> tuple[list[Delta], str | None]: ...
 
 
 def choice_answer(body: ChatCompletionRequest, tool_call_parser: str | None, reasoning_parser: str | None) -> Answer:
@@ -59,17 +60,17 @@ class ChoiceAnswer:
             reasoning, text = parse_reasoning(self.reasoning_parser, text)
         message, finish_reason = self._tools.whole(text, finish_reason)
         if reasoning is not None and self.include_reasoning:
-            message |= _reasoning_fields(reasoning)
+            message |= reasoning_fields(reasoning)
         return message, finish_reason
 
-    def delta(self, text: str) -> list[dict[str, Any]]:
+    def delta(self, text: str) -> list[Delta]:
         if self._reasoning is None:
             return self._tools.delta(text)
         reasoning, content = self._reasoning.feed(text)
         return self._reasoning_deltas(reasoning) + self._tools.delta(content)
 
-    def finish(self, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
-        deltas: list[dict[str, Any]] = []
+    def finish(self, finish_reason: str | None) -> tuple[list[Delta], str | None]:
+        deltas: list[Delta] = []
         if self._reasoning is not None:
             reasoning, content = self._reasoning.finish()
             deltas += self._reasoning_deltas(reasoning) + self._tools.delta(content)
@@ -77,8 +78,8 @@ class ChoiceAnswer:
         return deltas + last, finish_reason
 
 
-    def _reasoning_deltas(self, reasoning: str) -> list[dict[str, Any]]:
-        return [_reasoning_fields(reasoning)] if reasoning and self.include_reasoning else []
+    def _reasoning_deltas(self, reasoning: str) -> list[Delta]:
+        return [Reasoning(reasoning)] if reasoning and self.include_reasoning else []
 
 
 class HarmonyAnswer:
@@ -95,38 +96,33 @@ class HarmonyAnswer:
     def whole(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         deltas = self.delta(text)
         last, finish_reason = self.finish(finish_reason)
-        content = "".join(d.get("content", "") for d in deltas + last)
+        content = "".join(d.text for d in deltas + last if isinstance(d, Content))
         message: dict[str, Any] = {"content": content}
         if self._calls:
             message = {"content": content if content.strip() else None, "tool_calls": [c.to_dict() for c in self._calls]}
         if self._stream.has_reasoned and self.include_reasoning:
-            message |= _reasoning_fields("".join(d.get("reasoning", "") for d in deltas + last))
+            message |= reasoning_fields("".join(d.text for d in deltas + last if isinstance(d, Reasoning)))
         return message, finish_reason
 
-    def delta(self, text: str) -> list[dict[str, Any]]:
+    def delta(self, text: str) -> list[Delta]:
         return self._deltas(self._stream.feed(text))
 
-    def finish(self, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    def finish(self, finish_reason: str | None) -> tuple[list[Delta], str | None]:
         deltas = self._deltas(self._stream.finish())
         # NOTE: a call ends generation (`<|call|>` is a stop token): as OpenAI, then "tool_calls".
         return deltas, "tool_calls" if self._calls and finish_reason == "stop" else finish_reason
 
-    def _deltas(self, pieces: list[Piece]) -> list[dict[str, Any]]:
-        deltas: list[dict[str, Any]] = []
+    def _deltas(self, pieces: list[Piece]) -> list[Delta]:
+        deltas: list[Delta] = []
         for kind, text in pieces:
             if kind == "reasoning" and self.include_reasoning:
-                deltas.append(_reasoning_fields(text))
+                deltas.append(Reasoning(text))
             elif kind == "content":
-                deltas.append({"content": text})
+                deltas.append(Content(text))
             elif kind == "call" and self.is_calling:
                 self._calls.append(ToolCall(text, ""))
-                deltas.append({"tool_calls": [self._calls[-1].to_dict(len(self._calls) - 1)]})
+                deltas.append(ToolCalls((self._calls[-1].start(len(self._calls) - 1),)))
             elif kind == "arguments" and self.is_calling and self._calls:
                 self._calls[-1].arguments += text
-                deltas.append({"tool_calls": [{"index": len(self._calls) - 1, "function": {"arguments": text}}]})
+                deltas.append(ToolCalls((CallPiece(len(self._calls) - 1, text),)))
         return deltas
-
-
-def _reasoning_fields(reasoning: str) -> dict[str, str]:
-    # NOTE: vLLM's name for it now, and the one clients of its earlier versions read.
-    return {"reasoning": reasoning, "reasoning_content": reasoning}

@@ -21,7 +21,6 @@ from service.openai.errors import APIError
 from service.openai.harmony import STOP_TOKENS, template_messages, template_tools
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from service.openai.reasoning import constraint_after_reasoning
-from service.openai.tool_calls import tool_mode
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,10 @@ class Preparer:
         library = self.grammar_library
         if body.names_a_constraint and library is not None and library not in sys.modules:
             await asyncio.to_thread(importlib.import_module, library)
-        return self.prepare_now(body, ids)
+        try:
+            return self.prepare_now(body, ids)
+        except APIError as error:
+            raise body.named_error(error) from error.__cause__
 
     def prepare_now(
         self, body: ChatCompletionRequest | CompletionRequest, ids: tuple[str, str] | None = None
@@ -108,7 +110,8 @@ class Preparer:
         if rank is not None and self.is_serving_rank is not None and not self.is_serving_rank(rank):
             raise APIError(f"'data_parallel_rank' {rank} is not a serving engine.", param="data_parallel_rank")
         body.check_supported()
-        if self.is_harmony and isinstance(body, ChatCompletionRequest) and tool_mode(body.tools, body.tool_choice, None):
+        constraint_param = body.param_name(body.constraint_param)
+        if self.is_harmony and isinstance(body, ChatCompletionRequest) and body.is_call_forced:
             raise APIError("This model's harmony format takes 'tool_choice' 'auto' or 'none': its calls are not forced.",
                            param="tool_choice")
         prompts = self._prompts(body)
@@ -131,7 +134,7 @@ class Preparer:
             except ValueError as exc:
                 raise APIError(str(exc), param="prompt") from exc
         return Prepared(
-            model, prompts, params, parent_ids, requests_by_prompt, response_id, body.constraint_param
+            model, prompts, params, parent_ids, requests_by_prompt, response_id, constraint_param
         )
 
     def _prompts(self, body: ChatCompletionRequest | CompletionRequest) -> list[Prompt]:

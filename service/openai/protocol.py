@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -19,8 +19,8 @@ from service.frontend.structured_output import (
     from_structured_outputs,
 )
 from service.openai.conformance import refused_fields, unknown_fields
-from service.openai.errors import APIError
-from service.openai.tool_calls import forced_schema, function_of, tool_mode
+from service.openai.errors import APIError, validate_body
+from service.openai.tool_calls import forced_schema, function_of
 
 logger = logging.getLogger(__name__)
 
@@ -155,13 +155,44 @@ class SamplingRequest(OpenAIModel):
     def num_prompt_logprobs(self) -> int | None:
         return self.prompt_logprobs
 
-    # SamplingParams' names of the fields a body calls otherwise, and the name of its prompt.
+    # The body's names of SamplingParams' fields it calls otherwise (and, for a body converted from another
+    # API's, of the chat fields that came from that API's: a path's head), and the name of its prompt.
     PARAM_NAMES: ClassVar[dict[str, str]] = {"num_prompt_logprobs": "prompt_logprobs"}
+    # NOTE: the heads renamed whole: the rest of their path names nothing of the converted body.
+    WHOLE_PARAM_NAMES: ClassVar[frozenset[str]] = frozenset()
     PROMPT_PARAM: ClassVar[str] = "prompt"
 
     def param_name(self, name: str) -> str:
-        """The body's name of a SamplingParams field."""
-        return self.PARAM_NAMES.get(name, name)
+        """The body's name of a SamplingParams field, or of a field path."""
+        return self.renamed_param(name)
+
+    @classmethod
+    def renamed_param(cls, name: str) -> str:
+        head, dot, rest = name.partition(".")
+        if head not in cls.PARAM_NAMES:
+            return name
+        renamed = cls.PARAM_NAMES[head]
+        return renamed if head in cls.WHOLE_PARAM_NAMES or not dot else f"{renamed}.{rest}"
+
+    @classmethod
+    def named_error(cls, error: APIError) -> APIError:
+        """`error` naming the body's own field: the one place a converted body's errors are renamed."""
+        if error.param is None or error.param.partition(".")[0] not in cls.PARAM_NAMES:
+            return error
+        head = error.param.partition(".")[0]
+        renamed = cls.renamed_param(error.param)
+        error.message = error.message.replace(f"'{error.param}'", f"'{renamed}'").replace(
+            f"'{head}'", f"'{cls.PARAM_NAMES[head]}'")
+        error.param = renamed
+        return error
+
+    @classmethod
+    def validated(cls, fields: dict[str, Any]) -> Self:
+        """`fields` (a body converted from another API's) as this body; errors name the fields they came from."""
+        try:
+            return validate_body(fields, cls)
+        except APIError as error:
+            raise cls.named_error(error) from error.__cause__
 
     def to_sampling_params(
         self, max_tokens: int, generation_config: dict[str, float], grammar_backend: str = "xgrammar"
@@ -303,10 +334,15 @@ class ChatCompletionRequest(SamplingRequest):
     def names_a_constraint(self) -> bool:
         return super().names_a_constraint or bool(self.tools)
 
+    @property
+    def is_call_forced(self) -> bool:
+        """Whether `tool_choice` forces a call of the tools offered ("required" or a named function)."""
+        return bool(self.tools) and (isinstance(self.tool_choice, dict) or self.tool_choice == "required")
+
     def structured_output(self, grammar_backend: str = "xgrammar") -> StructuredOutput | None:
         """A forced tool call's schema (tool_choice "required" or a named function), else the answer's."""
         constraint = super().structured_output(grammar_backend)
-        if tool_mode(self.tools, self.tool_choice, None) not in ("named", "required"):
+        if not self.is_call_forced:
             return constraint
         if constraint is not None:
             raise APIError("A forced 'tool_choice' cannot be combined with 'response_format' or 'structured_outputs'.",
@@ -320,7 +356,7 @@ class ChatCompletionRequest(SamplingRequest):
 
     @property
     def constraint_param(self) -> str:
-        if tool_mode(self.tools, self.tool_choice, None) in ("named", "required"):
+        if self.is_call_forced:
             return "tool_choice"
         return super().constraint_param
 
@@ -337,7 +373,7 @@ class ChatCompletionRequest(SamplingRequest):
 
     def param_name(self, name: str) -> str:
         if name == "max_tokens" and self.max_completion_tokens is not None:
-            return "max_completion_tokens"
+            name = "max_completion_tokens"
         return super().param_name(name)
 
 

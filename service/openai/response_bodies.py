@@ -4,14 +4,15 @@ way): a chat answer's and a completions answer's, with their ids, `created` and 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from proto.engine_output import Logprobs
 from service.frontend.input_processor import Prompt
 from service.frontend.outputs import RequestOutput
 from service.model_files.tokenizer import Tokenizer
-from service.openai.answer import choice_answer
+from service.openai.answer import Answer, choice_answer
+from service.openai.deltas import AnswerStep, CallPiece, Content, Delta, Reasoning, Usage, reasoning_fields
 from service.openai.logprobs_format import (
     chat_logprobs,
     completion_logprobs,
@@ -78,35 +79,49 @@ class ChatResponse:
             choices.append(fields)
         return whole | self.prompt_fields
 
+    def num_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text))
+
+    def content_logprobs(self, step: AnswerStep) -> list[dict[str, Any]]:
+        """A step's logprobs in the chat's `logprobs.content` shape ([] when not asked)."""
+        logprobs = chat_logprobs(self.tokenizer, step.completion.logprobs, bool(self.body.return_tokens_as_token_ids))
+        return (logprobs or {}).get("content") or []
+
+    def steps(self, outputs: Outputs) -> AsyncIterator[AnswerStep]:
+        """The answer's typed steps: what its chunks, Anthropic's events and the Responses' events render."""
+        return answer_steps(outputs, self.answers, self.num_prompt_tokens)
+
     async def chunks(self, outputs: Outputs) -> AsyncIterator[dict[str, Any]]:
         """The chunks of a streamed answer: each choice's role (and echoed text), its deltas, usage last if asked."""
         body, tokenizer = self.body, self.tokenizer
         header = {**self.header, "object": "chat.completion.chunk"}
-        num_tokens = num_cached_tokens = 0
         as_ids = bool(body.return_tokens_as_token_ids)
+        last = Usage(self.num_prompt_tokens, 0, 0)
 
-        def chunk(choice: dict[str, Any]) -> dict[str, Any]:
-            if body.continuous_usage_stats:
-                return {**header, "choices": [choice], "usage": usage(self.num_prompt_tokens, num_tokens, num_cached_tokens)}
+        def chunk(choice: dict[str, Any] | None) -> dict[str, Any]:
+            """A chunk of `choice` (with the usage so far if asked), or with None the usage chunk."""
+            if choice is None or body.continuous_usage_stats:
+                return {**header, "choices": [] if choice is None else [choice], "usage": usage_of(last)}
             return {**header, "choices": [choice]}
 
         for opening in self._openings():
             yield chunk(opening) | (self.prompt_fields if opening["index"] == 0 and "role" in opening["delta"] else {})
-        async for index, output in outputs:
-            completion = output.outputs[0]
-            num_tokens += len(completion.token_ids)
-            num_cached_tokens = max(num_cached_tokens, output.num_cached_tokens)
+        async for step in self.steps(outputs):
+            last = step.usage
+            completion, output = step.completion, step.output
             if not (
                 completion.text or completion.finish_reason is not None or completion.logprobs is not None
                 or output.prompt_logprobs is not None or (body.return_token_ids and completion.token_ids)
             ):
                 continue
-            deltas, finish_reason = self._deltas(index, completion.text, completion.finish_reason)
+            deltas = step.deltas
             # NOTE: a step's text may give several deltas (content, then a call); the step's
             # logprobs, token ids and finish ride on the last.
             for delta in deltas[:-1]:
-                yield chunk(_chat_choice(index, delta))
-            choice = _chat_choice(index, deltas[-1] if deltas else {}, None, finish_reason, completion.stop_reason)
+                yield chunk(_chat_choice(step.index, chat_delta(delta)))
+            choice = _chat_choice(
+                step.index, chat_delta(deltas[-1]) if deltas else {}, None, step.finish_reason, completion.stop_reason
+            )
             if body.return_token_ids:
                 choice["token_ids"] = completion.token_ids
             out = chunk(choice)
@@ -115,17 +130,7 @@ class ChatResponse:
                 out["prompt_logprobs"] = prompt_logprobs_list(tokenizer, output.prompt_logprobs)
             yield out
         if body.include_usage:
-            yield {**header, "choices": [], "usage": usage(self.num_prompt_tokens, num_tokens, num_cached_tokens)}
-
-
-    def _deltas(self, index: int, text: str, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
-        """A step's deltas of one choice (content, tool-call pieces) and its finish reason."""
-        answer = self.answers[index]
-        deltas = answer.delta(text)
-        if finish_reason is not None:
-            last_deltas, finish_reason = answer.finish(finish_reason)
-            deltas += last_deltas
-        return deltas, finish_reason
+            yield chunk(None)
 
     def _openings(self) -> list[dict[str, Any]]:
         """Each choice's first chunk (the role), then the echoed text if any."""
@@ -264,6 +269,11 @@ def now() -> int:
     return int(time.time())
 
 
+def usage_of(counts: Usage) -> dict[str, Any]:
+    """OpenAI's usage of an answer's counts (the prompt tokens found in the prefix cache too)."""
+    return usage(counts.num_prompt_tokens, counts.num_completion_tokens, counts.num_cached_tokens)
+
+
 def usage(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int | None = None) -> dict[str, Any]:
     """OpenAI's usage; with `num_cached_tokens`, the prompt tokens found in the prefix cache too."""
     fields: dict[str, Any] = {
@@ -274,3 +284,37 @@ def usage(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens:
     if num_cached_tokens is not None:
         fields["prompt_tokens_details"] = {"cached_tokens": num_cached_tokens}
     return fields
+
+
+async def answer_steps(
+    outputs: AsyncIterator[tuple[int, RequestOutput]], answers: Sequence[Answer], num_prompt_tokens: int,
+) -> AsyncIterator[AnswerStep]:
+    """Each output's step: its text split by its choice's reader (held back text comes at the end)."""
+    num_tokens = num_cached_tokens = 0
+    async for index, output in outputs:
+        completion = output.outputs[0]
+        num_tokens += len(completion.token_ids)
+        num_cached_tokens = max(num_cached_tokens, output.num_cached_tokens)
+        answer = answers[index]
+        deltas = answer.delta(completion.text)
+        finish_reason = completion.finish_reason
+        if finish_reason is not None:
+            last, finish_reason = answer.finish(finish_reason)
+            deltas += last
+        yield AnswerStep(index, deltas, finish_reason, Usage(num_prompt_tokens, num_tokens, num_cached_tokens), output)
+
+
+def chat_delta(delta: Delta) -> dict[str, Any]:
+    """A delta as a chat chunk's `delta`."""
+    if isinstance(delta, Content):
+        return {"content": delta.text}
+    if isinstance(delta, Reasoning):
+        return reasoning_fields(delta.text)
+    return {"tool_calls": [_chat_call(piece) for piece in delta.pieces]}
+
+
+def _chat_call(piece: CallPiece) -> dict[str, Any]:
+    if piece.call_id is None:
+        return {"index": piece.index, "function": {"arguments": piece.arguments}}
+    return {"index": piece.index, "id": piece.call_id, "type": "function",
+            "function": {"name": piece.name, "arguments": piece.arguments}}

@@ -1,6 +1,6 @@
-"""A Responses API answer made from the chat answer that produced it: the whole Response object
-from a chat.completion body, or the Responses event sequence from the chat's chunks (reasoning,
-message and function-call items, each opened, filled by deltas and closed)."""
+"""A Responses API answer made from the answer's typed steps: the Responses event sequence (reasoning,
+message and function-call items, each opened, filled by deltas and closed) and the Response it ends
+with, which is also the whole answer of a request that does not stream."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from service.openai.answer_events import AnswerEvents, Event
+from service.openai.deltas import AnswerStep, CallPiece, Usage
 from service.openai.errors import APIError
 from service.openai.responses_request import ResponsesRequest
 
@@ -16,6 +18,7 @@ _STATUSES = {"length": "incomplete", "abort": "failed"}
 _FINAL_EVENTS = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
 
 CountTokens = Callable[[str], int]
+LogprobsOf = Callable[[AnswerStep], list[dict[str, Any]]]
 
 
 def new_item_id(prefix: str) -> str:
@@ -47,36 +50,15 @@ def finished(base: dict[str, Any], output: list[dict[str, Any]], finish_reason: 
     return base | {"status": status, "output": output, "incomplete_details": details, "error": error, "usage": usage}
 
 
-def responses_usage(chat_usage: dict[str, Any], num_reasoning_tokens: int) -> dict[str, Any]:
-    """The chat's usage in the Responses' names."""
-    details = chat_usage.get("prompt_tokens_details") or {}
+def responses_usage(usage: Usage, num_reasoning_tokens: int) -> dict[str, Any]:
+    """An answer's usage in the Responses' names."""
     return {
-        "input_tokens": chat_usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": details.get("cached_tokens", 0)},
-        "output_tokens": chat_usage["completion_tokens"],
+        "input_tokens": usage.num_prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.num_cached_tokens},
+        "output_tokens": usage.num_completion_tokens,
         "output_tokens_details": {"reasoning_tokens": num_reasoning_tokens},
-        "total_tokens": chat_usage["total_tokens"],
+        "total_tokens": usage.num_prompt_tokens + usage.num_completion_tokens,
     }
-
-
-def whole_response(base: dict[str, Any], chat: dict[str, Any], count_tokens: CountTokens) -> dict[str, Any]:
-    """The Response of a whole chat.completion body (one choice)."""
-    (choice,) = chat["choices"]
-    message, finish_reason = choice["message"], choice["finish_reason"]
-    item_status = "incomplete" if finish_reason == "length" else "completed"
-    output = []
-    reasoning = message.get("reasoning") or ""
-    if reasoning:
-        output.append(_reasoning_item(reasoning, item_status))
-    calls = message.get("tool_calls") or []
-    if message.get("content") or not calls:
-        logprobs = (choice.get("logprobs") or {}).get("content")
-        output.append(_message_item(message.get("content") or "", logprobs, item_status))
-    for call in calls:
-        output.append(_function_call_item(call["id"], call["function"]["name"], call["function"]["arguments"],
-                                          item_status))
-    usage = responses_usage(chat["usage"], count_tokens(reasoning) if reasoning else 0)
-    return finished(base, output, finish_reason, usage)
 
 
 def items_page(items: list[dict[str, Any]], limit: int, order: str, after: str | None) -> dict[str, Any]:
@@ -91,80 +73,70 @@ def items_page(items: list[dict[str, Any]], limit: int, order: str, after: str |
             "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(ordered)}
 
 
-class ResponseEvents:
-    """Turns a chat stream's chunks (one choice, usage last) into the Responses event sequence."""
+class ResponseEvents(AnswerEvents):
+    """The Responses event sequence of an answer's steps (one choice), and the Response it ends with."""
 
-    def __init__(self, base: dict[str, Any], count_tokens: CountTokens) -> None:
+    def __init__(self, base: dict[str, Any], count_tokens: CountTokens, logprobs_of: LogprobsOf) -> None:
+        super().__init__()
         self.base = base
         self.count_tokens = count_tokens
+        self.logprobs_of = logprobs_of
         self.output: list[dict[str, Any]] = []
         self.item: dict[str, Any] | None = None  # the open item
         self.text = ""  # the open item's text (or arguments)
         self.logprobs: list[dict[str, Any]] = []
-        self.reasoning = ""
-        self.finish_reason: str | None = None
-        self.usage: dict[str, Any] | None = None
+        self.reasoning_text = ""
+        self.response = base
         self.num_events = 0
 
-    def opening(self) -> list[dict[str, Any]]:
+    def opening(self) -> list[Event]:
         return [self._event("response.created", response=self.base), self._event("response.in_progress", response=self.base)]
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events of one chat chunk."""
-        if chunk.get("usage") is not None and not chunk["choices"]:
-            self.usage = chunk["usage"]
-        events: list[dict[str, Any]] = []
-        for choice in chunk["choices"]:
-            delta = choice["delta"]
-            if delta.get("reasoning"):
-                events += self._reasoning_delta(delta["reasoning"])
-            if delta.get("content"):
-                logprobs = (choice.get("logprobs") or {}).get("content") or []
-                events += self._text_delta(delta["content"], logprobs)
-            for call in delta.get("tool_calls") or []:
-                events += self._call_delta(call)
-            if choice.get("finish_reason") is not None:
-                self.finish_reason = choice["finish_reason"]
-        return events
-
-    def closing(self) -> list[dict[str, Any]]:
-        """The open item's end, then the final Response (whole, with its usage)."""
-        events = self._close()
-        num_reasoning_tokens = self.count_tokens(self.reasoning) if self.reasoning else 0
-        usage = None if self.usage is None else responses_usage(self.usage, num_reasoning_tokens)
-        response = finished(self.base, self.output, self.finish_reason, usage)
-        return [*events, self._event(_FINAL_EVENTS[response["status"]], response=response)]
-
-    def _reasoning_delta(self, text: str) -> list[dict[str, Any]]:
+    def reasoning(self, text: str) -> list[Event]:
         events = []
         if self.item is None or self.item["type"] != "reasoning":
             events += self._open(_reasoning_item("", "in_progress"), {"type": "reasoning_text", "text": ""})
         self.text += text
-        self.reasoning += text
+        self.reasoning_text += text
         return [*events, self._event("response.reasoning_text.delta", **self._where(), content_index=0, delta=text)]
 
-    def _text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def content(self, text: str, step: AnswerStep) -> list[Event]:
         events = []
         if self.item is None or self.item["type"] != "message":
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             events += self._open(_message_item("", [], "in_progress"), part)
+        logprobs = self.logprobs_of(step)
         self.text += text
         self.logprobs += logprobs
         return [*events, self._event("response.output_text.delta", **self._where(), content_index=0, delta=text,
                                      logprobs=logprobs)]
 
-    def _call_delta(self, call: dict[str, Any]) -> list[dict[str, Any]]:
+    def call(self, piece: CallPiece) -> list[Event]:
         events = []
-        function = call.get("function") or {}
-        if "id" in call:
-            events += self._open(_function_call_item(call["id"], function.get("name", ""), "", "in_progress"))
-        arguments = function.get("arguments") or ""
-        if arguments and self.item is not None and self.item["type"] == "function_call":
-            self.text += arguments
-            events.append(self._event("response.function_call_arguments.delta", **self._where(), delta=arguments))
+        if piece.call_id is not None:
+            events += self._open(_function_call_item(piece.call_id, piece.name or "", "", "in_progress"))
+        if piece.arguments and self.item is not None and self.item["type"] == "function_call":
+            self.text += piece.arguments
+            events.append(self._event("response.function_call_arguments.delta", **self._where(), delta=piece.arguments))
         return events
 
-    def _open(self, item: dict[str, Any], part: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    def closing(self) -> list[Event]:
+        """The open item's end (an answer with no message and no call has an empty message), then the final
+        Response (whole, with its usage)."""
+        events = self._close()
+        if not any(item["type"] in ("message", "function_call") for item in self.output):
+            events += self._open(_message_item("", [], "in_progress"), {"type": "output_text", "text": "",
+                                                                         "annotations": [], "logprobs": []})
+            events += self._close()
+        num_reasoning_tokens = self.count_tokens(self.reasoning_text) if self.reasoning_text else 0
+        usage = None if self.usage is None else responses_usage(self.usage, num_reasoning_tokens)
+        self.response = finished(self.base, self.output, self.finish_reason, usage)
+        return [*events, self._event(_FINAL_EVENTS[self.response["status"]], response=self.response)]
+
+    def whole(self) -> dict[str, Any]:
+        return self.response
+
+    def _open(self, item: dict[str, Any], part: dict[str, Any] | None = None) -> list[Event]:
         events = self._close()
         self.item, self.text, self.logprobs = item, "", []
         events.append(self._event("response.output_item.added", output_index=len(self.output), item=item))
@@ -172,7 +144,7 @@ class ResponseEvents:
             events.append(self._event("response.content_part.added", **self._where(), content_index=0, part=part))
         return events
 
-    def _close(self) -> list[dict[str, Any]]:
+    def _close(self) -> list[Event]:
         """The open item's closing events (its text whole, then the item whole)."""
         item = self.item
         if item is None:

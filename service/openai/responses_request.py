@@ -5,14 +5,13 @@ errors name the Responses field."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from service.openai.errors import APIError, validate_body
+from service.openai.errors import APIError
 from service.openai.protocol import ChatCompletionRequest, OpenAIModel, RequestId
 
 # The `include` values this server honours ("reasoning.encrypted_content" asks for nothing it keeps).
@@ -24,13 +23,6 @@ _CHAT_EXTRAS = (
     "ignore_eos", "min_tokens", "logit_bias", "priority", "structured_outputs", "skip_special_tokens",
     "chat_template_kwargs", "include_stop_str_in_output", "data_parallel_rank",
 )
-# The chat request's field names in errors, as the Responses body names them (a prefix of a path).
-_PARAMS = {
-    "messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens",
-    "max_tokens": "max_output_tokens", "reasoning_effort": "reasoning.effort", "logprobs": "include",
-}
-
-
 class ResponsesRequest(OpenAIModel):
     """POST /v1/responses: OpenAI's Responses API."""
 
@@ -121,8 +113,7 @@ class ResponsesRequest(OpenAIModel):
         effort = (self.reasoning or {}).get("effort")
         if effort is not None:
             chat["reasoning_effort"] = effort
-        with responses_params():
-            return validate_body(chat, ResponsesChatRequest)
+        return ResponsesChatRequest.validated(chat)
 
     def _messages(self, history: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
@@ -143,27 +134,13 @@ class ResponsesRequest(OpenAIModel):
 class ResponsesChatRequest(ChatCompletionRequest):
     """The chat request a Responses body is answered as: its errors name the Responses fields."""
 
-    PARAM_NAMES: ClassVar[dict[str, str]] = {"num_logprobs": "top_logprobs", "max_tokens": "max_output_tokens"}
+    PARAM_NAMES: ClassVar[dict[str, str]] = {
+        "num_logprobs": "top_logprobs", "max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
+        "messages": "input", "response_format": "text.format", "reasoning_effort": "reasoning.effort",
+        "logprobs": "include",
+    }
+    WHOLE_PARAM_NAMES: ClassVar[frozenset[str]] = frozenset({"messages", "logprobs"})
     PROMPT_PARAM: ClassVar[str] = "input"
-
-    def param_name(self, name: str) -> str:
-        return self.PARAM_NAMES.get(name, name)
-
-
-@contextlib.contextmanager
-def responses_params() -> Iterator[None]:
-    """Renames a chat field in an error raised inside to the Responses field it came from."""
-    try:
-        yield
-    except APIError as error:
-        if error.param is not None:
-            head, dot, rest = error.param.partition(".")
-            if head in _PARAMS:
-                renamed = _PARAMS[head] if head in ("messages", "logprobs") else _PARAMS[head] + dot + rest
-                error.message = error.message.replace(f"'{error.param}'", f"'{renamed}'").replace(
-                    f"'{head}'", f"'{_PARAMS[head]}'")
-                error.param = renamed
-        raise
 
 
 def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], param: str) -> None:

@@ -9,6 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.openai.deltas import CallPiece, Content, Delta, ToolCalls
+
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 TOOL_CALL_PARSERS = ("hermes",)
 
@@ -21,9 +23,12 @@ class ToolCall:
     arguments: str
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
-    def to_dict(self, index: int | None = None) -> dict[str, Any]:
-        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        return call if index is None else {"index": index, **call}
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    def start(self, index: int) -> CallPiece:
+        """The call whole, as the first piece of the choice's call `index`."""
+        return CallPiece(index, self.arguments, self.id, self.name)
 
 
 def function_of(tools: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
@@ -175,39 +180,39 @@ class ChoiceTools:
         fields = {"content": content if content.strip() else None, "tool_calls": [c.to_dict() for c in calls]}
         return fields, _finish(self.mode, finish_reason)
 
-    def delta(self, text: str) -> list[dict[str, Any]]:
+    def delta(self, text: str) -> list[Delta]:
         """The deltas a streamed piece of text gives (content, or tool-call pieces)."""
         if self.mode is None:
-            return [{"content": text}] if text else []
-        deltas: list[dict[str, Any]] = []
+            return [Content(text)] if text else []
+        deltas: list[Delta] = []
         if self.mode == "named":
             if not self._num_calls:
                 call = ToolCall(self.tool_choice["function"]["name"], "")  # type: ignore[index]
-                deltas.append({"tool_calls": [call.to_dict(0)]})
+                deltas.append(ToolCalls((call.start(0),)))
                 self._num_calls = 1
-            return deltas + ([{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}] if text else [])
+            return deltas + ([ToolCalls((CallPiece(0, text),))] if text else [])
         if self.mode == "required":
             self._text += text
             return []
         content, calls = self._stream.feed(text)
         if content:
-            deltas.append({"content": content})
+            deltas.append(Content(content))
         for call in calls:
-            deltas.append({"tool_calls": [call.to_dict(self._num_calls)]})
+            deltas.append(ToolCalls((call.start(self._num_calls),)))
             self._num_calls += 1
         return deltas
 
-    def finish(self, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    def finish(self, finish_reason: str | None) -> tuple[list[Delta], str | None]:
         """The last deltas (what was held back) and the finish reason."""
         if self.mode == "required":
             calls = forced_calls(self._text, "required")
             if not calls:
-                return [{"content": self._text}], finish_reason
+                return [Content(self._text)], finish_reason
             self._num_calls = len(calls)
-            return [{"tool_calls": [c.to_dict(i) for i, c in enumerate(calls)]}], _finish(self.mode, finish_reason)
+            return [ToolCalls(tuple(c.start(i) for i, c in enumerate(calls)))], _finish(self.mode, finish_reason)
         if self.mode == "hermes":
             rest = self._stream.finish()
-            return ([{"content": rest}] if rest else []), _finish(self.mode, finish_reason) if self._num_calls else finish_reason
+            return ([Content(rest)] if rest else []), _finish(self.mode, finish_reason) if self._num_calls else finish_reason
         return [], _finish(self.mode, finish_reason) if self.mode else finish_reason
 
 

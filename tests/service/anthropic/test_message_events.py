@@ -1,37 +1,40 @@
-"""A chat answer's chunks as Anthropic's events, and a whole chat answer as a Message: blocks in
+"""An answer's typed steps as Anthropic's events, and as the whole Message they build: blocks in
 order, their indices, stop_reason and usage."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from service.anthropic.message import message_base, stop_of, whole_message
+from service.anthropic.message import message_base, stop_of
 from service.anthropic.message_events import MessageEvents
+from service.frontend.outputs import CompletionOutput, RequestOutput
+from service.openai.deltas import AnswerStep, CallPiece, Content, Delta, Reasoning, ToolCalls, Usage
 from service.openai.errors import APIError
 
-USAGE = {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27, "prompt_tokens_details": {"cached_tokens": 16}}
+
+def step(delta: Delta, num_tokens: int, finish_reason: str | None = None) -> AnswerStep:
+    output = RequestOutput("r", None, [], [CompletionOutput(0, "", [], finish_reason=finish_reason)], finished=False)
+    return AnswerStep(0, [delta], finish_reason, Usage(20, num_tokens, 16), output)
 
 
-def chunk(delta: dict[str, Any], finish_reason: str | None = None, stop_reason: Any = None) -> dict[str, Any]:
-    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "stop_reason": stop_reason}]}
+STEPS = [
+    step(Reasoning("Hmm, "), 1), step(Reasoning("weather."), 2), step(Content("Looking."), 3),
+    step(ToolCalls((CallPiece(0, "", "call_ab", "get_weather"),)), 4),
+    step(ToolCalls((CallPiece(0, '{"city": '),)), 5), step(ToolCalls((CallPiece(0, '"Oslo"}'),)), 7, "tool_calls"),
+]
 
 
-def test_thinking_text_and_a_call_are_three_blocks_in_order() -> None:
-    events = MessageEvents(message_base("msg_1", "m"), 20)
-    chunks = [
-        chunk({"role": "assistant", "content": ""}),
-        chunk({"reasoning": "Hmm, "}), chunk({"reasoning": "weather."}),
-        chunk({"content": "Looking."}),
-        chunk({"tool_calls": [{"index": 0, "id": "call_ab", "type": "function",
-                               "function": {"name": "get_weather", "arguments": ""}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]}, "stop"),
-        {"choices": [], "usage": USAGE},
-    ]
-    out = [*events.opening(), *(event for c in chunks for event in events.feed(c)), *events.closing()]
+async def steps() -> AsyncIterator[AnswerStep]:
+    for each in STEPS:
+        yield each
+
+
+async def test_thinking_text_and_a_call_are_three_blocks_in_order() -> None:
+    out = [event async for event in MessageEvents(message_base("msg_1", "m"), 20).stream(steps())]
     assert [(e["type"], e.get("index")) for e in out] == [
         ("message_start", None), ("ping", None),
         ("content_block_start", 0), ("content_block_delta", 0), ("content_block_delta", 0), ("content_block_stop", 0),
@@ -39,7 +42,10 @@ def test_thinking_text_and_a_call_are_three_blocks_in_order() -> None:
         ("content_block_start", 2), ("content_block_delta", 2), ("content_block_delta", 2), ("content_block_stop", 2),
         ("message_delta", None), ("message_stop", None),
     ]
-    assert out[0]["message"]["usage"]["input_tokens"] == 20 and out[0]["message"]["content"] == []
+    # NOTE: message_start waits for the first output, which says how much of the prompt the prefix cache held.
+    assert out[0]["message"]["usage"] == {"input_tokens": 4, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                                          "cache_read_input_tokens": 16}
+    assert out[0]["message"]["content"] == []
     assert [e["content_block"]["type"] for e in out if e["type"] == "content_block_start"] == ["thinking", "text",
                                                                                               "tool_use"]
     assert out[9]["content_block"] == {"type": "tool_use", "id": "toolu_ab", "name": "get_weather", "input": {}}
@@ -50,15 +56,11 @@ def test_thinking_text_and_a_call_are_three_blocks_in_order() -> None:
                                 "cache_read_input_tokens": 16}
 
 
-def test_a_whole_answer_is_a_message_with_parsed_input() -> None:
-    chat = {"choices": [{"index": 0, "finish_reason": "tool_calls", "stop_reason": None, "message": {
-        "role": "assistant", "content": "Looking.", "reasoning": "Hmm.",
-        "tool_calls": [{"id": "call_x", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}}],
-        "usage": USAGE}
-    message = whole_message(message_base("msg_1", "m"), chat)
+async def test_a_whole_answer_is_the_message_its_events_build_with_parsed_input() -> None:
+    message = await MessageEvents(message_base("msg_1", "m"), 20).answer(steps())
     assert message["content"] == [
-        {"type": "thinking", "thinking": "Hmm.", "signature": ""}, {"type": "text", "text": "Looking."},
-        {"type": "tool_use", "id": "toolu_x", "name": "f", "input": {"a": 1}},
+        {"type": "thinking", "thinking": "Hmm, weather.", "signature": ""}, {"type": "text", "text": "Looking."},
+        {"type": "tool_use", "id": "toolu_ab", "name": "get_weather", "input": {"city": "Oslo"}},
     ]
     assert (message["stop_reason"], message["stop_sequence"]) == ("tool_use", None)
     assert message["usage"]["input_tokens"] + message["usage"]["cache_read_input_tokens"] == 20

@@ -235,7 +235,7 @@ async def test_a_background_response_a_stopped_server_left_is_failed_when_it_sta
         queued = (await api.post(RESPONSES, json={"input": "Hi", "background": True, "max_output_tokens": 1000,
                                                    "ignore_eos": True})).json()
         # NOTE: a stopped process's task ends with it; this one is ended by hand, the store left as it was.
-        tasks = list(gateway_of(api._transport.app).background_responses.values())  # type: ignore[attr-defined]
+        tasks = list(gateway_of(api._transport.app).background.running.values())  # type: ignore[attr-defined]
         for task in tasks:
             task.cancel()
         await asyncio.wait(tasks)

@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from service.streams import stream_store
 from service.api.gateway_state import gateway_of
+from service.streams import stream_store
 from service.streams.stream_store import StreamLog, StreamStore
 from tests.service.api.fake_engine import FakeEngineClient
 

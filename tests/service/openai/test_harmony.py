@@ -19,6 +19,7 @@ from service.model_files.tokenizer import Tokenizer
 from service.openai.answer import HarmonyAnswer, choice_answer, resolve_parsers
 from service.openai.harmony import HarmonyStream, Piece, is_harmony_template, template_messages
 from service.openai.protocol import ChatCompletionRequest
+from service.openai.response_bodies import chat_delta
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city",
@@ -111,7 +112,7 @@ def test_an_answer_is_its_deltas_joined_and_a_call_ends_it_with_tool_calls() -> 
     answer = HarmonyAnswer(body(tools=[WEATHER]))
     deltas = [delta for i in range(0, len(text), 5) for delta in answer.delta(text[i:i + 5])]
     last, finish_reason = answer.finish("stop")
-    deltas += last
+    deltas = [chat_delta(d) for d in deltas + last]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "Need the weather."
     calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
     assert calls[0]["function"] == {"name": "get_weather", "arguments": ""} and calls[0]["id"].startswith("call_")

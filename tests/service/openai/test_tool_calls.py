@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from service.openai.response_bodies import chat_delta
 from service.openai.tool_calls import ChoiceTools, HermesStream, forced_calls, forced_schema, parse_hermes
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo", "unit": "°C"}}\n</tool_call>'
@@ -68,11 +69,11 @@ def test_a_streamed_forced_call_concatenates_to_the_whole_one() -> None:
     choice = {"type": "function", "function": {"name": "f"}}
     whole, finish = ChoiceTools("named", choice).whole('{"x": 12}', "stop")
     streamed = ChoiceTools("named", choice)
-    deltas = [d for piece in ['{"x"', ': 1', '2}'] for d in streamed.delta(piece)]
+    deltas = [chat_delta(d) for piece in ['{"x"', ': 1', '2}'] for d in streamed.delta(piece)]
     arguments = "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas)
     assert arguments == whole["tool_calls"][0]["function"]["arguments"] and finish == "stop"
     assert deltas[0]["tool_calls"][0]["function"]["name"] == "f"
     required = ChoiceTools("required", "required")
     assert required.delta('[{"name": "f", "parameters": {}}]') == []
     (last,), finish = required.finish("stop")
-    assert last["tool_calls"][0]["function"]["name"] == "f" and finish == "tool_calls"
+    assert chat_delta(last)["tool_calls"][0]["function"]["name"] == "f" and finish == "tool_calls"
