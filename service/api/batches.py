@@ -29,7 +29,7 @@ class CreateBatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input_file_id: str
-    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    endpoint: str = Field(description="The path each line is sent to: one the route table lets a batch call.")
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
 
@@ -39,6 +39,10 @@ async def create_batch(request: Request) -> Response:
     until the worker starts them."""
     store = store_of(request)
     body = await parse_body(request, CreateBatchRequest, MAX_BATCH_REQUEST_BYTES)
+    endpoints = _worker(request).endpoints.bodies
+    if body.endpoint not in endpoints:
+        raise APIError(f"'endpoint' must be one of {', '.join(map(repr, endpoints))}, got {body.endpoint!r}.",
+                       param="endpoint")
     file = await asyncio.to_thread(store.file, body.input_file_id)
     if file is None:
         raise not_found("file", body.input_file_id) from None

@@ -35,6 +35,7 @@ from service.api.responses import cancel_response, create_response, delete_respo
 from service.api.sse import delete_stream, get_stream, resumable
 from service.api.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from service.api.web.routes import STATIC_DIR, dashboard, dashboard_events, playground, playground_settings
+from service.openai.batch_generate import BatchEndpoints
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
 from service.openai.response_bodies import now
 from service.openai.responses_request import ResponsesRequest
@@ -67,6 +68,7 @@ class ApiRoute:
     is_generation: bool = False  # a generation: counted in flight, capped by --max-num-seqs' queue
     is_resumable: bool = False  # its streams may be kept for resumption (--stream-retention)
     is_anthropic: bool = False  # its errors take Anthropic's shape
+    is_batch_endpoint: bool = False  # a batch's lines may name it (the Batch API, `zeroserve generate`)
     key: Key = Key.REQUIRED
     is_open_while_loading: bool = False  # served before the model is ready (admission)
     is_open_while_draining: bool = False  # served while the server shuts down
@@ -170,10 +172,10 @@ ROUTES: tuple[ApiRoute, ...] = (
              "(loaded, loading, unloaded, failed with the reason)."),
     ApiRoute("/v1/chat/completions", "POST", create_chat_completion,
              "A chat answer, whole or streamed (text/event-stream).", body=ChatCompletionRequest, answer=_ANSWER,
-             errors=BODY_ERRORS, is_model_routed=True, is_generation=True, is_resumable=True),
+             errors=BODY_ERRORS, is_model_routed=True, is_generation=True, is_resumable=True, is_batch_endpoint=True),
     ApiRoute("/v1/completions", "POST", create_completion, "Completions of one or more prompts, whole or streamed.",
              body=CompletionRequest, answer=_ANSWER, errors=BODY_ERRORS, is_model_routed=True, is_generation=True,
-             is_resumable=True),
+             is_resumable=True, is_batch_endpoint=True),
     ApiRoute("/v1/responses", "POST", create_response, "OpenAI's Responses API, whole, streamed or in the background; "
              "kept unless 'store' is false.", body=ResponsesRequest, answer=_ANSWER, errors=BODY_ERRORS,
              is_model_routed=True, is_generation=True, is_resumable=True),
@@ -263,3 +265,13 @@ def path_rules(is_metrics_auth: bool = False) -> PathRules:
         model_routed=frozenset(row.path for row in ROUTES if row.is_model_routed),
         anthropic=tuple(row.path for row in ROUTES if row.is_anthropic),
     )
+
+
+def batch_endpoints() -> BatchEndpoints:
+    """The paths a batch's lines may name, each with its body: the rows the Batch API may call."""
+    bodies: dict[str, type[ChatCompletionRequest | CompletionRequest]] = {}
+    for row in ROUTES:
+        if row.is_batch_endpoint:
+            assert row.body is not None and issubclass(row.body, ChatCompletionRequest | CompletionRequest), row.path
+            bodies[row.path] = row.body
+    return BatchEndpoints(bodies)

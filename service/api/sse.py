@@ -23,16 +23,25 @@ DEFAULT_SSE_KEEPALIVE_S: float = GatewayConfig.sse_keepalive_s  # the setting's 
 
 
 async def _events(chunks: AsyncIterator[dict[str, Any]], is_named: bool) -> AsyncIterator[bytes]:
+    """Each chunk as an event with its `id:` (0, 1, ...), which a client names in Last-Event-ID to resume;
+    a failure ends the stream with an error event, and an unnamed stream ends with [DONE]."""
+    event_id = -1
+
+    def numbered(event: bytes) -> bytes:
+        nonlocal event_id
+        event_id += 1
+        return b"id: %d\n%s" % (event_id, event)
+
     try:
         async for chunk in chunks:
-            yield _event(chunk, chunk["type"] if is_named else None)
+            yield numbered(_event(chunk, chunk["type"] if is_named else None))
     except APIError as error:
-        yield _error_event(error, is_named)
+        yield numbered(_error_event(error, is_named))
     except Exception as error:  # noqa: BLE001 - a stream must end with an error, never hang
         logger.warning("stream ended by error: %s", error)
-        yield _error_event(APIError(str(error), 503, error_type="server_error"), is_named)
+        yield numbered(_error_event(APIError(str(error), 503, error_type="server_error"), is_named))
     if not is_named:
-        yield _DONE
+        yield numbered(_DONE)
 
 
 def _event(data: dict[str, Any], name: str | None = None) -> bytes:
@@ -78,14 +87,6 @@ class _EventStream(EventSourceResponse):
             await super()._send_with_timeout(send, message)
 
 
-async def _numbered(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Each event with its `id:` (0, 1, ...), which a client names in Last-Event-ID to resume."""
-    event_id = 0
-    async for event in events:
-        yield b"id: %d\n%s" % (event_id, event)
-        event_id += 1
-
-
 def sse_response(
     request: Request, gateway: GatewayState, chunks: AsyncIterator[dict[str, Any]], response_id: str,
     is_named: bool = False,
@@ -97,7 +98,7 @@ def sse_response(
     With --stream-retention the events are kept under `response_id` (and the client's
     X-Request-Id): the request generates on if the client goes, and a reconnect resumes it."""
     stream_id = request.headers.get("x-request-id") or response_id
-    events = _numbered(_events(chunks, is_named))
+    events = _events(chunks, is_named)
     store = gateway.streams
     if not store.is_enabled:
         return _EventStream(events, stream_id, gateway.sse_keepalive_s)

@@ -49,6 +49,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.max_in_flight < 1:
         print("zeroserve generate: error: --max-in-flight must be >= 1", file=sys.stderr)
         return 2
+    from service.api.routes import batch_endpoints
     from service.frontend.llm_engine import LLMEngine
     from service.model_files.model_registry import resolve_model
     from service.model_files.tokenizer import Tokenizer
@@ -76,7 +77,7 @@ def run_generate(args: argparse.Namespace) -> int:
         multiprocess_mode=args.multiprocessing,
     )
     defaults = {**resolved.generation_defaults, **dict(settings["generation_config"])}
-    runner = BatchRunner(engine, model_name, defaults, args.max_in_flight, settings["max_n"])
+    runner = BatchRunner(engine, model_name, defaults, batch_endpoints(), args.max_in_flight, settings["max_n"])
     try:
         num_written = runner.run(args.input, args.output, use_tqdm=not args.disable_tqdm)
     except KeyboardInterrupt:

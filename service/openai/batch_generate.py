@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,32 @@ from service.openai.prepare import Prepared, Preparer, new_request_id
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
 from service.openai.response_bodies import ChatResponse, CompletionResponse
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
 DEFAULT_MAX_IN_FLIGHT = 256
 
 
 Body = ChatCompletionRequest | CompletionRequest
+
+
+@dataclass(frozen=True)
+class BatchEndpoints:
+    """The paths a batch line may name, each with the body it carries: the route table's rows the Batch API
+    may call (service/api/routes.py's `batch_endpoints`)."""
+
+    bodies: Mapping[str, type[Body]]
+
+    def url_of(self, line: BatchLine) -> str:
+        """The path a line names; a plain body names none: a chat's when it has messages, else a completion's."""
+        if line.url is not None:
+            return line.url
+        kind = ChatCompletionRequest if isinstance(line.raw, dict) and "messages" in line.raw else CompletionRequest
+        return next(url for url, model in self.bodies.items() if issubclass(model, kind))
+
+    def body_model(self, url: str) -> type[Body]:
+        """The body `url` carries; a 400 naming `url` for a path no batch may call."""
+        model = self.bodies.get(url)
+        if model is None:
+            raise APIError(f"Unsupported url {url!r}: use {' or '.join(self.bodies)}.", param="url")
+        return model
 
 
 class LineError(APIError):
@@ -47,27 +67,25 @@ class LineError(APIError):
 
 @dataclass(frozen=True)
 class BatchLine:
-    """One input line read: its place, its custom_id, the method and endpoint it names and its request
-    body, unchecked."""
+    """One input line read: its place, its custom_id, the method and endpoint it names (None: a plain
+    body, which names none) and its request body, unchecked."""
 
     index: int
     custom_id: str | None
     method: str
-    url: str
+    url: str | None
     raw: Any
 
-    def request_body(self, endpoint: str | None = None) -> Body:
+    def request_body(self, endpoints: BatchEndpoints, endpoint: str | None = None) -> Body:
         """The body checked against its method and endpoint (a 400 naming the problem); a batch's lines
         must name the batch's `endpoint`."""
         if self.method != "POST":
             raise APIError(f"The line's method {self.method!r} is not 'POST'.", param="method")
-        if self.url not in (CHAT_URL, COMPLETIONS_URL):
-            raise APIError(f"Unsupported url {self.url!r}: use {CHAT_URL} or {COMPLETIONS_URL}.", param="url")
-        if endpoint is not None and self.url != endpoint:
-            raise APIError(f"The line's url {self.url!r} is not the batch's endpoint {endpoint!r}.", param="url")
-        if self.url == CHAT_URL:
-            return validate_body(self.raw, ChatCompletionRequest)
-        return validate_body(self.raw, CompletionRequest)
+        url = endpoints.url_of(self)
+        model = endpoints.body_model(url)
+        if endpoint is not None and url != endpoint:
+            raise APIError(f"The line's url {url!r} is not the batch's endpoint {endpoint!r}.", param="url")
+        return validate_body(self.raw, model)
 
     def ids(self, body: Body) -> tuple[str, str]:
         """The answer's id and its engine requests' (unique to this run)."""
@@ -109,10 +127,12 @@ class BatchRunner:
         engine: LLMEngine,
         model_name: str,
         generation_defaults: dict[str, float],
+        endpoints: BatchEndpoints,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_n: int = 16,
     ) -> None:
         self.engine = engine
+        self.endpoints = endpoints
         # NOTE: the parsers' defaults ("auto"): a harmony model's answers are read as harmony, others' left as text.
         self.parsers = resolve_parsers("auto", "auto", engine.tokenizer.chat_template)
         self.preparer = Preparer(
@@ -183,7 +203,7 @@ class BatchRunner:
     def _start(self, line: BatchLine) -> BatchJob:
         """Checks and submits one line (a 400-style error if it is bad): every sample of every
         prompt is checked before any is sent."""
-        body = line.request_body()
+        body = line.request_body(self.endpoints)
         prepared = self.preparer.prepare_now(body, line.ids(body))
         for parent_id, prompt, samples in zip(
             prepared.parent_ids, prepared.prompts, prepared.requests_by_prompt, strict=True
@@ -217,7 +237,7 @@ def read_line(index: int, text: str) -> BatchLine:
     return BatchLine(index, *_parse_line(text))
 
 
-def _parse_line(text: str) -> tuple[str | None, str, str, Any]:
+def _parse_line(text: str) -> tuple[str | None, str, str | None, Any]:
     """(custom_id, method, url, body) of a plain request body or an OpenAI batch line."""
     if not text.strip():
         raise LineError("The line is empty.")
@@ -228,11 +248,10 @@ def _parse_line(text: str) -> tuple[str | None, str, str, Any]:
     if not isinstance(raw, dict):
         raise LineError("The line must be a JSON object.")
     if isinstance(raw.get("body"), dict):
-        custom_id = raw.get("custom_id")
-        url = raw.get("url", CHAT_URL if "messages" in raw["body"] else COMPLETIONS_URL)
+        custom_id, url = raw.get("custom_id"), raw.get("url")
         method = raw.get("method", "POST")
-        return None if custom_id is None else str(custom_id), str(method), str(url), raw["body"]
-    return None, "POST", CHAT_URL if "messages" in raw else COMPLETIONS_URL, raw
+        return None if custom_id is None else str(custom_id), str(method), None if url is None else str(url), raw["body"]
+    return None, "POST", None, raw
 
 
 def _batch_request_id() -> str:

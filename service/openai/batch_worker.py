@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from service.client.core_client import EngineDeadError
 from service.frontend.outputs import collect
-from service.openai.batch_generate import LineError, answer_result, error_result, read_line
+from service.openai.batch_generate import BatchEndpoints, LineError, answer_result, error_result, read_line
 from service.openai.batch_store import BatchStore, now
 from service.openai.errors import APIError, RequestTimeoutError
 
@@ -57,8 +57,11 @@ class ModelState(Protocol):
 class BatchWorker:
     """The one task that answers the stored batches' lines, `max_in_flight` at a time."""
 
-    def __init__(self, store: BatchStore, max_in_flight: int, request_timeout_s: float | None = None) -> None:
+    def __init__(
+        self, store: BatchStore, endpoints: BatchEndpoints, max_in_flight: int, request_timeout_s: float | None = None
+    ) -> None:
         self.store = store
+        self.endpoints = endpoints
         self.max_in_flight = max_in_flight
         self.request_timeout_s = request_timeout_s
         self._wake = asyncio.Event()
@@ -197,7 +200,7 @@ class BatchWorker:
         try:
             line = read_line(index, text)
             custom_id = line.custom_id
-            body = line.request_body(endpoint)
+            body = line.request_body(self.endpoints, endpoint)
             body.priority = max(body.priority, BATCH_PRIORITY)
         except APIError as error:
             return error_result(index, custom_id, error), True

@@ -196,14 +196,14 @@ DETOKENIZE: dict[str, Row] = {
     "tokens": implemented(f"{_TOKENIZE}::test_tokenize_then_detokenize_round_trips"),
 }
 
-# The request models, by the snapshot's names, with the route and the minimal body that tests use.
-REQUESTS: dict[str, tuple[dict[str, Row], str, dict[str, Any]]] = {
-    "chat": (CHAT, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
-    "completions": (COMPLETIONS, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
-    "tokenize_completion": (TOKENIZE_COMPLETION, "/tokenize", {"prompt": "Hi"}),
-    "tokenize_chat": (TOKENIZE_CHAT, "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]}),
-    "detokenize": (DETOKENIZE, "/detokenize", {"tokens": [1, 2]}),
-    "stream_options": (STREAM_OPTIONS, "/v1/chat/completions", {}),
+# The request models, by the snapshot's names, with the minimal body that tests use.
+REQUESTS: dict[str, tuple[dict[str, Row], dict[str, Any]]] = {
+    "chat": (CHAT, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    "completions": (COMPLETIONS, {"prompt": "Hi", "max_tokens": 2}),
+    "tokenize_completion": (TOKENIZE_COMPLETION, {"prompt": "Hi"}),
+    "tokenize_chat": (TOKENIZE_CHAT, {"messages": [{"role": "user", "content": "Hi"}]}),
+    "detokenize": (DETOKENIZE, {"tokens": [1, 2]}),
+    "stream_options": (STREAM_OPTIONS, {}),
 }
 
 
@@ -313,7 +313,7 @@ def vllm_default(model: str, name: str) -> Any:
 
 def refused_fields(model: str, given: dict[str, Any]) -> list[tuple[str, Row]]:
     """The refused fields `given` sets to something other than vLLM's default (and None)."""
-    rows, _, _ = REQUESTS[model]
+    rows, _ = REQUESTS[model]
     return [
         (name, row) for name, row in rows.items()
         if row.status == REFUSED and name in given
@@ -337,7 +337,7 @@ def markdown() -> str:
         "every field of vLLM's request and response models is one of: **implemented** (vLLM's meaning),",
         "**refused** (a 400 that names it, for any value but vLLM's default) or **not applicable**.",
     ]
-    tables = {name: rows for name, (rows, _, _) in REQUESTS.items()} | RESPONSES
+    tables = {name: rows for name, (rows, _) in REQUESTS.items()} | RESPONSES
     for model, rows in tables.items():
         lines += ["", f"## {model} (vLLM `{snapshot_class(model)}`)", "", "| field | status | note |", "|---|---|---|"]
         for name, row in rows.items():

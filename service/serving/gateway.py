@@ -10,6 +10,7 @@ from proto.handshake import EngineReady
 from service.api.admission import Admission
 from service.api.app import attach, attach_pool, create_app
 from service.api.gateway_state import ServerPool, ServerState, gateway_of
+from service.api.routes import batch_endpoints
 from service.client.core_client import EngineCoreClient
 from service.config import GatewayConfig, origins_of
 from service.frontend.async_llm import AsyncLLM
@@ -50,7 +51,8 @@ class Gateway:
         # --responses-store off); the worker that runs them starts with the engine.
         path, owner = store_path(config.responses_store), config.responses_store_owner
         self.batches = None if path is None else BatchWorker(
-            BatchStore(path, owner, config.store_max_bytes), _max_batch_lines(config), config.request_timeout_s
+            BatchStore(path, owner, config.store_max_bytes), batch_endpoints(), _max_batch_lines(config),
+            config.request_timeout_s,
         )
         gateway.batches = self.batches
         # NOTE: kept Responses (service/api/responses.py reads it); opened here so a bad path fails at start.

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from proto.engine_config import EngineConfig
+from service.api.routes import batch_endpoints
 from service.frontend.llm_engine import LLMEngine
 from service.model_files.tokenizer import Tokenizer
 from service.openai.batch_generate import BatchRunner
@@ -61,7 +62,7 @@ def test_results_follow_input_order_with_errors_in_place(engine: LLMEngine, tmp_
     ]
     input_path, output_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     input_path.write_text("\n".join(lines) + "\n")
-    assert BatchRunner(engine, "tiny", {}, max_in_flight=2).run(input_path, output_path, use_tqdm=False) == 6
+    assert BatchRunner(engine, "tiny", {}, batch_endpoints(), max_in_flight=2).run(input_path, output_path, use_tqdm=False) == 6
     results = read_results(output_path)
     assert [r["line"] for r in results] == list(range(6))
     statuses = [r["response"] and r["response"]["status_code"] for r in results]  # type: ignore[index]
@@ -85,7 +86,7 @@ def test_results_follow_input_order_with_errors_in_place(engine: LLMEngine, tmp_
 def test_a_rerun_skips_what_is_written_and_cuts_a_torn_line(engine: LLMEngine, tmp_path: Path) -> None:
     input_path, output_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_requests(input_path, 5, max_tokens=2)
-    runner = BatchRunner(engine, "tiny", {})
+    runner = BatchRunner(engine, "tiny", {}, batch_endpoints())
     runner.run(input_path, output_path, use_tqdm=False)
     complete = output_path.read_text().splitlines(keepends=True)
     output_path.write_text("".join(complete[:3]) + complete[3][:10])

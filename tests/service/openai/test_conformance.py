@@ -23,7 +23,7 @@ from service.openai.conformance import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
-TABLES: dict[str, dict[str, Row]] = {name: rows for name, (rows, _, _) in REQUESTS.items()} | RESPONSES
+TABLES: dict[str, dict[str, Row]] = {name: rows for name, (rows, _) in REQUESTS.items()} | RESPONSES
 ROWS = [pytest.param(model, name, row, id=f"{model}.{name}") for model, rows in (TABLES | {"metrics": METRICS}).items()
         for name, row in rows.items()]
 
