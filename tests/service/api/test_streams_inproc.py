@@ -130,37 +130,6 @@ async def test_streams_not_kept_or_unknown_or_a_bad_last_event_id_are_clear_erro
             assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID", value
 
 
-async def test_past_the_memory_bound_streams_nobody_reads_go_finished_first() -> None:
-    store = StreamStore(retention_s=60.0, max_bytes=250)
-
-    async def events(count: int, gate: asyncio.Event | None = None) -> object:
-        for i in range(count):
-            if gate is not None and i == 1:
-                await gate.wait()
-            yield b"x" * 50
-
-    released: list[str] = []
-    old = store.start(["old"], events(2), lambda: released.append("old"))  # type: ignore[arg-type]
-    await until(lambda: old.is_finished)
-    gate = asyncio.Event()
-    live = store.start(["live"], events(3, gate), lambda: released.append("live"))  # type: ignore[arg-type]
-    newer = store.start(["newer"], events(2), lambda: released.append("newer"))  # type: ignore[arg-type]
-    await until(lambda: newer.is_finished and len(live.events) == 1)
-    assert not live.is_finished
-    reader = live.follow(-1)
-    assert await anext(reader) == b"x" * 50
-    big = store.start(["big"], events(3), lambda: released.append("big"))  # type: ignore[arg-type]
-    await until(lambda: big.is_finished)
-    store.sweep()
-    # NOTE: 100 + 50 + 100 + 150 bytes: the oldest finished ("old"), then "newer", go; the read one stays.
-    assert store.get("old") is None and store.get("newer") is None
-    assert store.get("live") is live and store.get("big") is big and store.num_bytes <= 250
-    gate.set()
-    assert [event async for event in reader] == [b"x" * 50] * 2
-    await store.close()
-    assert sorted(released) == ["big", "live", "newer", "old"]
-
-
 async def test_a_stream_no_client_comes_back_to_is_aborted_after_the_window(
     serve: Serve, engine: FakeEngineClient
 ) -> None:
