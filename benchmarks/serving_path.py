@@ -17,7 +17,9 @@ generator: measured on 2 cores, an engine with both cores' threads spins against
 `--beside REF` (a commit, branch or tag) runs the same load on that commit's gateway too (a git worktree
 of it, made and removed here), the two taken in turns for `--rounds` rounds, and prints this checkout's
 tokens/s over REF's, round by round and for the medians: a regression shows as a ratio below 1 whatever
-the machine's speed that day.
+the machine's speed that day. Each run also says how much CPU the gateway process spent for a thousand
+tokens (from /proc, where there is one): with the engine on one thread the engine sets the token rate, so
+the gateway's own cost shows there first.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def run(args: argparse.Namespace, tmp: Path, tree: Path | None = None) -> dict[s
     ]
     result_path = tmp / "serving-path.json"
     with local_server(serve_args, log_file=Path(os.devnull), cwd=tree) as server:
+        cpu_before = cpu_seconds(server.proc.pid)
         subprocess.run([
             sys.executable, "-m", "service", "bench", "serve", "--base-url", server.base_url,
             "--endpoint", "completions", "--num-prompts", str(args.num_prompts),
@@ -57,8 +60,21 @@ def run(args: argparse.Namespace, tmp: Path, tree: Path | None = None) -> dict[s
             "--random-output-len", str(args.output_len), "--ignore-eos", "--num-warmups", "16",
             "--result-json", str(result_path), "--disable-tqdm",
         ], check=True)
+        cpu_after = cpu_seconds(server.proc.pid)
     result: dict[str, Any] = json.loads(result_path.read_text())
+    if cpu_before is not None and cpu_after is not None:
+        # NOTE: warmups included; the engine's own process is not counted.
+        result["gateway_cpu_ms_per_1k_tokens"] = 1e6 * (cpu_after - cpu_before) / result["total_output_tokens"]
     return result
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user and system) a process has used so far, from /proc (None where there is none)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -87,21 +103,35 @@ def describe(result: dict[str, Any], concurrency: int) -> tuple[str, float, floa
 
 def beside(args: argparse.Namespace) -> None:
     """This checkout and `args.beside` in turns; prints each round's tokens/s and their ratio."""
-    ours: list[float] = []
-    theirs: list[float] = []
+    ours: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
     with worktree(args.beside) as tree, tempfile.TemporaryDirectory() as tmp:
         for index in range(args.rounds):
-            for figures, where in ((ours, None), (theirs, tree)):
-                figures.append(run(args, Path(tmp), where)["output_throughput"])
-            print(f"round {index + 1}: this checkout {ours[-1]:.0f} tok/s, {args.beside} {theirs[-1]:.0f} tok/s, "
-                  f"{ours[-1] / theirs[-1]:.2f}x", flush=True)
-    ratio = statistics.median(ours) / statistics.median(theirs)
-    print(f"medians: this checkout {statistics.median(ours):.0f} tok/s, {args.beside} {statistics.median(theirs):.0f} "
-          f"tok/s: {ratio:.2f}x")
+            for results, where in ((ours, None), (theirs, tree)):
+                results.append(run(args, Path(tmp), where))
+            print(f"round {index + 1}: this checkout {_figures(ours[-1])}, {args.beside} {_figures(theirs[-1])}, "
+                  f"{ours[-1]['output_throughput'] / theirs[-1]['output_throughput']:.2f}x", flush=True)
+    medians = [statistics.median(r["output_throughput"] for r in results) for results in (ours, theirs)]
+    ratio = medians[0] / medians[1]
+    print(f"medians: this checkout {medians[0]:.0f} tok/s, {args.beside} {medians[1]:.0f} tok/s: {ratio:.3f}x")
+    cpu = [[r["gateway_cpu_ms_per_1k_tokens"] for r in results if "gateway_cpu_ms_per_1k_tokens" in r]
+           for results in (ours, theirs)]
+    if all(cpu):
+        print(f"gateway CPU a thousand tokens, medians: this checkout {statistics.median(cpu[0]):.1f} ms, {args.beside} "
+              f"{statistics.median(cpu[1]):.1f} ms")
     args.result_json.write_text(json.dumps({
-        "beside": args.beside, "this_checkout_tok_s": ours, "beside_tok_s": theirs, "ratio_of_medians": ratio,
-        "settings": {key: str(value) for key, value in vars(args).items()},
+        "beside": args.beside, "this_checkout": [_kept(r) for r in ours], "beside_runs": [_kept(r) for r in theirs],
+        "ratio_of_medians": ratio, "settings": {key: str(value) for key, value in vars(args).items()},
     }, indent=2))
+
+
+def _kept(result: dict[str, Any]) -> dict[str, Any]:
+    return {key: result[key] for key in ("output_throughput", "gateway_cpu_ms_per_1k_tokens") if key in result}
+
+
+def _figures(result: dict[str, Any]) -> str:
+    cpu = result.get("gateway_cpu_ms_per_1k_tokens")
+    return f"{result['output_throughput']:.0f} tok/s" + ("" if cpu is None else f" (gateway {cpu:.0f} ms CPU / 1k tokens)")
 
 
 def main() -> None:
