@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from starlette.requests import Request
@@ -18,7 +19,7 @@ from service.api.gateway_state import ServerState, gateway_of, server_state
 from service.api.sse import sse_response
 from service.openai.background_responses import keeper
 from service.openai.errors import APIError
-from service.openai.response_bodies import ChatResponse
+from service.openai.response_bodies import ChatResponse, Outputs
 from service.openai.response_store import UNFINISHED, ResponseStore, StoredResponse
 from service.openai.responses_output import ResponseEvents, items_page, new_item_id, response_base
 from service.openai.responses_request import ResponsesRequest
@@ -51,15 +52,17 @@ async def create_response(request: Request) -> Response:
     events = ResponseEvents(base, response.num_tokens, response.content_logprobs)
     keep = keeper(store if is_stored else None, [*history, *body.input_items()])
 
+    def generated() -> Awaitable[Outputs]:
+        return state.admission.guarded(state.llm.generate(prepared.engine_requests, prepared.params), prepared)
+
     async def answer() -> dict[str, Any]:
-        outputs = await state.admission.guarded(state.llm.generate(prepared.engine_requests, prepared.params), prepared)
-        return await events.answer(response.steps(outputs))
+        return await events.answer(response.steps(await generated()))
 
     if body.background:
         return JSONResponse(await gateway.background.start(base, keep, answer, state.admission))
     if body.stream:
-        outputs = await state.admission.guarded(state.llm.generate(prepared.engine_requests, prepared.params), prepared)
-        return sse_response(request, gateway, events.stream(response.steps(outputs), keep), response_id, is_named=True)
+        steps = response.steps(await generated())
+        return sse_response(request, gateway, events.stream(steps, keep), response_id, is_named=True)
     whole = await unless_disconnected(request, answer())
     await keep(whole)
     return JSONResponse(whole)
