@@ -15,7 +15,8 @@ tokens: under load a request's collector merges the deltas its stream has not ta
 generator: measured on 2 cores, an engine with both cores' threads spins against them.
 
 `--beside REF` (a commit, branch or tag) runs the same load on that commit's gateway too (a git worktree
-of it, made and removed here), the two taken in turns for `--rounds` rounds, and prints this checkout's
+of it, made and removed here), the two taken in turns for `--rounds` rounds (each going first in every
+other round), and prints this checkout's
 tokens/s over REF's, round by round and for the medians: a regression shows as a ratio below 1 whatever
 the machine's speed that day. Each run also says how much CPU the gateway process spent for a thousand
 tokens (from /proc, where there is one): with the engine on one thread the engine sets the token rate, so
@@ -107,7 +108,9 @@ def beside(args: argparse.Namespace) -> None:
     theirs: list[dict[str, Any]] = []
     with worktree(args.beside) as tree, tempfile.TemporaryDirectory() as tmp:
         for index in range(args.rounds):
-            for results, where in ((ours, None), (theirs, tree)):
+            # NOTE: the two take turns going first (ABBA...), so a drift over the run favours neither.
+            turns = [(ours, None), (theirs, tree)]
+            for results, where in turns if index % 2 == 0 else reversed(turns):
                 results.append(run(args, Path(tmp), where))
             print(f"round {index + 1}: this checkout {_figures(ours[-1])}, {args.beside} {_figures(theirs[-1])}, "
                   f"{ours[-1]['output_throughput'] / theirs[-1]['output_throughput']:.2f}x", flush=True)

@@ -103,9 +103,10 @@ class KVCacheManager:
         self, request: Request, num_new_tokens: int, cached: CachedPrefix = NO_CACHED_PREFIX
     ) -> int:
         """Free-queue blocks that `allocate` would take, counting free cached blocks it revives."""
-        num_computed = request.num_computed_tokens + cached.num_tokens
-        num_required = -(-(num_computed + num_new_tokens) // self.block_size)
-        num_new_blocks = max(0, num_required - len(request.block_ids) - len(cached.blocks))
+        num_tokens = request.num_computed_tokens + cached.num_tokens + num_new_tokens
+        num_new_blocks = max(0, -(-num_tokens // self.block_size) - len(request.block_ids) - len(cached.blocks))
+        if not cached.blocks:
+            return num_new_blocks
         return num_new_blocks + sum(1 for block in cached.blocks if block.ref_cnt == 0)
 
     def can_allocate(
