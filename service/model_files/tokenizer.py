@@ -55,6 +55,10 @@ class Tokenizer:
     @classmethod
     def _from_hf_dir(cls, path: Path) -> Tokenizer:
         backend = Backend.from_file(str(path / "tokenizer.json"))
+        # NOTE: a tokenizer.json may pad and truncate every text (BERT folders' 128 tokens): the server
+        # counts, limits and batches tokens itself.
+        backend.no_padding()
+        backend.no_truncation()
         config_path = path / "tokenizer_config.json"
         config: dict[str, Any] = {}
         if config_path.is_file():

@@ -119,6 +119,17 @@ def test_hf_folder_tokenizer(tmp_path: Path) -> None:
     assert tokenizer.decode(tokenizer.encode(prompt)) == "user : hello assistant :"
 
 
+def test_a_folder_that_pads_and_truncates_every_text_gives_its_tokens_alone(tmp_path: Path) -> None:
+    _write_hf_folder(tmp_path / "model", {})
+    saved = Backend.from_file(str(tmp_path / "model" / "tokenizer.json"))
+    # NOTE: as BERT folders ship: every text padded and cut to 128 tokens (here, 2).
+    saved.enable_padding(length=6, pad_id=0, pad_token="<unk>")
+    saved.enable_truncation(max_length=2)
+    saved.save(str(tmp_path / "model" / "tokenizer.json"))
+
+    assert Tokenizer.from_model(tmp_path / "model").encode("hello world !") == [3, 4, 8]
+
+
 def test_hf_folder_picks_default_of_named_templates(tmp_path: Path) -> None:
     named = [{"name": "tool_use", "template": "TOOLS"}, {"name": "default", "template": SIMPLE_TEMPLATE}]
     _write_hf_folder(tmp_path / "model", {"bos_token": "<s>", "chat_template": named})

@@ -1,0 +1,44 @@
+"""Load an encoder folder (a BERT-family config.json with *.safetensors, and its sentence-transformers
+pooling where it has one) as a ready BertModel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor
+
+from engine_proc.models.bert import BertConfig, BertModel, bert_state_dict
+from engine_proc.models.pooling import PoolingConfig
+
+ENCODER_MODEL_TYPES = ("bert",)
+
+
+def is_encoder_folder(path: str | Path) -> bool:
+    """True for a folder whose config.json names an encoder the engine embeds with."""
+    config_path = Path(path) / "config.json"
+    return config_path.is_file() and json.loads(config_path.read_text()).get("model_type") in ENCODER_MODEL_TYPES
+
+
+def load_encoder(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> tuple[BertModel, PoolingConfig]:
+    """The folder's encoder, its weights in `dtype` on `device`, and how its texts become vectors."""
+    root = Path(path)
+    config = BertConfig.from_hf(json.loads((root / "config.json").read_text()))
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{root} has no *.safetensors files")
+    tensors: dict[str, Tensor] = {}
+    for file in files:
+        tensors.update(load_file(file))
+    state = bert_state_dict(tensors)
+    if not config.num_labels:
+        state = {name: tensor for name, tensor in state.items() if not name.startswith("pooler.")}
+    model = BertModel(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{root}: tensors missing {sorted(missing)[:5]}, not of this model {sorted(unexpected)[:5]}")
+    return model.to(device=device, dtype=dtype).eval(), PoolingConfig.from_folder(root)

@@ -1,0 +1,109 @@
+"""Our BERT encoder against transformers' on tiny random checkpoints (float32): hidden states, the
+sentence-transformers pooling a folder names, and a cross-encoder's scores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from engine_proc.loader.encoder_loader import is_encoder_folder, load_encoder
+from engine_proc.models.pooling import PoolingConfig
+
+TINY_BERT = dict(
+    vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+    max_position_embeddings=64, type_vocab_size=2,
+)
+TEXTS = [[2, 17, 45, 3], [2, 9, 9, 81, 55, 60, 3], [2, 3], [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 3]]
+
+
+def save_tiny_bert(path: Path, kind: type[transformers.PreTrainedModel] = transformers.BertModel,
+                   **overrides: object) -> transformers.PreTrainedModel:
+    """A tiny random BERT saved under `path` (safetensors), returned in eval mode."""
+    torch.manual_seed(0)
+    model = kind(transformers.BertConfig(**TINY_BERT, **overrides)).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def write_sentence_transformers(path: Path, pooling: str, is_normalized: bool, max_seq_length: int = 48) -> None:
+    """The files sentence-transformers keeps beside a model: its modules, pooling and sequence limit."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if is_normalized:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir()
+    modes = {f"pooling_mode_{mode}": mode == pooling for mode in ("cls_token", "mean_tokens", "max_tokens", "lasttoken")}
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **modes}))
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
+
+
+def run_ours(path: Path, texts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+    model, _ = load_encoder(path)
+    seq_lens = [len(text) for text in texts]
+    input_ids = torch.tensor([token for text in texts for token in text])
+    positions = torch.cat([torch.arange(n) for n in seq_lens])
+    with torch.inference_mode():
+        return model(input_ids, positions, torch.zeros_like(input_ids), seq_lens), seq_lens
+
+
+def test_hidden_states_match_transformers_text_by_text(tmp_path: Path) -> None:
+    reference = save_tiny_bert(tmp_path)
+    assert is_encoder_folder(tmp_path)
+    hidden, seq_lens = run_ours(tmp_path, TEXTS)
+    for text, ours in zip(TEXTS, hidden.split(seq_lens), strict=True):
+        with torch.inference_mode():
+            expected = reference(input_ids=torch.tensor([text])).last_hidden_state[0]
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("pooling", "is_normalized"), [("mean_tokens", True), ("cls_token", False),
+                                                        ("max_tokens", True), ("lasttoken", False)])
+def test_vectors_pool_as_the_folder_says(tmp_path: Path, pooling: str, is_normalized: bool) -> None:
+    reference = save_tiny_bert(tmp_path)
+    write_sentence_transformers(tmp_path, pooling, is_normalized)
+    config = PoolingConfig.from_folder(tmp_path)
+    assert config.max_seq_length == 48
+    hidden, seq_lens = run_ours(tmp_path, TEXTS)
+    vectors = config.pool(hidden, seq_lens)
+    for text, ours in zip(TEXTS, vectors, strict=True):
+        with torch.inference_mode():
+            states = reference(input_ids=torch.tensor([text])).last_hidden_state[0]
+        expected = {"mean_tokens": states.mean(0), "cls_token": states[0], "max_tokens": states.amax(0),
+                    "lasttoken": states[-1]}[pooling]
+        if is_normalized:
+            expected = F.normalize(expected, dim=0)
+            assert ours.norm().item() == pytest.approx(1.0, abs=1e-5)
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_folder_without_sentence_transformers_files_takes_cls_at_unit_length(tmp_path: Path) -> None:
+    save_tiny_bert(tmp_path)
+    assert PoolingConfig.from_folder(tmp_path) == PoolingConfig("cls", is_normalized=True, max_seq_length=None)
+
+
+def test_a_pooling_zeroserve_does_not_run_is_named(tmp_path: Path) -> None:
+    save_tiny_bert(tmp_path)
+    write_sentence_transformers(tmp_path, "mean_tokens", True)
+    config = json.loads((tmp_path / "1_Pooling" / "config.json").read_text())
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({**config, "pooling_mode_weightedmean_tokens": True}))
+    with pytest.raises(ValueError, match="pooling_mode_weightedmean_tokens"):
+        PoolingConfig.from_folder(tmp_path)
+
+
+def test_a_cross_encoder_scores_pairs_as_transformers(tmp_path: Path) -> None:
+    reference = save_tiny_bert(tmp_path, transformers.BertForSequenceClassification, num_labels=1)
+    model, _ = load_encoder(tmp_path)
+    query, document = [2, 17, 45, 3], [9, 81, 55, 3]
+    input_ids = torch.tensor(query + document)
+    token_type_ids = torch.tensor([0] * len(query) + [1] * len(document))
+    with torch.inference_mode():
+        hidden = model(input_ids, torch.arange(len(input_ids)), token_type_ids, [len(input_ids)])
+        score = model.classify(hidden[:1])
+        expected = reference(input_ids=input_ids[None], token_type_ids=token_type_ids[None]).logits
+    torch.testing.assert_close(score, expected, atol=1e-5, rtol=1e-5)
