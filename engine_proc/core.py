@@ -7,6 +7,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from engine_proc.kv_cache_manager import KVCacheManager
@@ -21,6 +22,7 @@ from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest, UtilityCall
 from proto.engine_output import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats, UtilityResult
 from proto.handshake import EngineReady
+from proto.model_support import is_encoder_folder
 
 logger = logging.getLogger(__name__)
 
@@ -296,3 +298,13 @@ def _drafting(config: EngineConfig) -> tuple[NgramProposer | None, int | None]:
         speculative.num_speculative_tokens, speculative.prompt_lookup_min, speculative.prompt_lookup_max
     )
     return proposer, speculative.disable_by_batch_size
+
+
+def make_core(config: EngineConfig, engine_index: int = 0) -> Any:
+    """The engine core the model calls for: EngineCore for a generating model, EncoderCore for an encoder
+    (embeddings and scores)."""
+    if is_encoder_folder(Path(config.model_path)):
+        from engine_proc.encoder_core import EncoderCore
+
+        return EncoderCore(config, engine_index)
+    return EngineCore(config, engine_index)

@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         # engine runs in a session of its own, so none should reach it) must not kill them first.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_parent()
-    from engine_proc.core import EngineCore
+    from engine_proc.core import make_core
     from engine_proc.core_proc import EngineCoreProc
     try:
-        engine_core = EngineCore(config, launch.engine_index)
+        engine_core = make_core(config, launch.engine_index)
     except Exception as exc:
         # NOTE: the gateway that started us tells its clients why (a broken file, too little memory).
         if (error_file := envs.engine_error_file()) is not None:

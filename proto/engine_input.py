@@ -130,6 +130,25 @@ def check_ranges(params: Any, ranges: Ranges) -> None:
             raise SamplingParamsError(name, getattr(params, name), allowed)
 
 
+POOLING_TASKS = ("embed", "score")
+
+
+@dataclass(slots=True)
+class PoolingParams:
+    """A request for one vector of its text, not tokens: the text's embedding (`embed`, cut to its first
+    `dimensions` where asked, then scaled to unit length where the model's vectors are), or a
+    cross-encoder's scores of the pair its text holds (`score`)."""
+
+    task: str = "embed"
+    dimensions: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.task not in POOLING_TASKS:
+            raise ValueError(f"pooling task {self.task!r}: expected one of {', '.join(POOLING_TASKS)}")
+        if self.dimensions is not None and self.dimensions < 1:
+            raise ValueError(f"dimensions must be at least 1, got {self.dimensions}")
+
+
 @dataclass(slots=True)
 class EngineCoreRequest:
     """A tokenized request, ready for the scheduler."""
@@ -145,6 +164,10 @@ class EngineCoreRequest:
     # NOTE: a resumed request's output so far, produced by an engine that was lost and already
     # streamed to the client: this engine recomputes their K/V and continues after them.
     resumed_token_ids: list[int] = field(default_factory=list)
+    # NOTE: set for a pooling model's request (an embedding or a pair's score), which samples nothing;
+    # `token_type_ids` then marks a pair's second text (BERT's segments), one per prompt token.
+    pooling_params: PoolingParams | None = None
+    token_type_ids: list[int] | None = None
 
 
 @dataclass(slots=True)

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 # NOTE: a raw frame, never msgpack, so the gateway can test for it before decoding; a second
 # frame holds the engine's index (2 bytes, little-endian), a third (msgpack) the ids of the
 # requests it was adding or stepping when it failed.
@@ -67,6 +69,8 @@ class EngineCoreOutput:
     prompt_logprobs: Logprobs | None = None
     # NOTE: the request's scheduling events since its last output; None when there were none.
     events: list[EngineCoreEvent] | None = None
+    # NOTE: a pooling request's answer (float32): its embedding, or a pair's scores.
+    pooled: np.ndarray | None = None
 
     @property
     def is_finished(self) -> bool:

@@ -53,6 +53,8 @@ class EngineReady:
     weight_bytes: int = 0  # the model's parameters and buffers as loaded
     kv_cache_bytes: int = 0  # the KV cache's tensors
     runtime_bytes: int = 0  # resident before the model loaded: the interpreter, torch, the kernels (0 on a GPU)
+    # NOTE: "generate" (tokens) or "pooling" (an encoder: embeddings and scores, no tokens), as vLLM's --runner.
+    runner: str = "generate"
 
     @property
     def num_kv_tokens(self) -> int:

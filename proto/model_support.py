@@ -23,6 +23,8 @@ HF_MODEL_TYPES = (
     "gemma3_text", "gpt_oss", "llama", "mistral", "mixtral", "olmoe", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
     "smollm3",
 )
+# encoders: models that embed texts or score pairs of them (a pooling runner), never generate
+ENCODER_MODEL_TYPES = ("bert",)
 # the engine's names of its architectures (ModelConfig.architecture)
 ARCHITECTURES = (
     "gemma3", "gpt_oss", "llama", "mistral", "mixtral", "olmoe", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3",
@@ -140,10 +142,9 @@ def _check_hf_folder(path: Path) -> None:
     except (OSError, ValueError) as exc:
         raise UnsupportedModel(f"{path.name}: config.json could not be read: {exc}") from None
     model_type = config.get("model_type")
-    if model_type not in HF_MODEL_TYPES:
-        raise UnsupportedModel(
-            f"{path.name}: model_type {model_type!r} is not supported; supported: {', '.join(HF_MODEL_TYPES)}"
-        )
+    if model_type not in HF_MODEL_TYPES + ENCODER_MODEL_TYPES:
+        supported = ", ".join(HF_MODEL_TYPES + ENCODER_MODEL_TYPES)
+        raise UnsupportedModel(f"{path.name}: model_type {model_type!r} is not supported; supported: {supported}")
     num_experts = config.get("num_local_experts") or config.get("num_experts")
     _check_experts(path, model_type, num_experts)
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
@@ -158,3 +159,14 @@ def _check_hf_folder(path: Path) -> None:
         )
     if not any(path.glob("*.safetensors")):
         raise UnsupportedModel(f"{path.name} has no *.safetensors weights; supported: safetensors files")
+
+
+def is_encoder_folder(path: Path) -> bool:
+    """True for a Hugging Face folder whose config.json names an encoder (ENCODER_MODEL_TYPES)."""
+    config_path = path / "config.json"
+    if not path.is_dir() or not config_path.is_file():
+        return False
+    try:
+        return json.loads(config_path.read_text(encoding="utf-8")).get("model_type") in ENCODER_MODEL_TYPES
+    except ValueError:
+        return False

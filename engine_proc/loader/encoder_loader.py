@@ -13,14 +13,6 @@ from torch import Tensor
 from engine_proc.models.bert import BertConfig, BertModel, bert_state_dict
 from engine_proc.models.pooling import PoolingConfig
 
-ENCODER_MODEL_TYPES = ("bert",)
-
-
-def is_encoder_folder(path: str | Path) -> bool:
-    """True for a folder whose config.json names an encoder the engine embeds with."""
-    config_path = Path(path) / "config.json"
-    return config_path.is_file() and json.loads(config_path.read_text()).get("model_type") in ENCODER_MODEL_TYPES
-
 
 def load_encoder(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"

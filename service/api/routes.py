@@ -24,6 +24,7 @@ from service.api.admission import PathRules, Phase
 from service.api.batches import CreateBatchRequest, cancel_batch, create_batch, get_batch, list_batches
 from service.api.chat_completions import create_chat_completion
 from service.api.completions import create_completion
+from service.api.embeddings import embeddings
 from service.api.files import delete_file, get_file, get_file_content, list_files, upload_file
 from service.api.gateway_state import gateway_of
 from service.api.health import engine_health, live
@@ -36,6 +37,7 @@ from service.api.sse import delete_stream, get_stream, resumable
 from service.api.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from service.api.web.routes import STATIC_DIR, dashboard, dashboard_events, playground, playground_settings
 from service.openai.batch_generate import BatchEndpoints
+from service.openai.embeddings import EmbeddingRequest
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
 from service.openai.response_bodies import now
 from service.openai.responses_request import ResponsesRequest
@@ -190,6 +192,8 @@ ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("/v1/responses/{response_id}/cancel", "POST", cancel_response,
              "Cancels a background Response that has not finished.", answer="The response, cancelled.",
              errors=("400", "404")),
+    ApiRoute("/v1/embeddings", "POST", embeddings, "Vectors of texts or token ids (an embedding model's).",
+             body=EmbeddingRequest, answer=_ANSWER, errors=BODY_ERRORS, is_model_routed=True, is_generation=True),
     ApiRoute("/v1/messages", "POST", create_message, "Anthropic's Messages API, whole or streamed.",
              body=MessagesRequest, answer=_ANSWER, errors=BODY_ERRORS, is_model_routed=True, is_generation=True,
              is_resumable=True, is_anthropic=True),

@@ -15,9 +15,9 @@ class InprocClient(EngineCoreClient):
 
     def __init__(self, engine_config: EngineConfig) -> None:
         # NOTE: the one place the gateway side imports the engine (DESIGN.md: InprocClient).
-        from engine_proc.core import EngineCore
+        from engine_proc.core import make_core
 
-        self.engine_core = EngineCore(engine_config)
+        self.engine_core = make_core(engine_config)
         self.ready = self.engine_core.ready_message()
 
     def get_output(self) -> EngineCoreOutputs:

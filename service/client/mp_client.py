@@ -187,7 +187,7 @@ class MPClient(EngineCoreClient):
                     f"its vocabulary/context ({ready.vocab_size}, {ready.max_model_len}) differ from "
                     f"the serving engines' ({first.vocab_size}, {first.max_model_len})"
                 )
-        if ready.num_kv_tokens < ready.max_model_len:
+        if ready.runner != "pooling" and ready.num_kv_tokens < ready.max_model_len:  # NOTE: an encoder keeps no cache
             return f"its KV cache holds {ready.num_kv_tokens} tokens, less than one {ready.max_model_len}-token context"
         return None
 

@@ -7,6 +7,8 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+import numpy as np
+
 from proto import envs
 from proto.engine_config import EngineConfig
 from proto.engine_input import EngineCoreRequest
@@ -27,6 +29,10 @@ logger = logging.getLogger(__name__)
 
 
 _KEEP_ENGINES_S = 5.0
+
+
+class EngineRequestError(ValueError):
+    """The engine could not run a request (its message says why): the request's fault, not the engine's."""
 
 
 class EngineSleepingError(RuntimeError):
@@ -105,6 +111,21 @@ class AsyncLLM:
             # NOTE: the engine failed or is gone: nothing to tell it, only our states to drop.
             self.output_processor.abort_requests(list(unfinished))
             raise
+
+    async def encode(self, requests: Sequence[EngineCoreRequest]) -> list[np.ndarray]:
+        """Each pooling request's answer (its embedding, or its pair's scores), in order; a request the
+        engine could not run is an EngineRequestError saying why."""
+        pooled: list[np.ndarray | None] = [None] * len(requests)
+        async for index, output in self.generate(requests, SamplingParams()):
+            completion = output.outputs[0] if output.outputs else None
+            if completion is not None and completion.finish_reason == "error":
+                raise EngineRequestError(str(completion.stop_reason))
+            if output.pooled is not None:
+                pooled[index] = output.pooled
+        missing = [requests[index].request_id for index, vector in enumerate(pooled) if vector is None]
+        if missing:
+            raise EngineRequestError(f"the engine answered {missing[0]} without a vector")
+        return [vector for vector in pooled if vector is not None]
 
     async def abort(self, request_ids: list[str]) -> None:
         """Ends the requests (a client gone, a drain given up) in the engine, and records each as

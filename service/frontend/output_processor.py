@@ -128,6 +128,7 @@ class RequestState:
             finished=finish_reason is not None,
             num_cached_tokens=self.num_cached_tokens,
             prompt_logprobs=engine_output.prompt_logprobs,
+            pooled=engine_output.pooled,
         )
 
     def _text_of(self, token_ids: list[int]) -> tuple[StopCheck, int]:

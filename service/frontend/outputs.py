@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from proto.engine_output import Logprobs
 
 
@@ -41,6 +43,7 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     prompt_logprobs: Logprobs | None = None
+    pooled: np.ndarray | None = None  # a pooling request's answer: its embedding, or a pair's scores
 
     @classmethod
     def empty_like(cls, delta: RequestOutput) -> RequestOutput:
@@ -59,6 +62,7 @@ class RequestOutput:
         self.finished = later.finished
         self.num_cached_tokens = later.num_cached_tokens
         self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs
+        self.pooled = later.pooled if later.pooled is not None else self.pooled
 
 
 def accumulate(running: dict[str, RequestOutput], delta: RequestOutput) -> RequestOutput:

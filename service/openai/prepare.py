@@ -57,8 +57,10 @@ class Preparer:
         reasoning_parser: str | None = None,
         is_any_model_served: bool = False,
         is_serving_rank: Callable[[int], bool] | None = None,
+        is_generating: bool = True,
     ) -> None:
         self.input_processor = input_processor
+        self.is_generating = is_generating  # NOTE: False for an encoder: it embeds and scores, never generates
         self.served_model_names = list(served_model_names)
         self.generation_defaults = dict(generation_defaults or {})
         self.max_n = max_n
@@ -104,6 +106,9 @@ class Preparer:
         sample's engine request, checked against the model. `ids` is (response id, engine request id), by default from the
         body's request_id."""
         model = self.model_name(body.model)
+        if not self.is_generating:
+            raise APIError(f"The model '{model}' embeds texts; it does not generate. Use /v1/embeddings.",
+                           param="model", code="model_not_supported")
         is_chat = isinstance(body, ChatCompletionRequest)
         response_id, request_id = ids or request_ids("chatcmpl" if is_chat else "cmpl", body)
         rank = body.data_parallel_rank

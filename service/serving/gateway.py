@@ -124,7 +124,7 @@ class Gateway:
         )
         preparer = Preparer(
             llm.input_processor, names, generation_defaults, config.max_n, reasoning_parser,
-            is_serving_rank=engine_client.is_serving_rank,
+            is_serving_rank=engine_client.is_serving_rank, is_generating=ready.runner != "pooling",
         )
         state = ServerState(
             llm, preparer, gateway_of(self.app), config.max_request_body_bytes, metrics_registry=metrics.registry,

@@ -11,36 +11,12 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from engine_proc.loader.encoder_loader import is_encoder_folder, load_encoder
+from engine_proc.loader.encoder_loader import load_encoder
 from engine_proc.models.pooling import PoolingConfig
+from proto.model_support import is_encoder_folder
+from tests.engine_proc.models.tiny_bert import save_tiny_bert, write_sentence_transformers
 
-TINY_BERT = dict(
-    vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-    max_position_embeddings=64, type_vocab_size=2,
-)
 TEXTS = [[2, 17, 45, 3], [2, 9, 9, 81, 55, 60, 3], [2, 3], [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 3]]
-
-
-def save_tiny_bert(path: Path, kind: type[transformers.PreTrainedModel] = transformers.BertModel,
-                   **overrides: object) -> transformers.PreTrainedModel:
-    """A tiny random BERT saved under `path` (safetensors), returned in eval mode."""
-    torch.manual_seed(0)
-    model = kind(transformers.BertConfig(**TINY_BERT, **overrides)).eval()
-    model.save_pretrained(path)
-    return model
-
-
-def write_sentence_transformers(path: Path, pooling: str, is_normalized: bool, max_seq_length: int = 48) -> None:
-    """The files sentence-transformers keeps beside a model: its modules, pooling and sequence limit."""
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if is_normalized:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "1_Pooling").mkdir()
-    modes = {f"pooling_mode_{mode}": mode == pooling for mode in ("cls_token", "mean_tokens", "max_tokens", "lasttoken")}
-    (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **modes}))
-    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
 
 
 def run_ours(path: Path, texts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
