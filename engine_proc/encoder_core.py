@@ -58,6 +58,7 @@ class EncoderCore:
             kernel_choices={"encoder": f"torch float32, {self.pooling.method} pooling"}, instance_id=self.instance_id,
             device=device, weight_bytes=tensor_bytes([*self.model.parameters()]),
             runtime_bytes=0 if device.startswith("cuda") else self.runtime_bytes, runner="pooling",
+            pooling_tasks=["embed", "score"] if self.model.classifier is not None else ["embed"],
         )
         ready.memory_bytes = committed_memory_bytes(ready)
         return ready

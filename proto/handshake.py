@@ -55,6 +55,7 @@ class EngineReady:
     runtime_bytes: int = 0  # resident before the model loaded: the interpreter, torch, the kernels (0 on a GPU)
     # NOTE: "generate" (tokens) or "pooling" (an encoder: embeddings and scores, no tokens), as vLLM's --runner.
     runner: str = "generate"
+    pooling_tasks: list[str] = field(default_factory=list)  # a pooling engine's: "embed", and "score" with a classifier
 
     @property
     def num_kv_tokens(self) -> int:

@@ -30,6 +30,9 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     hidden_act: str = "gelu"
     num_labels: int = 0  # a cross-encoder's classifier outputs (0: an encoder alone)
+    # NOTE: what turns a cross-encoder's logits into its scores: sigmoid for one label unless the card's
+    # sentence-transformers config says otherwise (ms-marco's say Identity), as sentence-transformers and vLLM do.
+    is_score_sigmoid: bool = True
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -51,8 +54,14 @@ class BertConfig:
             num_attention_heads=raw["num_attention_heads"], intermediate_size=raw["intermediate_size"],
             max_position_embeddings=raw["max_position_embeddings"], type_vocab_size=raw.get("type_vocab_size", 2),
             layer_norm_eps=raw.get("layer_norm_eps", 1e-12), hidden_act=raw.get("hidden_act", "gelu"),
-            num_labels=num_labels,
+            num_labels=num_labels, is_score_sigmoid=_activation_of(raw) != "Identity" and num_labels == 1,
         )
+
+
+def _activation_of(raw: Mapping[str, Any]) -> str:
+    """The class name of the activation a cross-encoder's sentence-transformers config names ("" for none)."""
+    named = raw.get("sbert_ce_default_activation_function") or (raw.get("sentence_transformers") or {}).get("activation_fn")
+    return str(named or "").rsplit(".", 1)[-1]
 
 
 class BertEmbeddings(nn.Module):
@@ -125,10 +134,12 @@ class BertModel(nn.Module):
         return hidden
 
     def classify(self, first_hidden: Tensor) -> Tensor:
-        """A cross-encoder's logits from each text's first ([CLS]) hidden state."""
+        """A cross-encoder's scores from each text's first ([CLS]) hidden state: its logits, through a
+        sigmoid where the model's card says so."""
         if self.pooler is None or self.classifier is None:
             raise ValueError("this encoder has no classifier: it embeds, it does not score pairs")
-        return self.classifier(torch.tanh(self.pooler(first_hidden)))
+        logits = self.classifier(torch.tanh(self.pooler(first_hidden)))
+        return torch.sigmoid(logits) if self.config.is_score_sigmoid else logits
 
 
 # (a checkpoint's piece, ours) replaced in its tensor names, in order.

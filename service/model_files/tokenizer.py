@@ -101,6 +101,12 @@ class Tokenizer:
         ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
 
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]:
+        """Token ids of a text pair as the model's template joins them (BERT's `[CLS] a [SEP] b [SEP]`), and
+        each token's segment (0: the first text's, 1: the second's)."""
+        encoding = self.backend.encode(first, second, add_special_tokens=True)
+        return list(encoding.ids), list(encoding.type_ids)
+
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         text: str = self.backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
         return text

@@ -104,7 +104,7 @@ def test_a_cross_encoder_scores_a_pair(tmp_path: Path) -> None:
                                        token_type_ids=segments))
     score = run_all(core)["pair"]
     with torch.inference_mode():
-        expected = reference(input_ids=torch.tensor([pair]), token_type_ids=torch.tensor([segments])).logits[0]
+        expected = reference(input_ids=torch.tensor([pair]), token_type_ids=torch.tensor([segments])).logits[0].sigmoid()
     torch.testing.assert_close(torch.from_numpy(score), expected, atol=1e-5, rtol=1e-5)
 
 

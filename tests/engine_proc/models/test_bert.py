@@ -72,8 +72,12 @@ def test_a_pooling_zeroserve_does_not_run_is_named(tmp_path: Path) -> None:
         PoolingConfig.from_folder(tmp_path)
 
 
-def test_a_cross_encoder_scores_pairs_as_transformers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("activation", [None, "torch.nn.modules.linear.Identity"])
+def test_a_cross_encoder_scores_pairs_as_its_card_says(tmp_path: Path, activation: str | None) -> None:
     reference = save_tiny_bert(tmp_path, transformers.BertForSequenceClassification, num_labels=1)
+    if activation is not None:
+        config = json.loads((tmp_path / "config.json").read_text())
+        (tmp_path / "config.json").write_text(json.dumps({**config, "sbert_ce_default_activation_function": activation}))
     model, _ = load_encoder(tmp_path)
     query, document = [2, 17, 45, 3], [9, 81, 55, 3]
     input_ids = torch.tensor(query + document)
@@ -81,5 +85,6 @@ def test_a_cross_encoder_scores_pairs_as_transformers(tmp_path: Path) -> None:
     with torch.inference_mode():
         hidden = model(input_ids, torch.arange(len(input_ids)), token_type_ids, [len(input_ids)])
         score = model.classify(hidden[:1])
-        expected = reference(input_ids=input_ids[None], token_type_ids=token_type_ids[None]).logits
-    torch.testing.assert_close(score, expected, atol=1e-5, rtol=1e-5)
+        logits = reference(input_ids=input_ids[None], token_type_ids=token_type_ids[None]).logits
+    # NOTE: sentence-transformers' CrossEncoder: a sigmoid over one label, unless the card names another activation.
+    torch.testing.assert_close(score, logits if activation else torch.sigmoid(logits), atol=1e-5, rtol=1e-5)
