@@ -58,6 +58,7 @@ def readme_blocks() -> list[Block]:
 EXPECTED_OUTPUT = {  # regular expressions
     "curl -N http://127.0.0.1:8000/v1/chat/completions": [r"data: \[DONE\]", "Tokyo"],
     "from openai import OpenAI": ["Tokyo", "Paris"],
+    "zeroserve serve all-minilm-l6-v2": [r'"results":\[\{"index":1,', r"(?m)^384 13$"],
     "curl -s http://127.0.0.1:8000/version": ['"version"', '"kernels"'],
     "from service import LLM, SamplingParams": ["The capital of France is → .*Paris", "Tokyo"],
     "response_format=Answer": [r"city='Tokyo'"],
