@@ -10,6 +10,7 @@ paragraph by paragraph to the length asked for.
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 
@@ -80,6 +81,11 @@ _REQUESTS = (
     "What questions should I be asking myself before I decide anything?",
     "Can you suggest a simple weekly routine that would help with this?",
 )
+
+
+def chat_sentences() -> list[str]:
+    """Every sentence the prompts are made of: the askers, their requests, the background passages' sentences."""
+    return [*_OPENERS, *_REQUESTS, *(s for passage in _PASSAGES for s in re.split(r"(?<=[.?!]) ", passage))]
 
 
 def chat_prompts(tokenizer: Tokenizer, num_prompts: int, input_len: int, seed: int = 0) -> list[str]:

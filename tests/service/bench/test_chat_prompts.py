@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service.bench.chat_prompts import chat_dataset, chat_prompts
+from service.bench.chat_prompts import chat_dataset, chat_prompts, chat_sentences
 from service.model_files.tokenizer import Tokenizer
 
 
@@ -42,3 +42,13 @@ def test_the_seed_repeats_the_prompts_and_requests_carry_their_lengths(tokenizer
     (sample,) = chat_dataset(tokenizer, "chat", 1, 230, 128, seed=3)
     assert sample.body["max_tokens"] == 128 and sample.expected_output_len == 128
     assert sample.prompt_len == len(chat_ids(tokenizer, sample.body["messages"][0]["content"]))
+
+
+def test_the_prompts_are_made_of_whole_sentences(tokenizer: Tokenizer) -> None:
+    sentences = chat_sentences()
+    assert len(set(sentences)) == len(sentences) and all(s[-1] in ".?!" for s in sentences)
+    for prompt in chat_prompts(tokenizer, 8, 230):
+        rest = prompt.replace("Some background: ", "")
+        for sentence in sorted(sentences, key=len, reverse=True):
+            rest = rest.replace(sentence, "")
+        assert rest.strip() == "", rest
