@@ -5,7 +5,7 @@
     .venv/bin/python -m benchmarks.embeddings --num-sentences 1000 --rounds 3 --result-json out.json
 
 The sentences are natural text of mixed length (1 to 4 sentences of the chat benchmark's requests, askers
-and background passages, 6 to about 130 tokens), each distinct. Over HTTP, `--concurrency` clients (1 and 16)
+and background passages: 12 to 126 tokens, 51 on average), each distinct. Over HTTP, `--concurrency` clients (1 and 16)
 each send one sentence a request to `/v1/embeddings` until all are embedded; zeroserve runs with its default
 flags, llama-server with `--embedding --pooling mean`, 16 slots and the machine's threads, on the folder
 converted to an F32 GGUF by llama.cpp's own converter. In process, sentence-transformers' `encode` takes all

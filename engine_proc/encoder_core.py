@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from engine_proc.cpu.features import cpu_features, cpu_model_name
+from engine_proc.loader import TORCH_DTYPES
 from engine_proc.loader.encoder_loader import load_encoder
 from engine_proc.memory_report import committed_memory_bytes, device_name, resident_bytes, tensor_bytes
 from engine_proc.model_runner import resolve_device
@@ -36,7 +37,9 @@ class EncoderCore:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
-        self.model, self.pooling = load_encoder(config.model_path, device=self.device)
+        # NOTE: "auto" is float32 for an encoder: its checkpoints are, and its matmuls are small.
+        self.dtype = TORCH_DTYPES[config.dtype] or torch.float32
+        self.model, self.pooling = load_encoder(config.model_path, self.dtype, self.device)
         model_config = self.model.config
         limits = [model_config.max_position_embeddings, self.pooling.max_seq_length, config.max_model_len]
         self.max_model_len = min(limit for limit in limits if limit)
@@ -55,7 +58,8 @@ class EncoderCore:
             engine_index=self.engine_index, model_name=self.config.model_name, max_model_len=self.max_model_len,
             vocab_size=self.model.config.vocab_size, host=socket.gethostname(),
             cpu=f"{cpu_model_name()}, torch {cpu_features().describe()}",
-            kernel_choices={"encoder": f"torch float32, {self.pooling.method} pooling"}, instance_id=self.instance_id,
+            kernel_choices={"encoder": f"torch {str(self.dtype).removeprefix('torch.')}, {self.pooling.method} pooling"},
+            instance_id=self.instance_id,
             device=device, weight_bytes=tensor_bytes([*self.model.parameters()]),
             runtime_bytes=0 if device.startswith("cuda") else self.runtime_bytes, runner="pooling",
             pooling_tasks=["embed", "score"] if self.model.classifier is not None else ["embed"],

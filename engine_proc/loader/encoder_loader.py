@@ -14,9 +14,7 @@ from engine_proc.models.bert import BertConfig, BertModel, bert_state_dict
 from engine_proc.models.pooling import PoolingConfig
 
 
-def load_encoder(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
-) -> tuple[BertModel, PoolingConfig]:
+def load_encoder(path: str | Path, dtype: torch.dtype, device: torch.device) -> tuple[BertModel, PoolingConfig]:
     """The folder's encoder, its weights in `dtype` on `device`, and how its texts become vectors."""
     root = Path(path)
     config = BertConfig.from_hf(json.loads((root / "config.json").read_text()))

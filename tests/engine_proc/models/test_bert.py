@@ -20,7 +20,7 @@ TEXTS = [[2, 17, 45, 3], [2, 9, 9, 81, 55, 60, 3], [2, 3], [2, 40, 41, 42, 43, 4
 
 
 def run_ours(path: Path, texts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
-    model, _ = load_encoder(path)
+    model, _ = load_encoder(path, torch.float32, torch.device("cpu"))
     seq_lens = [len(text) for text in texts]
     input_ids = torch.tensor([token for text in texts for token in text])
     positions = torch.cat([torch.arange(n) for n in seq_lens])
@@ -78,7 +78,7 @@ def test_a_cross_encoder_scores_pairs_as_its_card_says(tmp_path: Path, activatio
     if activation is not None:
         config = json.loads((tmp_path / "config.json").read_text())
         (tmp_path / "config.json").write_text(json.dumps({**config, "sbert_ce_default_activation_function": activation}))
-    model, _ = load_encoder(tmp_path)
+    model, _ = load_encoder(tmp_path, torch.float32, torch.device("cpu"))
     query, document = [2, 17, 45, 3], [9, 81, 55, 3]
     input_ids = torch.tensor(query + document)
     token_type_ids = torch.tensor([0] * len(query) + [1] * len(document))
