@@ -99,12 +99,15 @@ class BertLayer(nn.Module):
         return self.output_norm(attended + self.output(self.activation(self.intermediate(attended))))
 
     def _attend(self, hidden: Tensor, seq_lens: Sequence[int]) -> Tensor:
-        # NOTE: one text at a time, so a text's attention is what it would be alone, whatever shares the batch.
+        # NOTE: one text at a time, so a text's attention is what it would be alone, whatever shares the batch;
+        # written out (two matmuls and a float32 softmax), not SDPA, whose masking checks cost more than
+        # the product at a text's length.
+        scale = 1 / math.sqrt(self.head_dim)
         outputs = []
         for q, k, v in zip(*(self._heads(proj(hidden), seq_lens) for proj in (self.query, self.key, self.value)),
                            strict=True):
-            attended = F.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(self.head_dim))
-            outputs.append(attended.transpose(0, 1).reshape(-1, self.num_heads * self.head_dim))
+            weights = torch.matmul(q, k.transpose(1, 2)).float().mul_(scale).softmax(dim=-1).to(v.dtype)
+            outputs.append(torch.matmul(weights, v).transpose(0, 1).reshape(-1, self.num_heads * self.head_dim))
         return torch.cat(outputs)
 
     def _heads(self, projected: Tensor, seq_lens: Sequence[int]) -> list[Tensor]:

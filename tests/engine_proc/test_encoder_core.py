@@ -53,14 +53,14 @@ def expected_vector(path: Path, token_ids: list[int]) -> torch.Tensor:
 
 
 def test_an_encoder_folder_gets_an_encoder_core_that_says_so(encoder_dir: Path) -> None:
-    core = make_core(EngineConfig(model_path=str(encoder_dir)))
+    core = make_core(EngineConfig(model_path=str(encoder_dir), dtype="float32"))
     assert isinstance(core, EncoderCore)
     ready = core.ready_message()
     assert (ready.runner, ready.max_model_len, ready.vocab_size) == ("pooling", 48, 99)
 
 
 def test_each_text_gets_its_own_vector_in_budgeted_steps(encoder_dir: Path) -> None:
-    core = EncoderCore(EngineConfig(model_path=str(encoder_dir), max_num_batched_tokens=64))
+    core = EncoderCore(EngineConfig(model_path=str(encoder_dir), dtype="float32", max_num_batched_tokens=64))
     batch = texts(12)
     for index, token_ids in enumerate(batch):
         core.add_request(embed(str(index), token_ids))
@@ -74,7 +74,7 @@ def test_each_text_gets_its_own_vector_in_budgeted_steps(encoder_dir: Path) -> N
 def test_a_text_embeds_alike_alone_and_among_32(encoder_dir: Path) -> None:
     # NOTE: each text attends alone, but the matmuls take all the step's rows: bit for bit on an AVX-512 Zen 5,
     # a last-bit difference on AVX2 (torch's float32 GEMM picks its kernel by the number of rows).
-    core = EncoderCore(EngineConfig(model_path=str(encoder_dir), max_num_batched_tokens=4096))
+    core = EncoderCore(EngineConfig(model_path=str(encoder_dir), dtype="float32", max_num_batched_tokens=4096))
     batch = texts(32)
     core.add_request(embed("alone", batch[7]))
     alone = run_all(core)["alone"]
@@ -86,7 +86,7 @@ def test_a_text_embeds_alike_alone_and_among_32(encoder_dir: Path) -> None:
 
 
 def test_dimensions_cut_the_vector_and_keep_it_unit_length(encoder_dir: Path) -> None:
-    core = EncoderCore(EngineConfig(model_path=str(encoder_dir)))
+    core = EncoderCore(EngineConfig(model_path=str(encoder_dir), dtype="float32"))
     core.add_request(embed("whole", texts(1)[0]))
     core.add_request(embed("cut", texts(1)[0], dimensions=8))
     vectors = run_all(core)
@@ -98,7 +98,7 @@ def test_dimensions_cut_the_vector_and_keep_it_unit_length(encoder_dir: Path) ->
 
 def test_a_cross_encoder_scores_a_pair(tmp_path: Path) -> None:
     reference = save_tiny_bert(tmp_path, transformers.BertForSequenceClassification, num_labels=1)
-    core = EncoderCore(EngineConfig(model_path=str(tmp_path)))
+    core = EncoderCore(EngineConfig(model_path=str(tmp_path), dtype="float32"))
     pair, segments = [2, 17, 45, 3, 9, 81, 55, 3], [0, 0, 0, 0, 1, 1, 1, 1]
     core.add_request(EngineCoreRequest("pair", pair, SamplingParams(), pooling_params=PoolingParams("score"),
                                        token_type_ids=segments))
@@ -116,7 +116,7 @@ def test_a_cross_encoder_scores_a_pair(tmp_path: Path) -> None:
     (embed("wide", [2, 5, 3], dimensions=64), "exceeds the model's 32"),
 ])
 def test_what_it_cannot_run_ends_with_the_reason(encoder_dir: Path, request_: EngineCoreRequest, reason: str) -> None:
-    core = EncoderCore(EngineConfig(model_path=str(encoder_dir)))
+    core = EncoderCore(EngineConfig(model_path=str(encoder_dir), dtype="float32"))
     core.add_request(request_)
     [output] = core.step().outputs
     assert output.finish_reason == FinishReason.ERROR
@@ -124,7 +124,7 @@ def test_what_it_cannot_run_ends_with_the_reason(encoder_dir: Path, request_: En
 
 
 def test_an_aborted_text_is_not_run(encoder_dir: Path) -> None:
-    core = EncoderCore(EngineConfig(model_path=str(encoder_dir)))
+    core = EncoderCore(EngineConfig(model_path=str(encoder_dir), dtype="float32"))
     core.add_request(embed("kept", [2, 5, 3]))
     core.add_request(embed("aborted", [2, 6, 3]))
     core.abort_requests(["aborted"])

@@ -35,7 +35,7 @@ def embedder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(embedder_dir: Path) -> Iterator[ServerProcess]:
-    with local_server([str(embedder_dir), "--num-threads", "1"], stop_timeout_s=15) as server:
+    with local_server([str(embedder_dir), "--num-threads", "1", "--dtype", "float32"], stop_timeout_s=15) as server:
         yield server
 
 
@@ -50,7 +50,7 @@ def reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def reranker(reranker_dir: Path) -> Iterator[ServerProcess]:
-    with local_server([str(reranker_dir), "--num-threads", "1"], stop_timeout_s=15) as server:
+    with local_server([str(reranker_dir), "--num-threads", "1", "--dtype", "float32"], stop_timeout_s=15) as server:
         yield server
 
 
