@@ -8,7 +8,8 @@ The sentences are natural text of mixed length (1 to 4 sentences of the chat ben
 and background passages: 12 to 126 tokens, 51 on average), each distinct. Over HTTP, `--concurrency` clients (1 and 16)
 each send one sentence a request to `/v1/embeddings` until all are embedded; zeroserve runs with its default
 flags, llama-server with `--embedding --pooling mean`, 16 slots and the machine's threads, on the folder
-converted to an F32 GGUF by llama.cpp's own converter. In process, sentence-transformers' `encode` takes all
+converted to a GGUF by llama.cpp's own converter (`--gguf-type`: F16 by default, as llama.cpp's users run it;
+F32, BF16, Q8_0). In process, sentence-transformers' `encode` takes all
 the sentences at its default batch of 32, in float32 and in bfloat16 (its fastest CPU setting of the two;
 its ONNX and OpenVINO backends are not measured). The rounds take the contenders in turn; medians reported.
 """
@@ -98,13 +99,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
+    parser.add_argument("--gguf-type", default="f16", choices=["f32", "f16", "bf16", "q8_0"],
+                        help="the GGUF llama-server runs (llama.cpp's converter's --outtype)")
     parser.add_argument("--result-json", type=Path, default=Path("embeddings.json"))
     args = parser.parse_args()
     folder = resolve_model(MODEL).path
     sentences = mixed_sentences(args.num_sentences)
     rounds: list[dict[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        gguf = convert_to_gguf(folder, Path(tmp) / "all-minilm-l6-v2-f32.gguf", llama_cpp_tree())
+        gguf = convert_to_gguf(folder, Path(tmp) / f"all-minilm-l6-v2-{args.gguf_type}.gguf", llama_cpp_tree(),
+                               args.gguf_type)
         llama_args = ["-m", str(gguf), "--embedding", "--pooling", "mean", "--threads", str(args.threads),
                       "--threads-batch", str(args.threads), "--parallel", "16", "--ctx-size", "8192"]
         contenders: dict[str, Callable[[], dict[str, float]]] = {
