@@ -37,7 +37,7 @@ OTHER_TOOLS_FLAGS = {
     "--no-deps": "pip", "--index-url": "pip", "--no-cache-dir": "pip", "--no-install-recommends": "apt-get",
     "--interval": "HEALTHCHECK", "--timeout": "HEALTHCHECK", "--retries": "HEALTHCHECK", "--start-period": "HEALTHCHECK", "--rm": "docker", "--platform": "docker buildx", "--build": "docker compose",
     "--from-file": "kubectl", "--replicas": "kubectl", "--trust-request-chat-template": "vLLM",
-    "--enable-per-request-metrics": "vLLM", "--kv-cache-metrics": "vLLM", "--models-max": "llama-server",
+    "--enable-per-request-metrics": "vLLM", "--kv-cache-metrics": "vLLM", "--models-max": "llama-server", "--embedding": "llama-server", "--pooling": "llama-server",
 }
 # NOTE: modules the docs run that have no parser: not run here, since `--help` would not stop them.
 TAKES_NO_ARGUMENTS = frozenset({"service.openai.conformance"})
