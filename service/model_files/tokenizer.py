@@ -101,6 +101,15 @@ class Tokenizer:
         ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
 
+    def encode_truncated(self, text: str, max_tokens: int) -> list[int]:
+        """Token ids of `text` with the model's special tokens, its first tokens kept so that all of them
+        come to at most `max_tokens` (as transformers truncates on the right; the special tokens stay)."""
+        encoding = self.backend.encode(text, add_special_tokens=False)
+        processor = self.backend.post_processor
+        num_special = processor.num_special_tokens_to_add(False) if processor is not None else 0
+        encoding.truncate(max(max_tokens - num_special, 0))
+        return list(self.backend.post_process(encoding, add_special_tokens=True).ids)
+
     def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]:
         """Token ids of a text pair as the model's template joins them (BERT's `[CLS] a [SEP] b [SEP]`), and
         each token's segment (0: the first text's, 1: the second's)."""

@@ -29,10 +29,14 @@ class EmbeddingRequest(OpenAIModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
+    # NOTE: vLLM's: keep each input's first tokens up to this many (-1: as many as the model takes); unset, an
+    # input longer than the model takes is a 400.
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
 
     def token_ids(self, tokenizer: Tokenizer, max_model_len: int) -> list[list[int]]:
-        """Each input's token ids (texts with the model's special tokens, as it was trained); a 400
-        naming `input` for none, too many, an empty one, or one longer than the model takes."""
+        """Each input's token ids (texts with the model's special tokens, as it was trained), cut to
+        `truncate_prompt_tokens` where it is set; a 400 naming `input` for none, too many, an empty one, or one
+        longer than the model takes."""
         inputs: list[Any] = [self.input] if isinstance(self.input, str) else list(self.input)
         if inputs and all(isinstance(item, int) for item in inputs):
             inputs = [inputs]
@@ -40,14 +44,24 @@ class EmbeddingRequest(OpenAIModel):
             raise APIError("'input' is empty: give a text, texts, or token ids.", param="input")
         if len(inputs) > MAX_INPUTS:
             raise APIError(f"'input' has {len(inputs)} items; at most {MAX_INPUTS} a request.", param="input")
+        limit = self.truncate_prompt_tokens
+        if limit == 0:
+            raise APIError("'truncate_prompt_tokens' must be a count of tokens to keep, or -1.",
+                           param="truncate_prompt_tokens")
+        if limit is not None and (limit == -1 or limit > max_model_len):
+            limit = max_model_len
         token_ids = []
         for index, item in enumerate(inputs):
-            ids = tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item)
+            if isinstance(item, str):
+                ids = tokenizer.encode(item, add_special_tokens=True) if limit is None else tokenizer.encode_truncated(item, limit)
+            else:
+                ids = list(item) if limit is None else list(item)[:limit]
             where = "'input'" if isinstance(self.input, str) or len(inputs) == 1 else f"'input[{index}]'"
             if not ids or (isinstance(item, str) and not item):
                 raise APIError(f"{where} is empty.", param="input")
             if len(ids) > max_model_len:
-                raise APIError(f"{where} has {len(ids)} tokens; this model takes at most {max_model_len}.",
+                raise APIError(f"{where} has {len(ids)} tokens; this model takes at most {max_model_len} "
+                               "('truncate_prompt_tokens' cuts an input to fit).",
                                param="input", code="context_length_exceeded")
             token_ids.append(ids)
         return token_ids

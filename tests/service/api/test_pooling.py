@@ -102,6 +102,19 @@ def test_dimensions_cut_each_vector_to_unit_length(client: openai.OpenAI) -> Non
         assert np.linalg.norm(item.embedding) == pytest.approx(1.0, abs=1e-5)
 
 
+def test_truncate_prompt_tokens_keeps_an_inputs_first_tokens(client: openai.OpenAI, embedder_dir: Path) -> None:
+    long_text = " ".join(["the big cat sat on a small mat"] * 10)
+    whole = client.embeddings.create(model="tiny-embedder", input=long_text, encoding_format="float",
+                                     extra_body={"truncate_prompt_tokens": -1})
+    assert whole.usage.prompt_tokens == 48  # NOTE: the folder's max_seq_length
+    cut = client.embeddings.create(model="tiny-embedder", input=long_text, encoding_format="float",
+                                   extra_body={"truncate_prompt_tokens": 10})
+    assert cut.usage.prompt_tokens == 10
+    first_words = " ".join(long_text.split()[:8])  # NOTE: 8 tokens of text, then [CLS] and [SEP]
+    expected = client.embeddings.create(model="tiny-embedder", input=first_words, encoding_format="float")
+    assert cut.data[0].embedding == expected.data[0].embedding
+
+
 @pytest.mark.parametrize(("body", "param", "words"), [
     ({"input": []}, "input", "empty"),
     ({"input": ""}, "input", "empty"),
@@ -110,6 +123,8 @@ def test_dimensions_cut_each_vector_to_unit_length(client: openai.OpenAI) -> Non
     ({"input": "cat", "dimensions": 0}, "dimensions", "greater than or equal to 1"),
     ({"input": "cat", "encoding_format": "int8"}, "encoding_format", "float"),
     ({"input": "cat", "model": "nope"}, "model", "does not exist"),
+    ({"input": "cat", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "count of tokens"),
+    ({"input": "cat", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens", "greater than or equal to -1"),
 ])
 def test_a_bad_body_is_a_400_naming_the_field(server: ServerProcess, body: dict[str, object], param: str,
                                               words: str) -> None:
