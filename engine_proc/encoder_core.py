@@ -135,7 +135,8 @@ class EncoderCore:
         hidden = self.model(input_ids, positions, token_type_ids, seq_lens)
         vectors = self.pooling.pool(hidden, seq_lens)
         first_rows = torch.tensor(np.cumsum([0, *seq_lens[:-1]]), device=self.device)
-        scores = self.model.classify(hidden[first_rows]).float() if self.model.classifier is not None else None
+        is_scoring = any(request.pooling_params is not None and request.pooling_params.task == "score" for request in batch)
+        scores = self.model.classify(hidden[first_rows]).float() if is_scoring else None
         outputs = []
         for row, request in enumerate(batch):
             params = request.pooling_params

@@ -6,6 +6,7 @@ and an embedding model's cosines. Bad bodies: a 400 naming the field."""
 from __future__ import annotations
 
 import base64
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,9 +34,14 @@ def embedder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def serving(folder: Path) -> contextlib.AbstractContextManager[ServerProcess]:
+    """The folder served in float32 (the references are), on one engine thread."""
+    return local_server([str(folder), "--num-threads", "1", "--dtype", "float32"], stop_timeout_s=15)
+
+
 @pytest.fixture(scope="module")
 def server(embedder_dir: Path) -> Iterator[ServerProcess]:
-    with local_server([str(embedder_dir), "--num-threads", "1", "--dtype", "float32"], stop_timeout_s=15) as server:
+    with serving(embedder_dir) as server:
         yield server
 
 
@@ -50,7 +56,7 @@ def reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def reranker(reranker_dir: Path) -> Iterator[ServerProcess]:
-    with local_server([str(reranker_dir), "--num-threads", "1", "--dtype", "float32"], stop_timeout_s=15) as server:
+    with serving(reranker_dir) as server:
         yield server
 
 
